@@ -1,0 +1,44 @@
+# Two commands matter: `make demo` and `make test`. Both set up .venv first, idempotently.
+# TORCH_SPEC is installed before the package so that pip never pulls a CUDA build we did not ask for;
+# on a CUDA machine: make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130"
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev,deepspeed,tracking
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip --disable-pip-version-check -q
+TORCH_STAMP := $(VENV)/.torch-spec
+PKG_STAMP := $(VENV)/.hasten-installed
+
+.PHONY: setup demo test test-fast bench torch-check clean
+
+setup: $(PKG_STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Re-installs torch only when TORCH_SPEC changed since the last install.
+torch-check: | $(PY)
+	@if [ "$$(cat $(TORCH_STAMP) 2>/dev/null)" != "$(TORCH_SPEC)" ]; then \
+		echo "installing $(TORCH_SPEC)"; \
+		$(PIP) install $(TORCH_SPEC) && echo "$(TORCH_SPEC)" > $(TORCH_STAMP); \
+	fi
+
+$(PKG_STAMP): pyproject.toml | torch-check
+	$(PIP) install -e ".[$(EXTRAS)]"
+	@touch $@
+
+demo: setup
+	$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 examples/digits_classifier.py
+
+test: setup
+	$(PY) -m pytest -q
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow"
+
+bench: setup
+	$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache

@@ -1,0 +1,614 @@
+"""The ``Accelerator``: one object that adapts a PyTorch training script to any setup.
+
+Add four lines to a script::
+
+    accelerator = Accelerator()
+    model, optimizer, dataloader, scheduler = accelerator.prepare(model, optimizer, dataloader, scheduler)
+    ...
+    accelerator.backward(loss)          # instead of loss.backward()
+
+and the same script runs on a CPU, one GPU, many GPUs or many machines, with mixed precision and
+gradient accumulation. The facade only delegates: the distribution engine is a ``Strategy``
+(``hasten.strategies``), data handling lives in ``hasten.data_loader``, collectives in
+``hasten.operations``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import torch
+
+from . import environment, operations
+from .data_loader import DataLoaderStateMixin, gather_for_metrics, prepare_data_loader, skip_first_batches
+from .enums import DistributedType, RNGType
+from .errors import ConfigError
+from .memory import release_memory
+from .optimizer import AcceleratedOptimizer
+from .plugins import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradientAccumulationPlugin,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    ProfileKwargs,
+    ProjectConfiguration,
+)
+from .precision import Precision
+from .scheduler import AcceleratedScheduler
+from .state import AcceleratorState, GradientState, ProcessControl, warn_once
+from .strategies import select_strategy
+
+_UNSET = object()
+_HANDLERS = {
+    DistributedDataParallelKwargs: "ddp_handler",
+    GradScalerKwargs: "scaler_handler",
+    InitProcessGroupKwargs: "init_handler",
+    AutocastKwargs: "autocast_handler",
+    ProfileKwargs: "profile_handler",
+}
+
+
+def _is_scheduler(obj) -> bool:
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr"))
+
+
+class Accelerator(ProcessControl):
+    """Adapts a training script to the current hardware and launch.
+
+    Args:
+        device_placement: move prepared models and batches to :attr:`device`.
+        split_batches: the dataloader's batch size is the global one, split between processes
+            (hasten honours this argument; Accelerate 1.15 ignores it). Same as
+            ``DataLoaderConfiguration(split_batches=True)``.
+        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"`` (default: ``HASTEN_MIXED_PRECISION`` or ``"no"``).
+        gradient_accumulation_steps: micro-batches per optimizer step, used with :meth:`accumulate`.
+        cpu: run on the CPU even when an accelerator is present.
+        dataloader_config: a :class:`~hasten.DataLoaderConfiguration`.
+        rng_types: generators synchronised at each epoch start (default ``["generator"]``).
+        log_with: tracker name(s) or ``GeneralTracker`` instance(s), ``"all"`` for every installed one.
+        project_dir: base folder for logs and automatic checkpoints.
+        project_config: a :class:`~hasten.utils.ProjectConfiguration`.
+        gradient_accumulation_plugin: a :class:`~hasten.utils.GradientAccumulationPlugin`.
+        step_scheduler_with_optimizer: step prepared schedulers only with real optimizer steps.
+        kwargs_handlers: handlers customising DDP, the fp16 scaler, the process group, autocast, the profiler.
+        deepspeed_plugin, fsdp_plugin, dynamo_backend, dynamo_plugin: strategy settings.
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool = _UNSET,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int = 1,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        deepspeed_plugin=None,
+        fsdp_plugin=None,
+        torch_tp_plugin=None,
+        megatron_lm_plugin=None,
+        rng_types: list[str | RNGType] | None = None,
+        log_with=None,
+        project_dir: str | None = None,
+        project_config: ProjectConfiguration | None = None,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        kwargs_handlers: list[KwargsHandler] | None = None,
+        dynamo_backend=None,
+        dynamo_plugin=None,
+        deepspeed_plugins=None,
+        parallelism_config=None,
+    ):
+        self._set_handlers(kwargs_handlers or [])
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None:
+            self.project_configuration.set_directories(project_dir)
+        init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
+        self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, _from_accelerator=True, **init_kwargs)
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration()
+        if split_batches is not _UNSET:
+            self.dataloader_config.split_batches = bool(split_batches)
+        self.gradient_state = GradientState(gradient_accumulation_plugin=self._accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin))
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.rng_types = rng_types if rng_types is not None else ["generator"]
+        self.precision = Precision(self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler)
+        self._strategy = select_strategy(self.state, self.precision, ddp_kwargs=self.ddp_handler)
+        self.state.distributed_type = self._strategy.distributed_type
+        self.step = 0
+        self._models: list = []
+        self._optimizers: list = []
+        self._schedulers: list = []
+        self._dataloaders: list = []
+        self._custom_objects: list = []
+        self._trigger: torch.Tensor | None = None
+        from .tracking import TrackerHub
+
+        self._tracker_hub = TrackerHub(log_with, self.project_configuration.logging_dir, self.is_main_process)
+        environment.check_os_kernel()
+
+    def _set_handlers(self, handlers: list) -> None:
+        for attribute in _HANDLERS.values():
+            setattr(self, attribute, None)
+        for handler in handlers:
+            attribute = next((a for cls, a in _HANDLERS.items() if isinstance(handler, cls)), None)
+            if attribute is None:
+                raise ConfigError(f"kwargs_handlers: {type(handler).__name__} is not a supported handler; use one of {[c.__name__ for c in _HANDLERS]}.")
+            if getattr(self, attribute) is not None:
+                raise ConfigError(f"kwargs_handlers holds two {type(handler).__name__} objects; pass at most one of each.")
+            setattr(self, attribute, handler)
+
+    @staticmethod
+    def _accumulation_plugin(steps: int, plugin: GradientAccumulationPlugin | None) -> GradientAccumulationPlugin:
+        if plugin is not None:
+            if steps != 1:
+                raise ConfigError(
+                    f"Pass either gradient_accumulation_steps={steps} or a gradient_accumulation_plugin, not both: "
+                    "set num_steps in the plugin."
+                )
+            return plugin
+        if steps == 1:
+            steps = environment.get_int("GRADIENT_ACCUMULATION_STEPS", 1)
+        if not isinstance(steps, int) or steps < 1:
+            raise ConfigError(f"gradient_accumulation_steps={steps!r}: give a positive integer.")
+        return GradientAccumulationPlugin(num_steps=steps)
+
+    # ------------------------------------------------------------------------------- process info
+
+    @property
+    def device(self) -> torch.device:
+        """The device of this process."""
+        return self.state.device
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        """How the job is distributed (NO, MULTI_CPU, MULTI_GPU, DEEPSPEED, FSDP, ...)."""
+        return self.state.distributed_type
+
+    @property
+    def num_processes(self) -> int:
+        """Number of processes in the job."""
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        """Global rank of this process."""
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        """Rank of this process on its machine."""
+        return self.state.local_process_index
+
+    @property
+    def multi_device(self) -> bool:
+        """True when several processes share the work."""
+        return self.num_processes > 1
+
+    @property
+    def mixed_precision(self) -> str:
+        """The mixed precision in force."""
+        return self.state.mixed_precision
+
+    @property
+    def native_amp(self) -> bool:
+        """True when autocast is in use."""
+        return self.precision.enabled
+
+    @property
+    def scaler(self):
+        """The fp16 ``GradScaler`` (None otherwise)."""
+        return self.precision.scaler
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when the FSDP strategy is in use."""
+        return self.state.is_fsdp2
+
+    def wait_for_everyone(self) -> None:
+        """Barrier: block until every process reaches this point."""
+        self.state.wait_for_everyone()
+
+    # ----------------------------------------------------------------------------- data settings
+
+    @property
+    def split_batches(self) -> bool:
+        """Whether each global batch is split between processes."""
+        return self.dataloader_config.split_batches
+
+    @property
+    def dispatch_batches(self) -> bool | None:
+        """Whether the main process reads the data and dispatches it."""
+        return self.dataloader_config.dispatch_batches
+
+    @property
+    def even_batches(self) -> bool:
+        """Whether the last round is completed with samples from the start (default True)."""
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        """Always effectively True in hasten: shuffling is seeded identically on every process."""
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def non_blocking(self) -> bool:
+        """Whether batches are copied to the device asynchronously."""
+        return self.dataloader_config.non_blocking
+
+    @property
+    def use_stateful_dataloader(self) -> bool:
+        """Accepted for compatibility: every prepared loader records its position."""
+        return self.dataloader_config.use_stateful_dataloader
+
+    # --------------------------------------------------------------------------------- preparing
+
+    def prepare(self, *args, device_placement: list[bool] | None = None):
+        """Prepare models, optimizers, dataloaders and schedulers for the current setup, in any order.
+
+        Models go to the device and are wrapped by the strategy (DDP, FSDP, DeepSpeed); optimizers
+        become :class:`~hasten.optimizer.AcceleratedOptimizer`; dataloaders are sharded; schedulers
+        become :class:`~hasten.scheduler.AcceleratedScheduler`. Other objects pass through. The objects
+        come back in the order given (a single object when one was passed).
+
+        Args:
+            device_placement: one boolean per argument, overriding ``device_placement`` for models.
+        """
+        if device_placement is None:
+            device_placement = [self.device_placement] * len(args)
+        elif len(device_placement) != len(args):
+            raise ConfigError(f"prepare got {len(args)} objects but {len(device_placement)} device_placement values; give one per object.")
+        result = list(args)
+        kinds = [self._kind(obj) for obj in args]
+        for i, kind in enumerate(kinds):
+            if kind == "dataloader":
+                result[i] = self.prepare_data_loader(args[i], device_placement=device_placement[i])
+        model_idx = [i for i, k in enumerate(kinds) if k == "model"]
+        opt_idx = [i for i, k in enumerate(kinds) if k == "optimizer"]
+        sched_idx = [i for i, k in enumerate(kinds) if k == "scheduler"]
+        for i in model_idx:
+            self._check_model(args[i])
+        models, optimizers, schedulers = self._strategy.prepare(
+            [args[i] for i in model_idx], [args[i] for i in opt_idx], [args[i] for i in sched_idx],
+            [device_placement[i] for i in model_idx], [result[i] for i, k in enumerate(kinds) if k == "dataloader"],
+        )
+        for i, model in zip(model_idx, models):
+            result[i] = model
+            self._models.append(model)
+        for i, raw, optimizer in zip(opt_idx, [args[i] for i in opt_idx], optimizers):
+            result[i] = self._wrap_optimizer(optimizer, device_placement[i], raw)
+        for i, scheduler in zip(sched_idx, schedulers):
+            result[i] = self._wrap_scheduler(scheduler)
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _kind(self, obj) -> str:
+        if isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler, DataLoaderStateMixin)) or any(obj is m for m in self._models):
+            return "prepared"
+        if isinstance(obj, torch.nn.Module):
+            return "model"
+        if isinstance(obj, torch.optim.Optimizer):
+            return "optimizer"
+        if isinstance(obj, torch.utils.data.DataLoader):
+            return "dataloader"
+        if _is_scheduler(obj):
+            return "scheduler"
+        return "other"
+
+    def _check_model(self, model: torch.nn.Module) -> None:
+        if self.verify_device_map(model) and not environment.get_flag("BYPASS_DEVICE_MAP"):
+            raise ConfigError(
+                "This model was dispatched across several devices with a device_map, which cannot be prepared for "
+                "distributed training. Load it on one device for training, or set HASTEN_BYPASS_DEVICE_MAP=1 to "
+                "prepare it anyway (single process only)."
+            )
+
+    def _wrap_optimizer(self, optimizer, device_placement: bool, original=None) -> AcceleratedOptimizer:
+        wrapped = AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.scaler, strategy=self._strategy)
+        wrapped._original = original if original is not None else optimizer
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def _wrap_scheduler(self, scheduler) -> AcceleratedScheduler:
+        target = getattr(scheduler, "optimizer", None)
+        followed = [o for o in self._optimizers if target is o or target is o.optimizer or target is getattr(o, "_original", None)]
+        wrapped = AcceleratedScheduler(scheduler, followed or self._optimizers, step_with_optimizer=self.step_scheduler_with_optimizer, split_batches=self.split_batches)
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
+        """Prepare one model; with ``evaluation_mode`` it is placed and cast but not wrapped for training."""
+        self._check_model(model)
+        place = self.device_placement if device_placement is None else device_placement
+        prepared = self._strategy.setup_model(model, place, evaluation_mode=evaluation_mode)
+        self._models.append(prepared)
+        return prepared
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+        """Wrap one optimizer (prepare its model first)."""
+        if isinstance(optimizer, AcceleratedOptimizer):
+            return optimizer
+        place = self.device_placement if device_placement is None else device_placement
+        rebound = self._strategy.setup_optimizer(optimizer, self._models, self._models)
+        return self._wrap_optimizer(rebound, place, optimizer)
+
+    def prepare_scheduler(self, scheduler) -> AcceleratedScheduler:
+        """Wrap one learning rate scheduler (prepare its optimizer first)."""
+        return scheduler if isinstance(scheduler, AcceleratedScheduler) else self._wrap_scheduler(scheduler)
+
+    def prepare_data_loader(self, data_loader, device_placement: bool | None = None, slice_fn_for_dispatch: Callable | None = None):
+        """Shard one dataloader between processes (see :func:`hasten.data_loader.prepare_data_loader`)."""
+        if isinstance(data_loader, DataLoaderStateMixin):
+            return data_loader
+        config = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            self.device,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            split_batches=config.split_batches,
+            put_on_device=self.device_placement if device_placement is None else device_placement,
+            rng_types=list(self.rng_types),
+            dispatch_batches=config.dispatch_batches,
+            even_batches=config.even_batches,
+            slice_fn_for_dispatch=slice_fn_for_dispatch,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def skip_first_batches(self, dataloader, num_batches: int = 0):
+        """A view of ``dataloader`` whose next iteration starts at batch ``num_batches`` of the current epoch."""
+        return skip_first_batches(dataloader, num_batches)
+
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
+        """The user's model from inside the wrappers ``prepare`` added."""
+        return self._strategy.unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+
+    @staticmethod
+    def verify_device_map(model: torch.nn.Module) -> bool:
+        """True when ``model`` (or a submodule) was dispatched over several devices with a ``device_map``."""
+        for module in model.modules():
+            device_map = getattr(module, "hf_device_map", None)
+            if isinstance(device_map, dict) and len(set(device_map.values())) > 1:
+                return True
+        return False
+
+    # ---------------------------------------------------------------------------------- training
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-batches per optimizer step."""
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, steps: int) -> None:
+        self.gradient_state.plugin_kwargs["num_steps"] = steps
+
+    @property
+    def sync_gradients(self) -> bool:
+        """True on steps where gradients are synchronised and the optimizer steps."""
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = value
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """True when the last optimizer step was skipped (fp16 overflow); skip the scheduler step too."""
+        return any(optimizer.step_was_skipped for optimizer in self._optimizers)
+
+    def backward(self, loss: torch.Tensor, **kwargs) -> None:
+        """Use instead of ``loss.backward()``: divides by the accumulation steps, scales for fp16, runs the engine's backward."""
+        self.gradient_state._backward_calls += 1
+        self._strategy.backward(loss, self.gradient_accumulation_steps, **kwargs)
+
+    def _do_sync(self) -> None:
+        state = self.gradient_state
+        if state.sync_with_dataloader and state.end_of_dataloader:
+            self.step = 0
+            state._set_sync_gradients(True)
+        else:
+            self.step += 1
+            state._set_sync_gradients(self.step % state.num_steps == 0)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module):
+        """Context manager for one micro-batch of gradient accumulation.
+
+        Sets :attr:`sync_gradients` (True every ``gradient_accumulation_steps`` micro-batches and on the
+        last batch of the dataloader) and suppresses gradient reduction on the other micro-batches.
+        """
+        self._do_sync()
+        allow_sync = self.sync_gradients or (self.use_distributed and self.gradient_state.sync_each_batch)
+        with contextlib.ExitStack() as stack:
+            if not allow_sync:
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    def no_sync(self, model: torch.nn.Module):
+        """Context manager in which backward does not reduce gradients across processes."""
+        return self._strategy.no_sync(model)
+
+    def trigger_sync_in_backward(self, model: torch.nn.Module):
+        """Context manager forcing gradient reduction in the next backward, even inside :meth:`no_sync`."""
+        return self._strategy.sync_in_backward(model)
+
+    def autocast(self, autocast_handler: AutocastKwargs | None = None):
+        """Context manager running code outside the model (e.g. the loss) under the mixed precision policy."""
+        return self.precision.autocast(autocast_handler)
+
+    def unscale_gradients(self, optimizer=None) -> None:
+        """Divide fp16-scaled gradients by the loss scale (done once per step; clipping calls it)."""
+        if self.scaler is None:
+            return
+        optimizers = [optimizer] if optimizer is not None else self._optimizers
+        for opt in optimizers:
+            while isinstance(opt, AcceleratedOptimizer):
+                opt = opt.optimizer
+            try:
+                self.scaler.unscale_(opt)
+            except RuntimeError as error:
+                if "already been called" not in str(error):
+                    raise
+
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip gradients to a total norm of ``max_norm`` (after fp16 unscaling) and return the total norm.
+
+        Correct under every strategy (sharded gradients give the global norm). Call it on steps where
+        :attr:`sync_gradients` is True; during accumulation gradients are incomplete.
+        """
+        parameters = list(parameters) if not isinstance(parameters, torch.Tensor) else [parameters]
+        if not self.sync_gradients:
+            warn_once("clip-while-accumulating", "clip_grad_norm_ was called on an accumulation step, before the gradients are complete; guard it with `if accelerator.sync_gradients:`.")
+        self.unscale_gradients()
+        return self._strategy.clip_grad_norm_(parameters, max_norm, norm_type)
+
+    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+        """Clamp every gradient to ``[-clip_value, clip_value]`` (after fp16 unscaling)."""
+        self.unscale_gradients()
+        self._strategy.clip_grad_value_(parameters, clip_value)
+
+    # --------------------------------------------------------------------------- collectives
+
+    def gather(self, tensor):
+        """Gather (nested) tensors from all processes, concatenated on the first dimension."""
+        return operations.gather(tensor)
+
+    def gather_for_metrics(self, input_data, use_gather_object: bool = False):
+        """Gather evaluation outputs from all processes, dropping the samples padded in at the end of the data."""
+        return gather_for_metrics(input_data, use_gather_object=use_gather_object)
+
+    def reduce(self, tensor, reduction: str = "sum", scale: float = 1.0):
+        """All-reduce (nested) tensors: ``"sum"`` (default here), ``"mean"``, ``"max"``, ``"min"``."""
+        return operations.reduce(tensor, reduction=reduction, scale=scale)
+
+    def pad_across_processes(self, tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
+        """Pad (nested) tensors to the largest size of ``dim`` across processes."""
+        return operations.pad_across_processes(tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+    def set_trigger(self) -> None:
+        """Raise this process's flag; the next :meth:`check_trigger` returns True on every process."""
+        self._trigger_tensor().fill_(1)
+
+    def check_trigger(self) -> bool:
+        """True on every process if any process called :meth:`set_trigger` since the last check (then resets)."""
+        flag = self._trigger_tensor()
+        if operations.reduce(flag, reduction="max").item() > 0:
+            flag.fill_(0)
+            return True
+        return False
+
+    set_breakpoint = set_trigger
+    check_breakpoint = check_trigger
+
+    def _trigger_tensor(self) -> torch.Tensor:
+        if self._trigger is None:
+            self._trigger = torch.zeros((), dtype=torch.int32, device=self.device)
+        return self._trigger
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables, even_batches: bool | None = None):
+        """Context manager for training on uneven inputs with ``torch.distributed.algorithms.Join``.
+
+        ``even_batches`` temporarily overrides the setting of the prepared dataloaders.
+        """
+        from torch.distributed.algorithms import Join
+
+        sharders = [loader._sharder for loader in self._dataloaders if getattr(loader, "_sharder", None) is not None]
+        previous = [s.even_batches for s in sharders]
+        if even_batches is not None:
+            for sharder in sharders:
+                sharder.even_batches = even_batches
+        try:
+            with Join(joinables) if self.use_distributed else contextlib.nullcontext() as join:
+                yield join
+        finally:
+            for sharder, value in zip(sharders, previous):
+                sharder.even_batches = value
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None):
+        """Context manager profiling its block with ``torch.profiler`` (see :class:`~hasten.ProfileKwargs`)."""
+        handler = profile_handler or self.profile_handler or ProfileKwargs()
+        with handler.build() as profiler:
+            yield profiler
+        if handler.output_trace_dir:
+            import os
+
+            os.makedirs(handler.output_trace_dir, exist_ok=True)
+            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"trace_rank{self.process_index}.json"))
+
+    # ---------------------------------------------------------------------------------- tracking
+
+    @property
+    def trackers(self) -> list:
+        """The experiment trackers running on this process."""
+        return self._tracker_hub.trackers
+
+    @property
+    def log_with(self) -> list:
+        """The trackers requested with ``log_with``."""
+        return self._tracker_hub.log_with
+
+    @property
+    def project_dir(self) -> str | None:
+        """The project folder (logs and automatic checkpoints)."""
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        """The folder of tracker logs."""
+        return self.project_configuration.logging_dir
+
+    def init_trackers(self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None) -> None:
+        """Start the trackers of ``log_with`` for ``project_name`` and record ``config`` (hyperparameters).
+
+        Call it on every process; only the main process writes (unless a tracker says otherwise).
+        ``init_kwargs`` maps a tracker name to keyword arguments for it, e.g. ``{"wandb": {"entity": "me"}}``.
+        """
+        self._tracker_hub.init(project_name, config=config, init_kwargs=init_kwargs)
+
+    def log(self, values: dict, step: int | None = None, log_kwargs: dict | None = None) -> None:
+        """Log a dict of scalars (tensors are converted) to every tracker, at ``step``."""
+        self._tracker_hub.log(values, step=step, log_kwargs=log_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False):
+        """The tracker called ``name`` (its underlying run object with ``unwrap``); a no-op tracker on other ranks."""
+        return self._tracker_hub.get(name, unwrap=unwrap)
+
+    def end_training(self) -> None:
+        """Finish every tracker and destroy the process group hasten created."""
+        self._tracker_hub.finish()
+        self.state.destroy_process_group()
+
+    # ---------------------------------------------------------------------------------- memory
+
+    def free_memory(self, *objects):
+        """Drop every reference the Accelerator holds to prepared objects, collect garbage, empty device caches.
+
+        Returns ``objects`` replaced by ``None`` (``model, optimizer = accelerator.free_memory(model, optimizer)``).
+        """
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self.step = 0
+        return release_memory(*objects)
+
+    def clear(self, *objects):
+        """Alias of :meth:`free_memory`."""
+        return self.free_memory(*objects)
+
+    def __repr__(self) -> str:
+        return f"Accelerator(\n{self.state!r})"

@@ -1,0 +1,38 @@
+"""Prepared dataloaders: sharding between processes, dispatching, resuming and metric gathering.
+
+``hasten.data_loader`` keeps the public import path of ``accelerate.data_loader``.
+"""
+
+from .loaders import (
+    DataLoaderDispatcher,
+    DataLoaderShard,
+    DataLoaderStateMixin,
+    SkipDataLoader,
+    prepare_data_loader,
+    skip_first_batches,
+)
+from .metrics import gather_for_metrics
+from .sharding import (
+    BatchSamplerShard,
+    FinalRound,
+    IterableDatasetShard,
+    SeedableRandomSampler,
+    SkipBatchSampler,
+    get_sampler,
+)
+
+__all__ = [
+    "BatchSamplerShard",
+    "DataLoaderDispatcher",
+    "DataLoaderShard",
+    "DataLoaderStateMixin",
+    "FinalRound",
+    "IterableDatasetShard",
+    "SeedableRandomSampler",
+    "SkipBatchSampler",
+    "SkipDataLoader",
+    "gather_for_metrics",
+    "get_sampler",
+    "prepare_data_loader",
+    "skip_first_batches",
+]

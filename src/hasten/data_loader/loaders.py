@@ -1,0 +1,682 @@
+"""Prepared dataloaders: sharded (:class:`DataLoaderShard`) or dispatched from rank 0 (:class:`DataLoaderDispatcher`).
+
+Both look one batch ahead so that ``end_of_dataloader`` is known while the last batch is processed
+(gradient accumulation forces a sync there; ``gather_for_metrics`` drops padded samples there), both
+know their position (epoch, batches consumed) so ``save_state``/``load_state`` can resume mid-epoch,
+and both place batches on the process's device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+from torch.utils.data.distributed import DistributedSampler
+
+from ..errors import ConfigError
+from ..operations import broadcast, broadcast_object_list, send_to_device
+from ..rng import synchronize_rng_state, synchronize_rng_states
+from ..state import GradientState, PartialState, warn_once
+from .sharding import BatchSamplerShard, FinalRound, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler, get_sampler, split_evenly
+
+# DataLoader arguments copied from the user's loader to the prepared one.
+_LOADER_ARGS = (
+    "num_workers",
+    "collate_fn",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
+
+
+def _loader_kwargs(dataloader: DataLoader) -> dict[str, Any]:
+    kwargs = {}
+    for name in _LOADER_ARGS:
+        if hasattr(dataloader, name):
+            kwargs[name] = getattr(dataloader, name)
+    if kwargs.get("num_workers", 0) == 0:
+        kwargs.pop("prefetch_factor", None)
+        kwargs.pop("persistent_workers", None)
+    return kwargs
+
+
+class DataLoaderStateMixin:
+    """Tracks the epoch, the position inside it and the end of the data, and registers with :class:`GradientState`."""
+
+    def _init_state(self) -> None:
+        self.gradient_state = GradientState()
+        self.end_of_dataloader = False
+        self.iteration = 0
+        self._yielded = 0
+        self._resume_at = 0
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global batch (-1 when unknown)."""
+        final = self.final_round
+        return -1 if final is None else final.real
+
+    @property
+    def final_round(self) -> FinalRound | None:
+        """Layout of the last round of the current epoch, once it is known."""
+        return None
+
+    def begin(self) -> None:
+        """Mark the start of an iteration and register as the active dataloader."""
+        self.end_of_dataloader = False
+        self.gradient_state._add_dataloader(self)
+
+    def end(self) -> None:
+        """Unregister at the end of an iteration."""
+        self.gradient_state._remove_dataloader(self)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start the next iteration at epoch ``epoch`` (reshuffles samplers and datasets that support it)."""
+        self.iteration = epoch
+
+    def _propagate_epoch(self) -> None:
+        for target in (get_sampler(self), getattr(self, "dataset", None)):
+            if hasattr(target, "set_epoch"):
+                target.set_epoch(self.iteration)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position of this loader: ``{"epoch", "batches_yielded"}`` (+ the shuffling seed when seeded)."""
+        epoch, yielded = self.iteration, self._yielded
+        if yielded and yielded >= _safe_len(self):
+            epoch, yielded = epoch + 1, 0
+        state = {"epoch": epoch, "batches_yielded": yielded}
+        sampler = get_sampler(self)
+        if isinstance(sampler, SeedableRandomSampler):
+            state["seed"] = sampler.initial_seed
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Resume at the position saved by :meth:`state_dict`: the next iteration continues that epoch."""
+        self.iteration = int(state["epoch"])
+        self._resume_at = int(state.get("batches_yielded", 0))
+        sampler = get_sampler(self)
+        if "seed" in state and isinstance(sampler, SeedableRandomSampler):
+            sampler.initial_seed = int(state["seed"])
+
+    def skip_batches_next_epoch(self, num_batches: int) -> None:
+        """Start the next iteration at batch ``num_batches`` of the current epoch (absolute, not cumulative)."""
+        self._resume_at = int(num_batches)
+
+
+def _safe_len(loader) -> float:
+    try:
+        return len(loader)
+    except TypeError:
+        return math.inf
+
+
+class _ResumableBatchSampler(BatchSampler):
+    """Skips ``skip`` batches once (without loading them), then behaves like the wrapped batch sampler."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.skip = 0
+
+    @property
+    def sampler(self):
+        return getattr(self.inner, "sampler", None)
+
+    @property
+    def batch_size(self):
+        return getattr(self.inner, "batch_size", None)
+
+    @property
+    def drop_last(self):
+        return getattr(self.inner, "drop_last", False)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def __iter__(self):
+        skip, self.skip = self.skip, 0
+        iterator = iter(self.inner)
+        for _ in range(skip):
+            if next(iterator, None) is None:
+                return
+        yield from iterator
+
+
+class _EmptyAwareCollate:
+    """Collate function that turns an empty list of samples into an empty batch of the right structure."""
+
+    def __init__(self, collate_fn, dataset):
+        self.collate_fn = collate_fn
+        self.dataset = dataset
+
+    def __call__(self, samples):
+        if samples:
+            return self.collate_fn(samples)
+        template = self.collate_fn([self.dataset[0]])
+        return _empty_like(template)
+
+
+def _empty_like(batch):
+    if isinstance(batch, torch.Tensor):
+        return batch[:0]
+    if isinstance(batch, Mapping):
+        return type(batch)({k: _empty_like(v) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_empty_like(v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_empty_like(v) for v in batch) if batch and isinstance(batch[0], (torch.Tensor, Mapping, list, tuple)) else type(batch)()
+    return batch
+
+
+class DataLoaderShard(DataLoaderStateMixin, DataLoader):
+    """A ``DataLoader`` whose batches are this process's share, placed on ``device``.
+
+    Built by :func:`prepare_data_loader`; the arguments are those of ``DataLoader`` plus:
+
+    Args:
+        device: where to put each batch (None leaves them where they are).
+        rng_types: generators synchronised from rank 0 at the start of each epoch.
+        synchronized_generator: the sampler's generator, synchronised when ``"generator"`` is in ``rng_types``.
+        non_blocking: asynchronous host-to-device copies.
+    """
+
+    def __init__(self, dataset, device=None, rng_types=None, synchronized_generator=None, skip_batches: int = 0, _non_blocking: bool = False, _sharder=None, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self._init_state()
+        self.device = torch.device(device) if device is not None else None
+        self._place = self.device is not None and self.device.type != "cpu"
+        self.rng_types = list(rng_types or [])
+        self.synchronized_generator = synchronized_generator
+        self._non_blocking = _non_blocking
+        self._sharder = _sharder
+        self._resume_at = skip_batches
+
+    @property
+    def final_round(self) -> FinalRound | None:
+        return getattr(self._sharder, "final_round", None)
+
+    @property
+    def total_batch_size(self) -> int:
+        """Samples per step across all processes."""
+        sharder = self._sharder
+        if isinstance(sharder, BatchSamplerShard):
+            size = sharder.batch_size or 0
+            return size if sharder.split_batches else size * sharder.num_processes
+        return (self.batch_size or 1) * (getattr(sharder, "num_processes", 1) if not getattr(sharder, "split_batches", False) else 1)
+
+    @property
+    def total_dataset_length(self) -> int:
+        """Length of the underlying dataset."""
+        dataset = self.dataset.dataset if isinstance(self.dataset, IterableDatasetShard) else self.dataset
+        return len(dataset)
+
+    def _sync_rngs(self) -> None:
+        if not self.rng_types:
+            return
+        others = [t for t in self.rng_types if str(t) != "generator"]
+        if others:
+            synchronize_rng_states(others)
+        if "generator" in [str(t) for t in self.rng_types] and self.synchronized_generator is not None:
+            synchronize_rng_state("generator", generator=self.synchronized_generator)
+
+    def _start(self):
+        self._sync_rngs()
+        self._propagate_epoch()
+        skip, self._resume_at = self._resume_at, 0
+        if isinstance(self.batch_sampler, _ResumableBatchSampler):
+            self.batch_sampler.skip = skip
+            iterator = super().__iter__()
+        else:
+            iterator = super().__iter__()
+            for _ in range(skip):
+                if next(iterator, None) is None:
+                    break
+        self._yielded = skip
+        return iterator
+
+    def __iter__(self):
+        iterator = self._start()
+        self.begin()
+        try:
+            try:
+                current = next(iterator)
+            except StopIteration:
+                self.end_of_dataloader = True
+                return
+            while True:
+                if self._place:
+                    current = send_to_device(current, self.device, non_blocking=self._non_blocking)
+                try:
+                    upcoming = next(iterator)
+                except StopIteration:
+                    self.end_of_dataloader = True
+                    self._yielded += 1
+                    yield current
+                    break
+                self._yielded += 1
+                yield current
+                current = upcoming
+            self.iteration += 1
+            self._yielded = 0
+        finally:
+            self.end()
+
+
+class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
+    """A ``DataLoader`` read only on the main process, which sends each process its rows of every batch.
+
+    Use it for data that cannot be read on every process (streams, generators). Tensors travel by
+    broadcast; other leaves (e.g. lists of strings) travel with the batch's description.
+
+    Args:
+        split_batches: each loader batch is the global batch (split between processes); otherwise the
+            main process reads ``num_processes`` batches per step.
+        even_batches: complete the last global batch with rows from the first one.
+        device: where batches are placed.
+    """
+
+    def __init__(self, dataset, split_batches: bool = False, even_batches: bool = True, device=None, _non_blocking: bool = False, slice_fn=None, _batch_size: int = 1, _drop_last: bool = False, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self._init_state()
+        self._batch_size, self._drop_last = _batch_size, _drop_last
+        state = PartialState()
+        self._world, self._rank = state.num_processes, state.process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.device = torch.device(device) if device is not None else state.device
+        self._non_blocking = _non_blocking
+        self._final: FinalRound | None = None
+        self._slice_fn = slice_fn
+
+    @property
+    def final_round(self) -> FinalRound | None:
+        return self._final
+
+    @property
+    def total_batch_size(self) -> int:
+        """Samples per step across all processes."""
+        return self._batch_size if self.split_batches else self._batch_size * self._world
+
+    def __len__(self) -> int:
+        length = super().__len__()
+        if self.split_batches:
+            return length
+        return length // self._world if self._drop_last else math.ceil(length / self._world)
+
+    def _fetch(self, iterator):
+        if self.split_batches:
+            return next(iterator, None)
+        parts = []
+        for _ in range(self._world):
+            batch = next(iterator, None)
+            if batch is None:
+                break
+            parts.append(batch)
+        if not parts or (self._drop_last and len(parts) < self._world):
+            return None
+        return parts[0] if len(parts) == 1 else _concat_rows(parts)
+
+    def _layout(self, batch, first, full_rows: int | None):
+        rows = _rows(batch)
+        if full_rows is None or rows >= full_rows:
+            sizes = tuple(len(c) for c in split_evenly(range(rows), self._world))
+            return batch, sizes, None
+        if self.even_batches:
+            target = math.ceil(full_rows / self._world) * self._world
+            padded = _pad_rows(batch, first, target - rows)
+            return padded, (target // self._world,) * self._world, FinalRound(rows, (target // self._world,) * self._world, True)
+        sizes = tuple(len(c) for c in split_evenly(range(rows), self._world))
+        return batch, sizes, FinalRound(rows, sizes, False)
+
+    def _main_process_batches(self, skip: int):
+        iterator = super().__iter__()
+        for _ in range(skip):
+            if self._fetch(iterator) is None:
+                break
+        first = current = self._fetch(iterator)
+        full_rows = _rows(first) if first is not None else None
+        while current is not None:
+            upcoming = self._fetch(iterator)
+            batch, sizes, final = self._layout(current, first, full_rows)
+            if upcoming is None and final is None:
+                final = FinalRound(_rows(batch), sizes, False)
+            yield batch, sizes, final, upcoming is None
+            current = upcoming
+
+    def _exchange(self, item):
+        """Broadcast one (batch, sizes, final, is_last) from the main process; None means the data ended."""
+        if self._rank == 0:
+            if item is None:
+                broadcast_object_list([None])
+                return None
+            batch, sizes, final, is_last = item
+            batch = send_to_device(batch, self.device)
+            spec = _describe(batch)
+            broadcast_object_list([(spec, sizes, final, is_last)])
+            _broadcast_leaves(batch)
+            return batch, sizes, final, is_last
+        (payload,) = broadcast_object_list([None])
+        if payload is None:
+            return None
+        spec, sizes, final, is_last = payload
+        batch = _materialise(spec, self.device)
+        _broadcast_leaves(batch)
+        return batch, sizes, final, is_last
+
+    def __iter__(self):
+        self._propagate_epoch()
+        skip, self._resume_at = self._resume_at, 0
+        self._yielded = skip
+        source = self._main_process_batches(skip) if self._rank == 0 else None
+        self.begin()
+        try:
+            while True:
+                item = self._exchange(next(source, None) if source is not None else None)
+                if item is None:
+                    break
+                batch, sizes, final, is_last = item
+                start = sum(sizes[: self._rank])
+                local = _slice_rows(batch, start, start + sizes[self._rank])
+                if is_last:
+                    self._final, self.end_of_dataloader = final, True
+                self._yielded += 1
+                yield local
+                if is_last:
+                    break
+            self.iteration += 1
+            self._yielded = 0
+        finally:
+            self.end()
+
+
+def _rows(batch) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.ndim else 1
+    if isinstance(batch, Mapping):
+        return _rows(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], (torch.Tensor, Mapping, list, tuple)):
+        return _rows(batch[0])
+    return len(batch) if isinstance(batch, (list, tuple)) else 1
+
+
+def _map_rows(batch, fn):
+    """Apply ``fn(sequence)`` to every batch-dimension leaf (tensors and lists of plain values)."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: _map_rows(v, fn) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_map_rows(v, fn) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        if batch and isinstance(batch[0], (torch.Tensor, Mapping, list, tuple)):
+            return type(batch)(_map_rows(v, fn) for v in batch)
+        return fn(batch)
+    return batch
+
+
+def _slice_rows(batch, start: int, end: int):
+    return _map_rows(batch, lambda seq: seq[start:end])
+
+
+def _concat_rows(parts: list):
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts, dim=0)
+    if isinstance(first, Mapping):
+        return type(first)({k: _concat_rows([p[k] for p in parts]) for k in first})
+    if isinstance(first, (list, tuple)) and first and isinstance(first[0], (torch.Tensor, Mapping, list, tuple)):
+        return type(first)(_concat_rows([p[i] for p in parts]) for i in range(len(first)))
+    if isinstance(first, (list, tuple)):
+        return type(first)(x for p in parts for x in p)
+    return first
+
+
+def _pad_rows(batch, first, count: int):
+    def pad(seq_pair):
+        seq, source = seq_pair
+        extra_index = [i % _len(source) for i in range(count)]
+        if isinstance(seq, torch.Tensor):
+            return torch.cat([seq, source[torch.tensor(extra_index, dtype=torch.long, device=source.device)].to(seq.device)], dim=0)
+        return type(seq)(list(seq) + [source[i] for i in extra_index])
+
+    return _zip_rows(batch, first, pad)
+
+
+def _len(seq) -> int:
+    return seq.shape[0] if isinstance(seq, torch.Tensor) else len(seq)
+
+
+def _zip_rows(batch, other, fn):
+    if isinstance(batch, torch.Tensor):
+        return fn((batch, other))
+    if isinstance(batch, Mapping):
+        return type(batch)({k: _zip_rows(v, other[k], fn) for k, v in batch.items()})
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], (torch.Tensor, Mapping, list, tuple)):
+        items = [_zip_rows(v, o, fn) for v, o in zip(batch, other)]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    if isinstance(batch, (list, tuple)):
+        return fn((batch, other))
+    return batch
+
+
+class _TensorSpec:
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, dtype
+
+
+def _describe(batch):
+    if isinstance(batch, torch.Tensor):
+        return _TensorSpec(tuple(batch.shape), batch.dtype)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: _describe(v) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_describe(v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_describe(v) for v in batch)
+    return batch
+
+
+def _materialise(spec, device):
+    if isinstance(spec, _TensorSpec):
+        return torch.empty(spec.shape, dtype=spec.dtype, device=device)
+    if isinstance(spec, Mapping):
+        return type(spec)({k: _materialise(v, device) for k, v in spec.items()})
+    if isinstance(spec, tuple) and hasattr(spec, "_fields"):
+        return type(spec)(*(_materialise(v, device) for v in spec))
+    if isinstance(spec, (list, tuple)):
+        return type(spec)(_materialise(v, device) for v in spec)
+    return spec
+
+
+def _broadcast_leaves(batch) -> None:
+    if isinstance(batch, torch.Tensor):
+        broadcast(batch)
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            _broadcast_leaves(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            _broadcast_leaves(value)
+
+
+# ------------------------------------------------------------------------------------------ prepare
+
+
+def _user_sharded(dataloader: DataLoader) -> bool:
+    if isinstance(get_sampler(dataloader), DistributedSampler):
+        return True
+    dataset = dataloader.dataset
+    return isinstance(dataset, IterableDataset) and bool(getattr(dataset, "hasten_sharded", False) or getattr(dataset, "_distributed", None))
+
+
+def _shared_seed(data_seed: int | None, generator) -> int:
+    if data_seed is not None:
+        return int(data_seed)
+    seed = [int(torch.randint(0, 2**62, (1,), generator=generator).item())]
+    return broadcast_object_list(seed)[0]
+
+
+def _seeded_batch_sampler(dataloader: DataLoader, data_seed: int | None):
+    """The loader's batch sampler, with a plain ``RandomSampler`` replaced by a seeded one shared by all ranks."""
+    batch_sampler = dataloader.batch_sampler
+    sampler = get_sampler(dataloader)
+    if not isinstance(sampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler):
+        return batch_sampler, getattr(sampler, "generator", None)
+    seeded = SeedableRandomSampler(
+        sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, data_seed=_shared_seed(data_seed, sampler.generator)
+    )
+    if type(batch_sampler) is BatchSampler:
+        return BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last), None
+    try:
+        batch_sampler.sampler = seeded
+    except AttributeError:
+        warn_once("custom-batch-sampler", f"Could not give {type(batch_sampler).__name__} a shared seed; its shuffling is synchronised per epoch instead.")
+        return batch_sampler, sampler.generator
+    return batch_sampler, None
+
+
+def prepare_data_loader(
+    dataloader: DataLoader,
+    device=None,
+    num_processes: int | None = None,
+    process_index: int | None = None,
+    split_batches: bool = False,
+    put_on_device: bool = False,
+    rng_types=None,
+    dispatch_batches: bool | None = None,
+    even_batches: bool = True,
+    slice_fn_for_dispatch=None,
+    use_seedable_sampler: bool = False,
+    data_seed: int | None = None,
+    non_blocking: bool = False,
+    use_stateful_dataloader: bool = False,
+    torch_device_mesh=None,
+) -> DataLoader:
+    """Return a loader that gives this process its share of ``dataloader``'s batches.
+
+    See :class:`~hasten.DataLoaderConfiguration` for ``split_batches``, ``dispatch_batches``,
+    ``even_batches``, ``data_seed`` and ``non_blocking``. Shuffling is always seeded the same on every
+    process (a plain ``RandomSampler`` becomes a :class:`SeedableRandomSampler`), so
+    ``use_seedable_sampler`` is implied. A loader that is already sharded (a ``DistributedSampler``,
+    or an ``IterableDataset`` marked ``hasten_sharded = True`` / split by node) is not sharded again.
+
+    Args:
+        dataloader: the loader to prepare.
+        device: where batches go when ``put_on_device``.
+        num_processes, process_index: default to the current process state.
+        rng_types: generators synchronised at each epoch start (``"torch"``, ``"cuda"``, ``"generator"``).
+    """
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}.")
+    state = PartialState()
+    world = num_processes if num_processes is not None else state.num_processes
+    rank = process_index if process_index is not None else state.process_index
+    device = device if put_on_device else None
+    dataset = dataloader.dataset
+    iterable = isinstance(dataset, IterableDataset)
+    kwargs = _loader_kwargs(dataloader)
+    if _user_sharded(dataloader):
+        warn_once("user-sharded", "This dataloader is already sharded between processes (DistributedSampler or a self-sharding dataset); hasten keeps it as is and does not shard it again.")
+        return DataLoaderShard(dataset, device=device, batch_sampler=dataloader.batch_sampler, _non_blocking=non_blocking, **kwargs) if not iterable else DataLoaderShard(dataset, device=device, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, _non_blocking=non_blocking, **kwargs)
+    if dispatch_batches is None:
+        dispatch_batches = iterable and world > 1
+    if dispatch_batches and world > 1:
+        return _dispatcher(dataloader, split_batches, even_batches, device, non_blocking, slice_fn_for_dispatch, data_seed, kwargs)
+    if iterable:
+        shard = IterableDatasetShard(dataset, batch_size=dataloader.batch_size or 1, drop_last=dataloader.drop_last, num_processes=world, process_index=rank, split_batches=split_batches, even_batches=even_batches)
+        local = (dataloader.batch_size or 1) // (world if split_batches else 1)
+        return DataLoaderShard(shard, device=device, rng_types=rng_types, batch_size=local, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _sharder=shard, **kwargs)
+    if dataloader.batch_sampler is None:
+        raise ConfigError("prepare() supports map-style DataLoaders with automatic batching (batch_size set or a batch_sampler); this one has batch_size=None.")
+    batch_sampler, generator = _seeded_batch_sampler(dataloader, data_seed)
+    sharder = BatchSamplerShard(batch_sampler, world, rank, split_batches, even_batches) if world > 1 else None
+    if sharder is not None and not even_batches:
+        kwargs["collate_fn"] = _EmptyAwareCollate(kwargs["collate_fn"], dataset)
+    return DataLoaderShard(
+        dataset,
+        device=device,
+        rng_types=rng_types,
+        synchronized_generator=generator,
+        batch_sampler=_ResumableBatchSampler(sharder or batch_sampler),
+        _non_blocking=non_blocking,
+        _sharder=sharder,
+        **kwargs,
+    )
+
+
+def _dispatcher(dataloader, split_batches, even_batches, device, non_blocking, slice_fn, data_seed, kwargs) -> DataLoaderDispatcher:
+    size = dataloader.batch_size or getattr(dataloader.batch_sampler, "batch_size", None)
+    if size is None:
+        raise ConfigError("dispatch_batches=True needs a DataLoader with a batch_size (or a batch sampler that has one).")
+    if isinstance(dataloader.dataset, IterableDataset):
+        kwargs.update(batch_size=dataloader.batch_size, drop_last=dataloader.drop_last)
+    else:
+        kwargs["batch_sampler"] = _seeded_batch_sampler(dataloader, data_seed)[0]
+    drop_last = getattr(dataloader.batch_sampler, "drop_last", dataloader.drop_last)
+    return DataLoaderDispatcher(
+        dataloader.dataset, split_batches=split_batches, even_batches=even_batches, device=device, _non_blocking=non_blocking, slice_fn=slice_fn, _batch_size=size, _drop_last=drop_last, **kwargs
+    )
+
+
+class SkipDataLoader(DataLoader):
+    """A ``DataLoader`` that skips its first ``skip_batches`` batches on each iteration."""
+
+    def __init__(self, dataset, skip_batches: int = 0, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self.skip_batches = skip_batches
+
+    def __iter__(self):
+        iterator = super().__iter__()
+        for _ in range(self.skip_batches):
+            if next(iterator, None) is None:
+                return
+        yield from iterator
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self.skip_batches, 0)
+
+
+class _SkipView:
+    """What :func:`skip_first_batches` returns for a prepared loader: iterating it resumes the loader at a batch."""
+
+    def __init__(self, loader, num_batches: int):
+        self._loader = loader
+        self._num_batches = num_batches
+
+    def __iter__(self):
+        self._loader.skip_batches_next_epoch(self._num_batches)
+        return iter(self._loader)
+
+    def __len__(self) -> int:
+        return max(len(self._loader) - self._num_batches, 0)
+
+    def __getattr__(self, name):
+        return getattr(self._loader, name)
+
+
+def skip_first_batches(dataloader, num_batches: int = 0):
+    """A loader whose next iteration starts at batch ``num_batches`` of the current epoch.
+
+    For a prepared loader the position is absolute: after ``load_state`` restored a mid-epoch
+    position, ``skip_first_batches(loader, n)`` starts at batch ``n``, it does not skip ``n`` more.
+    Later epochs start from the beginning. A plain ``DataLoader`` is rebuilt to skip its first batches.
+    """
+    if num_batches < 0:
+        raise ConfigError(f"skip_first_batches(num_batches={num_batches}): give a number >= 0.")
+    if isinstance(dataloader, DataLoaderStateMixin):
+        return _SkipView(dataloader, num_batches)
+    if isinstance(dataloader, DataLoader) and dataloader.batch_sampler is not None and not isinstance(dataloader.dataset, IterableDataset):
+        return DataLoader(dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **_loader_kwargs(dataloader))
+    if isinstance(dataloader, DataLoader):
+        return SkipDataLoader(dataloader.dataset, skip_batches=num_batches, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **_loader_kwargs(dataloader))
+    raise TypeError(f"skip_first_batches needs a DataLoader, got {type(dataloader).__name__}.")

@@ -1,0 +1,288 @@
+"""How a dataset's batches are split between processes.
+
+The layout is deterministic and the same on every rank, so each rank knows what the others get:
+batches go round-robin (batch ``i`` to rank ``i % N``), or, with ``split_batches``, every batch is cut
+into ``N`` contiguous pieces. Only the last *round* (the final ``N`` batches, or the final batch when
+splitting) can be incomplete:
+
+* ``even_batches=True``: the round is completed with samples from the start of the epoch, so every
+  rank gets a full batch; :class:`FinalRound` records how many samples are real so that
+  ``gather_for_metrics`` drops the duplicates.
+* ``even_batches=False``: the leftover samples are split between the ranks as evenly as possible and
+  nothing is duplicated. Every rank still gets one batch per round (possibly empty), so loops with
+  collectives never hang on a rank that ran out of data.
+
+A ``drop_last=True`` loader drops an incomplete last round, as in Accelerate.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+from typing import Iterator
+
+import torch
+from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, Sampler
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class FinalRound:
+    """The last round of an epoch: ``real`` samples in total, ``sizes[r]`` of them on rank ``r``.
+
+    With ``padded`` True every rank holds ``sizes[r]`` samples of which only the first ``real`` (in
+    rank order) are genuine; otherwise the sizes are exact.
+    """
+
+    real: int
+    sizes: tuple[int, ...]
+    padded: bool
+
+
+def split_evenly(items: list, parts: int) -> list[list]:
+    """Split ``items`` into ``parts`` contiguous lists whose lengths differ by at most one (first ones longer)."""
+    base, extra = divmod(len(items), parts)
+    out, start = [], 0
+    for i in range(parts):
+        end = start + base + (1 if i < extra else 0)
+        out.append(items[start:end])
+        start = end
+    return out
+
+
+def _cycle(first: list, count: int) -> list:
+    return list(itertools.islice(itertools.cycle(first), count)) if first else []
+
+
+class SeedableRandomSampler(RandomSampler):
+    """A ``RandomSampler`` whose order depends only on ``seed + epoch``.
+
+    Every rank with the same seed draws the same permutation, and a resumed run reproduces the epoch's
+    order exactly. Call :meth:`set_epoch` (prepared loaders do it for you) to reshuffle.
+    """
+
+    def __init__(self, data_source, replacement: bool = False, num_samples: int | None = None, generator=None, data_seed: int | None = None):
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples)
+        if data_seed is None:
+            data_seed = int(torch.randint(0, 2**62, (1,), generator=generator).item())
+        self.initial_seed = int(data_seed)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Use the permutation of ``epoch``."""
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        self.generator = torch.Generator()
+        self.generator.manual_seed(self.initial_seed + self.epoch)
+        yield from super().__iter__()
+
+
+class BatchSamplerShard(BatchSampler):
+    """Yields this process's batches of indices from ``batch_sampler`` (see the module docstring).
+
+    Args:
+        batch_sampler: the original loader's batch sampler.
+        num_processes: number of processes sharing the data.
+        process_index: this process's rank.
+        split_batches: cut each batch into ``num_processes`` pieces instead of dealing whole batches.
+        even_batches: complete the last round with samples from the start of the epoch.
+    """
+
+    def __init__(self, batch_sampler, num_processes: int = 1, process_index: int = 0, split_batches: bool = False, even_batches: bool = True):
+        self.batch_sampler = batch_sampler
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.batch_size = getattr(batch_sampler, "batch_size", None)
+        self.drop_last = getattr(batch_sampler, "drop_last", False)
+        if split_batches and self.batch_size is not None and self.batch_size % num_processes != 0:
+            raise ConfigError(
+                f"split_batches=True needs a batch size divisible by the number of processes, got batch size "
+                f"{self.batch_size} for {num_processes} processes. Use a batch size that is a multiple of {num_processes}."
+            )
+        self.final_round: FinalRound | None = None
+        self._last_round: list[list[int]] = []
+
+    @property
+    def sampler(self):
+        """The sampler of the wrapped batch sampler (so ``loader.batch_sampler.sampler`` keeps working)."""
+        return getattr(self.batch_sampler, "sampler", None)
+
+    def __len__(self) -> int:
+        length = len(self.batch_sampler)
+        if self.split_batches:
+            return length
+        if self.drop_last:
+            return length // self.num_processes
+        return math.ceil(length / self.num_processes)
+
+    @property
+    def total_length(self) -> int:
+        """Number of batches of the wrapped batch sampler."""
+        return len(self.batch_sampler)
+
+    def __iter__(self) -> Iterator[list[int]]:
+        self.final_round = None
+        self._last_round = []
+        if self.split_batches:
+            yield from self._iter_split()
+        else:
+            yield from self._iter_rounds()
+
+    def _iter_rounds(self) -> Iterator[list[int]]:
+        n, rank = self.num_processes, self.process_index
+        first: list[int] = []
+        round_: list[list[int]] = []
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            if len(first) < n * (self.batch_size or len(batch)):
+                first.extend(batch)
+            round_.append(batch)
+            if len(round_) == n and (self.batch_size is None or len(batch) == self.batch_size):
+                self._last_round = round_
+                yield round_[rank]
+                round_ = []
+        if round_ and not self.drop_last:
+            yield self._finish_round(round_, first)
+        elif self._last_round:  # the epoch ended on a complete round (or the incomplete one was dropped)
+            sizes = tuple(len(b) for b in self._last_round)
+            self.final_round = FinalRound(sum(sizes), sizes, padded=False)
+
+    def _finish_round(self, round_: list[list[int]], first: list[int]) -> list[int]:
+        n = self.num_processes
+        leftover = [i for batch in round_ for i in batch]
+        if self.even_batches:
+            size = self.batch_size or max(len(b) for b in round_)
+            full = leftover + _cycle(first, n * size - len(leftover))
+            chunks = [full[k * size : (k + 1) * size] for k in range(n)]
+            self.final_round = FinalRound(len(leftover), (size,) * n, padded=True)
+        else:
+            chunks = split_evenly(leftover, n)
+            self.final_round = FinalRound(len(leftover), tuple(len(c) for c in chunks), padded=False)
+        return chunks[self.process_index]
+
+    def _iter_split(self) -> Iterator[list[int]]:
+        n, rank = self.num_processes, self.process_index
+        first: list[int] = []
+        last: list[int] = []
+        for batch in self.batch_sampler:
+            batch = list(batch)
+            if not first:
+                first = batch
+            full_size = self.batch_size or len(batch)
+            if len(batch) == full_size and full_size % n == 0:
+                piece = full_size // n
+                last = batch
+                yield batch[rank * piece : (rank + 1) * piece]
+                continue
+            if self.even_batches:
+                target = math.ceil(max(full_size, len(batch)) / n) * n
+                padded = batch + _cycle(first, target - len(batch))
+                piece = target // n
+                self.final_round = FinalRound(len(batch), (piece,) * n, padded=True)
+                yield padded[rank * piece : (rank + 1) * piece]
+            else:
+                chunks = split_evenly(batch, n)
+                self.final_round = FinalRound(len(batch), tuple(len(c) for c in chunks), padded=False)
+                yield chunks[rank]
+            return
+        if last:
+            piece = len(last) // n
+            self.final_round = FinalRound(len(last), (piece,) * n, padded=False)
+
+
+class IterableDatasetShard(IterableDataset):
+    """Shards an ``IterableDataset`` between processes by reading it whole on every process.
+
+    Samples are read in buffers of ``batch_size * num_processes`` (or ``batch_size`` with
+    ``split_batches``); each process keeps its slice. The last buffer is completed with samples from
+    the start (``even_batches``, the default) or split as evenly as possible; when fewer samples than
+    processes remain, it is completed in both modes so no process runs one batch short.
+    """
+
+    def __init__(self, dataset, batch_size: int = 1, drop_last: bool = False, num_processes: int = 1, process_index: int = 0, split_batches: bool = False, even_batches: bool = True):
+        if split_batches and batch_size % num_processes != 0:
+            raise ConfigError(f"split_batches=True needs a batch size divisible by {num_processes}, got {batch_size}.")
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.drop_last = drop_last
+        self.num_processes = num_processes
+        self.process_index = process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.final_round: FinalRound | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Forward the epoch to the wrapped dataset when it supports it."""
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        total = len(self.dataset)
+        per_round = self.batch_size if self.split_batches else self.batch_size * self.num_processes
+        rounds = total // per_round if self.drop_last else math.ceil(total / per_round)
+        local = self.batch_size // self.num_processes if self.split_batches else self.batch_size
+        return rounds * local
+
+    def __iter__(self):
+        self.final_round = None
+        n, rank = self.num_processes, self.process_index
+        per_round = self.batch_size if self.split_batches else self.batch_size * n
+        local = per_round // n
+        first: list = []
+        buffer: list = []
+        for sample in self.dataset:
+            buffer.append(sample)
+            if len(first) < per_round:
+                first.append(sample)
+            if len(buffer) == per_round:
+                yield from buffer[rank * local : (rank + 1) * local]
+                buffer = []
+        if not buffer or self.drop_last:
+            if not buffer:
+                self.final_round = FinalRound(per_round, (local,) * n, padded=False) if first else None
+            return
+        if self.even_batches or len(buffer) < n:
+            real = len(buffer)
+            buffer = buffer + _cycle(first, per_round - len(buffer))
+            self.final_round = FinalRound(real, (local,) * n, padded=True)
+            yield from buffer[rank * local : (rank + 1) * local]
+        else:
+            chunks = split_evenly(buffer, n)
+            self.final_round = FinalRound(len(buffer), tuple(len(c) for c in chunks), padded=False)
+            yield from chunks[rank]
+
+
+class SkipBatchSampler(BatchSampler):
+    """Yields the batches of ``batch_sampler`` after skipping the first ``skip_batches``."""
+
+    def __init__(self, batch_sampler, skip_batches: int = 0):
+        self.batch_sampler = batch_sampler
+        self.skip_batches = skip_batches
+
+    @property
+    def sampler(self):
+        """The wrapped batch sampler's sampler."""
+        return getattr(self.batch_sampler, "sampler", None)
+
+    def __iter__(self):
+        yield from itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
+
+    @property
+    def total_length(self) -> int:
+        """Length of the wrapped batch sampler."""
+        return len(self.batch_sampler)
+
+    def __len__(self) -> int:
+        return max(len(self.batch_sampler) - self.skip_batches, 0)
+
+
+def get_sampler(dataloader) -> Sampler | None:
+    """The sampler that orders ``dataloader``'s samples (through its batch sampler when there is one)."""
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    sampler = getattr(batch_sampler, "sampler", None)
+    return sampler if sampler is not None else getattr(dataloader, "sampler", None)

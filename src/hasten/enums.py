@@ -1,0 +1,157 @@
+"""String-valued enumerations of Accelerate's public API (``hasten.utils`` re-exports them).
+
+They compare equal to their string values (``DistributedType.MULTI_CPU == "MULTI_CPU"``), so config
+files and environment variables can hold plain strings.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class BaseEnum(str, enum.Enum):
+    """A ``str`` enum whose ``str()`` is its value, with :meth:`list` of all values."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    @classmethod
+    def list(cls) -> list[str]:
+        """All values, in definition order."""
+        return [member.value for member in cls]
+
+
+class DistributedType(BaseEnum):
+    """How the job is distributed. hasten runs NO, MULTI_CPU, MULTI_GPU, MULTI_XPU, DEEPSPEED and FSDP;
+    the other members exist so that configs written for Accelerate parse, and are refused with a clear error."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_XPU = "MULTI_XPU"
+    DEEPSPEED = "DEEPSPEED"
+    FSDP = "FSDP"
+    XLA = "XLA"
+    MEGATRON_LM = "MEGATRON_LM"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
+
+
+SUPPORTED_DISTRIBUTED_TYPES = frozenset(
+    {
+        DistributedType.NO,
+        DistributedType.MULTI_CPU,
+        DistributedType.MULTI_GPU,
+        DistributedType.MULTI_XPU,
+        DistributedType.DEEPSPEED,
+        DistributedType.FSDP,
+    }
+)
+
+
+class PrecisionType(BaseEnum):
+    """Mixed precision modes."""
+
+    NO = "no"
+    FP8 = "fp8"
+    FP16 = "fp16"
+    BF16 = "bf16"
+
+
+class RNGType(BaseEnum):
+    """Random number generators that can be synchronised across processes at each epoch."""
+
+    TORCH = "torch"
+    CUDA = "cuda"
+    MLU = "mlu"
+    SDAA = "sdaa"
+    MUSA = "musa"
+    NPU = "npu"
+    XLA = "xla"
+    XPU = "xpu"
+    HPU = "hpu"
+    NEURON = "neuron"
+    GENERATOR = "generator"
+
+
+class LoggerType(BaseEnum):
+    """Experiment trackers known by name (``log_with=``); ``jsonl`` is hasten's dependency-free tracker."""
+
+    ALL = "all"
+    AIM = "aim"
+    TENSORBOARD = "tensorboard"
+    WANDB = "wandb"
+    TRACKIO = "trackio"
+    COMETML = "comet_ml"
+    MLFLOW = "mlflow"
+    CLEARML = "clearml"
+    DVCLIVE = "dvclive"
+    SWANLAB = "swanlab"
+    JSONL = "jsonl"
+
+
+class DynamoBackend(BaseEnum):
+    """``torch.compile`` backends accepted by ``dynamo_backend``."""
+
+    NO = "NO"
+    EAGER = "EAGER"
+    AOT_EAGER = "AOT_EAGER"
+    INDUCTOR = "INDUCTOR"
+    AOT_TS_NVFUSER = "AOT_TS_NVFUSER"
+    NVPRIMS_NVFUSER = "NVPRIMS_NVFUSER"
+    CUDAGRAPHS = "CUDAGRAPHS"
+    OFI = "OFI"
+    FX2TRT = "FX2TRT"
+    ONNXRT = "ONNXRT"
+    TENSORRT = "TENSORRT"
+    AOT_TORCHXLA_TRACE_ONCE = "AOT_TORCHXLA_TRACE_ONCE"
+    TORCHXLA_TRACE_ONCE = "TORCHXLA_TRACE_ONCE"
+    TVM = "TVM"
+    HPU_BACKEND = "HPU_BACKEND"
+    NEURON = "NEURON"
+
+
+class ComputeEnvironment(BaseEnum):
+    """Where the job runs (config files' ``compute_environment``)."""
+
+    LOCAL_MACHINE = "LOCAL_MACHINE"
+    AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
+
+
+class SageMakerDistributedType(BaseEnum):
+    """SageMaker modes; accepted in config files, not supported by hasten."""
+
+    NO = "NO"
+    DATA_PARALLEL = "DATA_PARALLEL"
+    MODEL_PARALLEL = "MODEL_PARALLEL"
+
+
+class DDPCommunicationHookType(BaseEnum):
+    """DDP gradient communication hooks."""
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+
+class CustomDtype(BaseEnum):
+    """Data types torch lacks, used by big-model size estimates."""
+
+    FP8 = "fp8"
+    INT4 = "int4"
+    INT2 = "int2"
+
+
+class FP8BackendType(BaseEnum):
+    """FP8 implementations."""
+
+    NO = "NO"
+    TE = "TE"
+    MSAMP = "MSAMP"
+    AO = "AO"

@@ -1,0 +1,442 @@
+"""Reads the world: launcher variables, ``HASTEN_*`` settings, devices and the operating system.
+
+This is the only module that reads ``os.environ`` for settings. Every variable hasten reads is listed
+in :data:`SETTINGS` with its meaning; ``HASTEN_<NAME>`` wins, ``ACCELERATE_<NAME>`` is accepted as a
+fallback so that scripts and job files written for Accelerate keep working. Reading a name that is
+not listed is a programming error (``KeyError``), which keeps the list complete.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import ConfigError, DistributedSetupError
+
+# name (without prefix) -> meaning. Read as HASTEN_<name>, then ACCELERATE_<name>, then the extra aliases.
+SETTINGS: dict[str, str] = {
+    "MIXED_PRECISION": "default mixed precision: no, fp16, bf16 or fp8",
+    "USE_CPU": "force the CPU even when an accelerator is present",
+    "DEBUG_MODE": "check every collective's inputs across ranks before running it",
+    "HANG_TIMEOUT": "seconds a rank may wait in a collective before its stack is printed (debug mode)",
+    "HANG_REPORT_DIR": "folder where a rank stuck in a collective writes hang_rank<N>.json for the launcher",
+    "GRADIENT_ACCUMULATION_STEPS": "default gradient accumulation steps",
+    "GRADIENT_CLIPPING": "DeepSpeed gradient clipping",
+    "LOG_LEVEL": "default level of loggers made by hasten.logging.get_logger",
+    "TORCH_DEVICE": "override the device string of every process (e.g. cuda:1)",
+    "DYNAMO_BACKEND": "torch.compile backend (no, eager, inductor, ...)",
+    "DYNAMO_MODE": "torch.compile mode",
+    "DYNAMO_USE_FULLGRAPH": "torch.compile fullgraph",
+    "DYNAMO_USE_DYNAMIC": "torch.compile dynamic",
+    "DYNAMO_USE_REGIONAL_COMPILATION": "compile repeated blocks one at a time",
+    "USE_DEEPSPEED": "use the DeepSpeed strategy",
+    "DEEPSPEED_CONFIG_FILE": "DeepSpeed JSON config file",
+    "DEEPSPEED_ZERO_STAGE": "DeepSpeed ZeRO stage",
+    "DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none, cpu or nvme",
+    "DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none, cpu or nvme",
+    "DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH": "NVMe folder for optimizer offload",
+    "DEEPSPEED_OFFLOAD_PARAM_NVME_PATH": "NVMe folder for parameter offload",
+    "DEEPSPEED_ZERO3_INIT": "build the model partitioned under ZeRO-3 (deepspeed.zero.Init)",
+    "DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "gather 16-bit weights when saving under ZeRO-3",
+    "DEEPSPEED_MOE_LAYER_CLS_NAMES": "comma-separated MoE layer classes",
+    "CONFIG_DS_FIELDS": "comma-separated DeepSpeed fields that came from the launch config",
+    "USE_FSDP": "use the FSDP2 strategy",
+    "FSDP_VERSION": "FSDP version (hasten supports 2)",
+    "FSDP_SHARDING_STRATEGY": "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD",
+    "FSDP_RESHARD_AFTER_FORWARD": "reshard parameters after forward",
+    "FSDP_OFFLOAD_PARAMS": "offload parameters to the CPU",
+    "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP",
+    "FSDP_TRANSFORMER_CLS_TO_WRAP": "comma-separated layer class names to shard one by one",
+    "FSDP_MIN_NUM_PARAMS": "size threshold of SIZE_BASED_WRAP",
+    "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT or SHARDED_STATE_DICT",
+    "FSDP_CPU_RAM_EFFICIENT_LOADING": "rank 0 loads the weights, the others start on meta",
+    "FSDP_ACTIVATION_CHECKPOINTING": "recompute activations of wrapped layers in backward",
+    "FSDP_BACKWARD_PREFETCH": "FSDP1 setting; FSDP2 prefetches by itself",
+    "FSDP_FORWARD_PREFETCH": "FSDP1 setting; FSDP2 prefetches by itself",
+    "FSDP_USE_ORIG_PARAMS": "FSDP1 setting; FSDP2 always uses the original parameters",
+    "FSDP_SYNC_MODULE_STATES": "broadcast rank 0's weights at setup",
+    "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "offload checkpointed activations (not supported)",
+    "FSDP_IGNORED_MODULES": "modules FSDP leaves alone",
+    "BYPASS_DEVICE_MAP": "let prepare() accept a model dispatched with a device_map",
+    "INIT_INCLUDE_BUFFERS": "default include_buffers of init_empty_weights",
+    "HOME": "folder of the default launch config file",
+    "LAUNCHED": "set by `hasten launch` in the processes it starts",
+    "LAUNCH_SOURCES": "JSON of where each launch setting came from (set by `hasten launch`)",
+    "ENABLE_RICH": "accepted for compatibility; has no effect",
+    "CPU_AFFINITY": "pin each process to the CPUs of its NUMA node",
+}
+
+# Settings that Accelerate reads without a prefix, accepted as a last fallback.
+_BARE_ALIASES = {name: name for name in SETTINGS if name.startswith("FSDP_")}
+
+_TRUE = {"1", "true", "yes", "y", "on"}
+_FALSE = {"0", "false", "no", "n", "off", ""}
+
+
+def str_to_bool(value: str) -> int:
+    """Convert a string like ``"yes"``/``"0"`` to 1 or 0; anything else is a :class:`ConfigError`."""
+    text = str(value).strip().lower()
+    if text in _TRUE:
+        return 1
+    if text in _FALSE:
+        return 0
+    raise ConfigError(f"Expected a boolean (1/0, true/false, yes/no), got {value!r}.")
+
+
+def _lookup(name: str) -> tuple[str, str] | None:
+    """Return (variable, value) for a listed setting, or None when it is unset."""
+    if name not in SETTINGS:
+        raise KeyError(f"hasten.environment: {name!r} is not listed in SETTINGS")
+    candidates = [f"HASTEN_{name}", f"ACCELERATE_{name}"]
+    if name in _BARE_ALIASES:
+        candidates.append(_BARE_ALIASES[name])
+    for var in candidates:
+        value = os.environ.get(var)
+        if value is not None:
+            return var, value
+    return None
+
+
+def setting_source(name: str) -> str | None:
+    """Name of the environment variable that provides setting ``name``, or None if unset."""
+    found = _lookup(name)
+    return found[0] if found else None
+
+
+def get_str(name: str, default: str | None = None) -> str | None:
+    """Read a listed setting as a string."""
+    found = _lookup(name)
+    return found[1] if found else default
+
+
+def get_flag(name: str, default: bool = False) -> bool:
+    """Read a listed setting as a boolean; an unparsable value names the variable."""
+    found = _lookup(name)
+    if found is None:
+        return default
+    var, value = found
+    try:
+        return bool(str_to_bool(value))
+    except ConfigError:
+        raise ConfigError(f"Environment variable {var}={value!r} is not a boolean; use 1/0, true/false or yes/no.") from None
+
+
+def get_int(name: str, default: int | None = None) -> int | None:
+    """Read a listed setting as an integer; an unparsable value names the variable."""
+    found = _lookup(name)
+    if found is None or found[1] == "":
+        return default
+    var, value = found
+    try:
+        return int(value)
+    except ValueError:
+        raise ConfigError(f"Environment variable {var}={value!r} is not an integer.") from None
+
+
+def get_float(name: str, default: float | None = None) -> float | None:
+    """Read a listed setting as a float; an unparsable value names the variable."""
+    found = _lookup(name)
+    if found is None or found[1] == "":
+        return default
+    var, value = found
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"Environment variable {var}={value!r} is not a number.") from None
+
+
+def get_choice(name: str, choices: list[str], default: str) -> str:
+    """Read a listed setting that must be one of ``choices`` (case-insensitive)."""
+    found = _lookup(name)
+    if found is None:
+        return default
+    var, value = found
+    if value.lower() not in choices:
+        raise ConfigError(f"Environment variable {var}={value!r} is not one of {choices}.")
+    return value.lower()
+
+
+# ----------------------------------------------------------------------------------- launch context
+
+
+@dataclass(frozen=True)
+class LaunchInfo:
+    """Where this process sits in the job, as told by its launcher.
+
+    ``source`` is ``"torchrun"`` (torch elastic, ``hasten launch``), ``"mpi"``, ``"slurm"`` or
+    ``"none"`` (a plain ``python script.py``).
+    """
+
+    source: str
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    @property
+    def node_rank(self) -> int:
+        """Index of this machine, assuming the same number of processes on every machine."""
+        return self.rank // max(self.local_world_size, 1)
+
+    @property
+    def num_nodes(self) -> int:
+        """Number of machines, assuming the same number of processes on every machine."""
+        return max(self.world_size // max(self.local_world_size, 1), 1)
+
+
+def _int_env(*names: str) -> int | None:
+    for name in names:
+        value = os.environ.get(name)
+        if value not in (None, ""):
+            try:
+                return int(value)
+            except ValueError:
+                raise DistributedSetupError(f"Launcher variable {name}={value!r} is not an integer.") from None
+    return None
+
+
+def _master_address(default: str | None) -> tuple[str | None, int | None]:
+    return os.environ.get("MASTER_ADDR", default), _int_env("MASTER_PORT")
+
+
+def _from_torchrun() -> LaunchInfo | None:
+    rank, world = _int_env("RANK"), _int_env("WORLD_SIZE")
+    local_rank = _int_env("LOCAL_RANK")
+    if rank is None and local_rank is None:
+        return None
+    rank = rank if rank is not None else local_rank
+    world = world if world is not None else 1
+    local_rank = local_rank if local_rank is not None else rank
+    local_world = _int_env("LOCAL_WORLD_SIZE") or world
+    addr, port = _master_address(None)
+    return LaunchInfo("torchrun", rank, world, local_rank, local_world, addr, port)
+
+
+def _from_mpi() -> LaunchInfo | None:
+    # Open MPI, then MPICH/Intel MPI (PMI), then PMIx, then MVAPICH2.
+    rank = _int_env("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK")
+    world = _int_env("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE")
+    if rank is None or world is None:
+        return None
+    local_rank = _int_env("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMIX_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK")
+    local_world = _int_env("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE")
+    local_world = local_world if local_world is not None else world
+    local_rank = local_rank if local_rank is not None else rank % local_world
+    addr, port = _master_address("127.0.0.1" if local_world == world else None)
+    if addr is None:
+        raise DistributedSetupError(
+            f"MPI launch across machines detected (world size {world}, {local_world} per machine) but MASTER_ADDR "
+            "is not set. Export MASTER_ADDR=<address of rank 0's machine> (and MASTER_PORT) to every rank, "
+            "e.g. mpirun -x MASTER_ADDR=10.0.0.1 -x MASTER_PORT=29500 ..."
+        )
+    return LaunchInfo("mpi", rank, world, local_rank, local_world, addr, port or 29500)
+
+
+def _from_slurm() -> LaunchInfo | None:
+    # Only an srun job step (SLURM_STEP_ID set) with several tasks is a distributed launch: a batch script
+    # that runs `python train.py` once also sees SLURM_PROCID=0 but must stay a single process.
+    rank, world = _int_env("SLURM_PROCID"), _int_env("SLURM_NTASKS")
+    if rank is None or world is None or world < 2 or os.environ.get("SLURM_STEP_ID") is None:
+        return None
+    local_rank = _int_env("SLURM_LOCALID") or 0
+    local_world = _tasks_on_this_node() or world
+    addr, port = _master_address(None)
+    if addr is None:
+        nodes = parse_slurm_nodelist(os.environ.get("SLURM_STEP_NODELIST") or os.environ.get("SLURM_JOB_NODELIST", ""))
+        addr = nodes[0] if nodes else "127.0.0.1"
+    if port is None:
+        job_id = _int_env("SLURM_JOB_ID") or 0
+        port = 20000 + job_id % 10000  # the same on every node of the job, different between jobs
+    return LaunchInfo("slurm", rank, world, local_rank, local_world, addr, port)
+
+
+def _tasks_on_this_node() -> int | None:
+    raw = os.environ.get("SLURM_STEP_TASKS_PER_NODE") or os.environ.get("SLURM_TASKS_PER_NODE")
+    node_id = _int_env("SLURM_NODEID") or 0
+    if not raw:
+        return None
+    counts: list[int] = []
+    for part in raw.split(","):
+        match = re.fullmatch(r"(\d+)(?:\(x(\d+)\))?", part.strip())
+        if not match:
+            return None
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts[node_id] if node_id < len(counts) else counts[-1]
+
+
+def parse_slurm_nodelist(nodelist: str) -> list[str]:
+    """Expand a Slurm node list such as ``"gpu[01-03,07],cpu5"`` into host names."""
+    hosts: list[str] = []
+    for match in re.finditer(r"([^,\[]+)(?:\[([^\]]+)\])?", nodelist):
+        prefix, ranges = match.group(1), match.group(2)
+        if not ranges:
+            hosts.append(prefix)
+            continue
+        for item in ranges.split(","):
+            if "-" in item:
+                lo, hi = item.split("-", 1)
+                hosts += [f"{prefix}{i:0{len(lo)}d}" for i in range(int(lo), int(hi) + 1)]
+            else:
+                hosts.append(f"{prefix}{item}")
+    return hosts
+
+
+def detect_launch() -> LaunchInfo:
+    """Find out how this process was launched: torchrun/elastic, MPI, Slurm, or not at all."""
+    for probe in (_from_torchrun, _from_mpi, _from_slurm):
+        info = probe()
+        if info is not None:
+            return info
+    return LaunchInfo("none")
+
+
+def export_for_torch(info: LaunchInfo) -> None:
+    """Write the torch.distributed variables for a process started by MPI or Slurm.
+
+    ``init_process_group(init_method="env://")`` and libraries such as DeepSpeed read these.
+    """
+    values = {
+        "RANK": info.rank,
+        "WORLD_SIZE": info.world_size,
+        "LOCAL_RANK": info.local_rank,
+        "LOCAL_WORLD_SIZE": info.local_world_size,
+        "MASTER_ADDR": info.master_addr or "127.0.0.1",
+        "MASTER_PORT": info.master_port or 29500,
+    }
+    for key, value in values.items():
+        os.environ.setdefault(key, str(value))
+
+
+# ------------------------------------------------------------------------------------------ devices
+
+
+def accelerator_type() -> str:
+    """The accelerator family present: ``"cuda"``, ``"xpu"``, ``"mps"`` or ``"cpu"``."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        return "xpu"
+    if hasattr(torch.backends, "mps") and torch.backends.mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def device_count(kind: str) -> int:
+    """Number of devices of family ``kind`` visible to this process."""
+    import torch
+
+    if kind == "cuda":
+        return torch.cuda.device_count()
+    if kind == "xpu":
+        return torch.xpu.device_count()
+    return 1
+
+
+def select_device(cpu: bool, local_rank: int):
+    """The device this process should use: an override, then ``<accelerator>:<local_rank>``, then CPU."""
+    import torch
+
+    override = get_str("TORCH_DEVICE")
+    if override:
+        return torch.device(override)
+    kind = "cpu" if cpu else accelerator_type()
+    if kind in ("cuda", "xpu"):
+        count = device_count(kind)
+        if local_rank >= count:
+            raise DistributedSetupError(
+                f"This process has local rank {local_rank} but only {count} {kind.upper()} device(s) are visible. "
+                f"Start at most {count} process(es) per machine (--num_processes), or check CUDA_VISIBLE_DEVICES / --gpu_ids."
+            )
+        return torch.device(kind, local_rank)
+    return torch.device(kind)
+
+
+# -------------------------------------------------------------------------------- operating system
+
+
+def kernel_version() -> tuple[int, ...] | None:
+    """The Linux kernel version as a tuple, or None on other systems."""
+    if platform.system() != "Linux":
+        return None
+    match = re.match(r"(\d+)\.(\d+)", platform.release())
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+_kernel_warned = False
+
+
+def check_os_kernel() -> None:
+    """Warn once when the Linux kernel is older than 5.5, where processes are known to hang."""
+    global _kernel_warned
+    version = kernel_version()
+    if _kernel_warned or version is None or version >= (5, 5):
+        return
+    _kernel_warned = True
+    warnings.warn(
+        f"Detected Linux kernel {platform.release()}, older than the minimum recommended 5.5: distributed jobs "
+        "are known to hang on such kernels. Upgrade the kernel if processes stall.",
+        stacklevel=2,
+    )
+
+
+def config_home() -> Path:
+    """Folder of the default launch config file.
+
+    ``$HASTEN_HOME``, then ``$HF_HOME/hasten``, then ``$XDG_CACHE_HOME/huggingface/hasten``, then
+    ``~/.cache/huggingface/hasten``.
+    """
+    explicit = os.environ.get("HASTEN_HOME")
+    if explicit:
+        return Path(explicit).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hasten"
+    cache = os.environ.get("XDG_CACHE_HOME")
+    base = Path(cache).expanduser() if cache else Path.home() / ".cache"
+    return base / "huggingface" / "hasten"
+
+
+def default_config_file() -> Path:
+    """Path of ``default_config.yaml`` in :func:`config_home`."""
+    return config_home() / "default_config.yaml"
+
+
+# ------------------------------------------------------------------------------- env manipulation
+
+
+@contextlib.contextmanager
+def patch_environment(**kwargs):
+    """Set environment variables (keys upper-cased) for the duration of the block, then restore them."""
+    saved = {}
+    for key, value in kwargs.items():
+        key = key.upper()
+        saved[key] = os.environ.get(key)
+        os.environ[key] = str(value)
+    try:
+        yield
+    finally:
+        for key, old in saved.items():
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+
+
+@contextlib.contextmanager
+def clear_environment():
+    """Empty ``os.environ`` for the duration of the block, then restore it exactly."""
+    saved = dict(os.environ)
+    os.environ.clear()
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)

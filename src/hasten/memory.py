@@ -1,0 +1,128 @@
+"""Out-of-memory handling: recognising OOM errors, releasing memory, and retrying at a smaller batch size."""
+
+from __future__ import annotations
+
+import functools
+import gc
+import inspect
+from typing import Callable
+
+import torch
+
+from .errors import HastenError
+
+_OOM_MESSAGES = (
+    "CUDA out of memory",
+    "XPU out of memory",
+    "NPU out of memory",
+    "MPS backend out of memory",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED",
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "DefaultCPUAllocator: can't allocate memory",
+    "DefaultCPUAllocator: not enough memory",
+    "out of memory",
+)
+
+
+def should_reduce_batch_size(exception: BaseException) -> bool:
+    """True when ``exception`` means the device (CUDA, XPU, NPU, MPS) or the CPU allocator ran out of memory."""
+    if isinstance(exception, (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))):
+        return True
+    if isinstance(exception, RuntimeError) and len(exception.args) == 1:
+        return any(message in str(exception.args[0]) for message in _OOM_MESSAGES)
+    return False
+
+
+def clear_device_cache(garbage_collection: bool = False) -> None:
+    """Return cached device memory to the driver (CUDA, XPU, MPS), after a garbage collection if asked."""
+    if garbage_collection:
+        gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if hasattr(torch, "xpu") and torch.xpu.is_available():
+        torch.xpu.empty_cache()
+    if hasattr(torch, "mps") and torch.backends.mps.is_available():
+        torch.mps.empty_cache()
+
+
+def release_memory(*objects):
+    """Drop the given references, collect garbage and empty device caches.
+
+    Returns a list of ``None`` of the same length, to rebind the caller's names:
+    ``model, optimizer = release_memory(model, optimizer)``.
+    """
+    objects = list(objects)
+    for i in range(len(objects)):
+        objects[i] = None
+    clear_device_cache(garbage_collection=True)
+    return objects
+
+
+class BatchSizeExhaustedError(HastenError, RuntimeError):
+    """Even batch size 1 ran out of memory."""
+
+
+def _any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is True on at least one (a no-op on one process)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    from .state import PartialState
+
+    device = PartialState().device if dist.get_backend() == "nccl" else torch.device("cpu")
+    value = torch.tensor([1 if flag else 0], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128, reduce_batch_size_fn: Callable[[int], int] | None = None):
+    """Decorator that retries ``function(batch_size, ...)`` with a smaller batch size after each out-of-memory error.
+
+    The decorated function takes the batch size as its first argument; call it without that argument.
+    Each OOM halves the batch size (``reduce_batch_size_fn`` changes the rule). In a multi-process run,
+    all ranks agree after every attempt: if any rank ran out of memory, every rank retries at the
+    smaller size, so ranks never diverge. When batch size 1 fails, the error says so and keeps the
+    original OOM as its cause.
+
+    Note: the agreement happens between attempts; an OOM on one rank in the middle of a collective the
+    others already entered cannot be recovered here (the job then fails at its collective timeout).
+    """
+    if function is None:
+        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size, reduce_batch_size_fn=reduce_batch_size_fn)
+    reduce = reduce_batch_size_fn or (lambda size: size // 2)
+
+    @functools.wraps(function)
+    def decorator(*args, **kwargs):
+        params = list(inspect.signature(function).parameters)
+        if len(params) < len(args) + 1:
+            raise TypeError(
+                f"Batch size was passed into `{function.__name__}` as the first argument when called. Remove it "
+                f"and call `{function.__name__}({', '.join(repr(a) for a in args[1:]) if args else ''})` instead: the "
+                "decorator passes the batch size itself."
+            )
+        batch_size = starting_batch_size
+        clear_device_cache(garbage_collection=True)
+        while True:
+            if batch_size <= 0:
+                raise BatchSizeExhaustedError("find_executable_batch_size: no batch size fits, not even 1; reduce the model or sequence size.")
+            error: BaseException | None = None
+            result = None
+            try:
+                result = function(batch_size, *args, **kwargs)
+            except Exception as caught:  # noqa: BLE001 - only OOMs are handled, the rest re-raised below
+                if not should_reduce_batch_size(caught):
+                    raise
+                error = caught
+            if not _any_rank(error is not None):
+                return result
+            clear_device_cache(garbage_collection=True)
+            if batch_size == 1:
+                raise BatchSizeExhaustedError(
+                    "find_executable_batch_size: out of memory even at batch size 1"
+                    + ("" if error is not None else " on another process")
+                    + "; the model does not fit. Reduce its size, use mixed precision, or shard it (FSDP/DeepSpeed)."
+                ) from error
+            batch_size = max(reduce(batch_size), 1) if batch_size > 1 else 0
+
+    return decorator

@@ -1,0 +1,445 @@
+"""Collectives and tensor utilities on arbitrarily nested structures of tensors.
+
+Every function accepts a tensor or a list / tuple / namedtuple / dict (any ``Mapping``, such as a
+Transformers ``BatchEncoding``) nesting tensors, and returns the same structure. A value that is not
+a tensor where one is required raises ``TypeError`` naming its path, e.g. ``batch['labels'][2]``.
+
+On a single process the collectives return their input (``gather``/``reduce`` return copies).
+In debug mode (``HASTEN_DEBUG_MODE=1``, ``hasten launch --debug``) each collective first checks
+that every rank calls the same operation with compatible shapes (see :mod:`hasten.debug_mode`).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from . import debug_mode
+from .errors import DistributedOperationException  # noqa: F401  (re-exported for compatibility)
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """Raised as a warning when ``pad_across_processes`` meets a nested tensor it cannot pad."""
+
+
+# ------------------------------------------------------------------------------------ structures
+
+
+def is_torch_tensor(value) -> bool:
+    """True for ``torch.Tensor`` instances."""
+    return isinstance(value, torch.Tensor)
+
+
+def is_namedtuple(value) -> bool:
+    """True for instances of ``collections.namedtuple`` / ``typing.NamedTuple`` classes."""
+    return isinstance(value, tuple) and hasattr(value, "_fields") and hasattr(value, "_asdict")
+
+
+def honor_type(obj, generator):
+    """Build an object of ``type(obj)`` (list, tuple or namedtuple) from ``generator``."""
+    if is_namedtuple(obj):
+        return type(obj)(*list(generator))
+    return type(obj)(generator)
+
+
+def _path_key(key) -> str:
+    return f"[{key!r}]"
+
+
+def _apply(func, data, path, test_type, error_on_other_type, args, kwargs):
+    if test_type(data):
+        return func(data, *args, **kwargs)
+    if isinstance(data, (tuple, list)):
+        return honor_type(
+            data,
+            (_apply(func, item, path + f"[{i}]", test_type, error_on_other_type, args, kwargs) for i, item in enumerate(data)),
+        )
+    if isinstance(data, Mapping):
+        return type(data)(
+            {k: _apply(func, v, path + _path_key(k), test_type, error_on_other_type, args, kwargs) for k, v in data.items()}
+        )
+    if error_on_other_type:
+        name = getattr(func, "__name__", "this operation")
+        raise TypeError(
+            f"{path} is a {type(data).__name__} ({data!r:.60}), but {name} needs tensors at every leaf of the structure "
+            "(nested lists, tuples, namedtuples and dicts of torch.Tensor). Convert it with torch.as_tensor, "
+            "or move it out of the structure."
+        )
+    return data
+
+
+def recursively_apply(func: Callable, data, *args, test_type=is_torch_tensor, error_on_other_type=False, **kwargs):
+    """Apply ``func`` to every leaf of ``data`` that passes ``test_type``, keeping the structure.
+
+    Args:
+        func: called as ``func(leaf, *args, **kwargs)``.
+        data: a tensor or nested list/tuple/namedtuple/Mapping.
+        test_type: predicate selecting the leaves to transform (default: tensors).
+        error_on_other_type: raise ``TypeError`` naming the path of any other leaf instead of keeping it.
+    """
+    return _apply(func, data, "data", test_type, error_on_other_type, args, kwargs)
+
+
+def _leaves(data, test_type=is_torch_tensor):
+    if test_type(data):
+        yield data
+    elif isinstance(data, (tuple, list)):
+        for item in data:
+            yield from _leaves(item, test_type)
+    elif isinstance(data, Mapping):
+        for item in data.values():
+            yield from _leaves(item, test_type)
+
+
+def _require_tensors(data, operation: str) -> None:
+    recursively_apply(lambda t: t, data, error_on_other_type=True)
+
+
+def send_to_device(tensor, device, non_blocking: bool = False, skip_keys: list[str] | str | None = None):
+    """Move every tensor of a nested structure to ``device``.
+
+    Args:
+        tensor: the structure; objects with a ``.to`` method (e.g. ``BatchEncoding``) are moved too.
+        device: target device.
+        non_blocking: asynchronous copy (effective from pinned memory).
+        skip_keys: keys of a mapping whose values stay where they are.
+    """
+    if isinstance(skip_keys, str):
+        skip_keys = [skip_keys]
+    return _send(tensor, device, non_blocking, skip_keys or ())
+
+
+def _send(data, device, non_blocking, skip_keys):
+    if isinstance(data, torch.Tensor):
+        return data.to(device, non_blocking=non_blocking)
+    if isinstance(data, (tuple, list)):
+        return honor_type(data, (_send(item, device, non_blocking, skip_keys) for item in data))
+    if isinstance(data, Mapping):
+        return type(data)({k: v if k in skip_keys else _send(v, device, non_blocking, skip_keys) for k, v in data.items()})
+    if hasattr(data, "to") and callable(data.to):
+        try:
+            return data.to(device, non_blocking=non_blocking)
+        except TypeError:
+            return data.to(device)
+    return data
+
+
+def get_data_structure(data):
+    """The structure of ``data`` with each tensor replaced by its shape and dtype (a ``SimpleNamespace``)."""
+    from types import SimpleNamespace
+
+    return recursively_apply(lambda t: SimpleNamespace(shape=tuple(t.shape), dtype=t.dtype), data)
+
+
+def get_shape(data):
+    """The structure of ``data`` with each tensor replaced by its shape as a list."""
+    return recursively_apply(lambda t: list(t.shape), data)
+
+
+def initialize_tensors(data_structure):
+    """Allocate empty tensors following a structure made by :func:`get_data_structure`."""
+    return recursively_apply(
+        lambda spec: torch.empty(spec.shape, dtype=spec.dtype), data_structure, test_type=lambda x: hasattr(x, "shape") and hasattr(x, "dtype")
+    )
+
+
+def find_batch_size(data) -> int:
+    """Size of the first dimension of the first tensor in ``data``; ``TypeError`` when there is none."""
+    for leaf in _leaves(data):
+        if leaf.ndim == 0:
+            raise TypeError("find_batch_size found a 0-dimensional tensor; a batch needs a first dimension.")
+        return leaf.shape[0]
+    raise TypeError(f"find_batch_size needs a tensor or a structure holding tensors, got {type(data).__name__}.")
+
+
+def ignorant_find_batch_size(data) -> int | None:
+    """Like :func:`find_batch_size` but returns None instead of raising."""
+    try:
+        return find_batch_size(data)
+    except TypeError:
+        return None
+
+
+def listify(data):
+    """Turn every tensor of ``data`` into (nested) Python lists or numbers."""
+    return recursively_apply(lambda t: t.tolist() if t.ndim else t.item(), data)
+
+
+def convert_to_fp32(tensor):
+    """Cast every fp16/bf16 tensor of a nested structure to fp32."""
+    return recursively_apply(lambda t: t.float(), tensor, test_type=lambda t: isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16))
+
+
+class ConvertOutputsToFp32:
+    """Wrap a forward function so that its half-precision outputs come back in fp32 (picklable)."""
+
+    def __init__(self, model_forward):
+        self.model_forward = model_forward
+        functools.update_wrapper(self, model_forward)
+
+    def __call__(self, *args, **kwargs):
+        return convert_to_fp32(self.model_forward(*args, **kwargs))
+
+    def __getstate__(self):
+        raise TypeError("A forward wrapped by hasten's output conversion cannot be pickled; unwrap the model first (Accelerator.unwrap_model).")
+
+
+def convert_outputs_to_fp32(model_forward):
+    """Decorator form of :class:`ConvertOutputsToFp32`."""
+    return ConvertOutputsToFp32(model_forward)
+
+
+def find_device(data) -> torch.device | None:
+    """Device of the first tensor found in ``data`` (None when there is none)."""
+    for leaf in _leaves(data):
+        return leaf.device
+    return None
+
+
+def slice_tensors(data, tensor_slice, process_index=None, num_processes=None):
+    """Apply ``tensor_slice`` (a ``slice``) to every tensor of ``data``."""
+    return recursively_apply(lambda t: t[tensor_slice], data)
+
+
+def concatenate(data: list, dim: int = 0):
+    """Concatenate a list of identically structured nested tensors along ``dim``."""
+    if not isinstance(data, (list, tuple)) or len(data) == 0:
+        raise TypeError(f"concatenate needs a non-empty list of structures, got {type(data).__name__}.")
+    first = data[0]
+    if isinstance(first, (tuple, list)):
+        return honor_type(first, (concatenate([d[i] for d in data], dim=dim) for i in range(len(first))))
+    if isinstance(first, Mapping):
+        return type(first)({k: concatenate([d[k] for d in data], dim=dim) for k in first})
+    if not isinstance(first, torch.Tensor):
+        raise TypeError(f"concatenate can only join tensors, got {type(first).__name__}.")
+    return torch.cat(list(data), dim=dim)
+
+
+# ----------------------------------------------------------------------------------- collectives
+
+
+def _world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size(), dist.get_rank()
+    return 1, 0
+
+
+def _collective(name: str):
+    """Mark a public collective: debug-mode verification and hang monitoring wrap it when enabled."""
+
+    def decorate(function):
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            if debug_mode.active():
+                with debug_mode.checked(name, function, args, kwargs):
+                    return function(*args, **kwargs)
+            return function(*args, **kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def barrier() -> None:
+    """Block until every process reaches this point (monitored in debug mode)."""
+    _barrier()
+
+
+@_collective("wait_for_everyone")
+def _barrier() -> None:
+    if _world()[0] > 1:
+        dist.barrier()
+
+
+def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
+    world, _ = _world()
+    if tensor.ndim == 0:
+        tensor = tensor[None]
+    tensor = tensor.contiguous()
+    if dist.get_backend() == "nccl":
+        out = torch.empty((world * tensor.shape[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        dist.all_gather_into_tensor(out, tensor)
+        return out
+    parts = [torch.empty_like(tensor) for _ in range(world)]
+    dist.all_gather(parts, tensor)
+    return torch.cat(parts, dim=0)
+
+
+@_collective("gather")
+def gather(tensor):
+    """Gather tensors from every process and concatenate them on the first dimension.
+
+    0-dimensional tensors become 1-dimensional. Every process gets the result.
+    """
+    _require_tensors(tensor, "gather")
+    if _world()[0] == 1:
+        return recursively_apply(lambda t: t[None].clone() if t.ndim == 0 else t.clone(), tensor)
+    return recursively_apply(_gather_one, tensor)
+
+
+@_collective("gather_object")
+def gather_object(object: Any) -> list:
+    """Gather picklable objects from every process.
+
+    A list (or tuple) from each process gives one flattened list in rank order; any other object gives
+    the list of each process's object (Accelerate requires lists; hasten accepts both).
+    """
+    world, _ = _world()
+    if world == 1:
+        return list(object) if isinstance(object, (list, tuple)) else [object]
+    output: list = [None] * world
+    dist.all_gather_object(output, object)
+    if all(isinstance(o, (list, tuple)) for o in output):
+        return [item for part in output for item in part]
+    return output
+
+
+@_collective("broadcast")
+def broadcast(tensor, from_process: int = 0):
+    """Copy every tensor of ``tensor`` from process ``from_process`` to all others, in place; returns it."""
+    _require_tensors(tensor, "broadcast")
+    if _world()[0] == 1:
+        return tensor
+
+    def _one(t):
+        dist.broadcast(t, src=from_process)
+        return t
+
+    return recursively_apply(_one, tensor)
+
+
+@_collective("broadcast_object_list")
+def broadcast_object_list(object_list: list, from_process: int = 0) -> list:
+    """Replace the items of ``object_list`` in place with those of process ``from_process``; returns it."""
+    if _world()[0] > 1:
+        dist.broadcast_object_list(object_list, src=from_process)
+    return object_list
+
+
+_REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
+
+
+@_collective("reduce")
+def reduce(tensor, reduction: str = "mean", scale: float = 1.0):
+    """All-reduce every tensor of ``tensor`` across processes; returns new tensors.
+
+    Args:
+        reduction: ``"mean"`` (default here; ``Accelerator.reduce`` defaults to ``"sum"``), ``"sum"``,
+            ``"max"``, ``"min"`` or ``"none"`` (a copy, unreduced).
+        scale: multiply the result by this factor.
+    """
+    if reduction not in (*_REDUCE_OPS, "none"):
+        raise ValueError(f"reduce(reduction={reduction!r}): choose one of 'sum', 'mean', 'max', 'min', 'none'.")
+    _require_tensors(tensor, "reduce")
+    world, _ = _world()
+
+    def _one(t):
+        out = t.clone()
+        if world > 1 and reduction != "none":
+            dist.all_reduce(out, op=getattr(dist.ReduceOp, _REDUCE_OPS[reduction]))
+            if reduction == "mean":
+                out /= world
+        if scale != 1.0:
+            out *= scale
+        return out
+
+    return recursively_apply(_one, tensor)
+
+
+def _pad_one(tensor: torch.Tensor, dim: int, pad_index, pad_first: bool, sizes: list[int] | None = None) -> torch.Tensor:
+    if dim < 0:
+        dim += tensor.ndim
+    if sizes is None:
+        size = torch.tensor([tensor.shape[dim]], device=tensor.device)
+        sizes = _gather_one(size).tolist()
+    max_size = max(sizes)
+    if max_size == tensor.shape[dim]:
+        return tensor
+    new_shape = list(tensor.shape)
+    new_shape[dim] = max_size
+    out = tensor.new_full(new_shape, pad_index)
+    index = [slice(None)] * tensor.ndim
+    index[dim] = slice(max_size - tensor.shape[dim], max_size) if pad_first else slice(0, tensor.shape[dim])
+    out[tuple(index)] = tensor
+    return out
+
+
+@_collective("pad_across_processes")
+def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
+    """Pad every tensor to the largest size of dimension ``dim`` across processes, so it can be gathered.
+
+    Args:
+        dim: the dimension to pad.
+        pad_index: the value used for padding.
+        pad_first: pad at the beginning instead of the end.
+    """
+    _require_tensors(tensor, "pad_across_processes")
+    if _world()[0] == 1:
+        return tensor
+
+    def _one(t):
+        if t.ndim == 0 or dim >= t.ndim or dim < -t.ndim:
+            return t
+        return _pad_one(t, dim, pad_index, pad_first)
+
+    return recursively_apply(_one, tensor)
+
+
+def pad_input_tensors(tensor, batch_size: int, num_processes: int, dim: int = 0):
+    """Pad the batch dimension (repeating the last sample) so that it divides by ``num_processes``."""
+
+    def _one(t):
+        remainder = batch_size % num_processes
+        if remainder == 0 or t.ndim == 0:
+            return t
+        extra = num_processes - remainder
+        last = t.narrow(dim, t.shape[dim] - 1, 1)
+        return torch.cat([t] + [last] * extra, dim=dim)
+
+    return recursively_apply(_one, tensor)
+
+
+def gather_with_sizes(tensor, sizes: list[int]):
+    """Gather tensors whose first dimension differs between processes, given every process's size.
+
+    Used by ``gather_for_metrics`` on uneven last batches, where every rank knows all sizes, so no
+    extra collective is needed to exchange them. Returns the concatenation without any padding.
+    """
+
+    def _one(t):
+        padded = _pad_one(t, 0, 0, False, sizes)
+        full = _gather_one(padded)
+        step = max(sizes)
+        return torch.cat([full[i * step : i * step + n] for i, n in enumerate(sizes)], dim=0)
+
+    return recursively_apply(_one, tensor)
+
+
+# ------------------------------------------------------------------------------ process splitting
+
+
+def split_for_process(inputs, num_processes: int, process_index: int, apply_padding: bool = False):
+    """This process's contiguous share of ``inputs`` (list, tuple, tensor, or dict of those)."""
+    if isinstance(inputs, Mapping):
+        lengths = {k: len(v) for k, v in inputs.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"split_between_processes needs every value of the dict to have the same length; got {lengths}.")
+        return type(inputs)({k: split_for_process(v, num_processes, process_index, apply_padding) for k, v in inputs.items()})
+    length = len(inputs)
+    per_process, extras = divmod(length, num_processes)
+    start = process_index * per_process + min(process_index, extras)
+    end = start + per_process + (1 if process_index < extras else 0)
+    share = inputs[start:end]
+    if not apply_padding or extras == 0 or length == 0:
+        return share
+    missing = per_process + 1 - (end - start)
+    if missing == 0:
+        return share
+    filler = inputs[-1:] if end - start == 0 else share[-1:]
+    if isinstance(share, torch.Tensor):
+        return torch.cat([share] + [filler] * missing, dim=0)
+    return share + type(share)(filler) * missing

@@ -1,0 +1,92 @@
+"""Training configuration objects: project folders, dataloader behaviour, gradient accumulation."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import ConfigError
+from .kwargs import KwargsHandler
+
+
+@dataclass
+class ProjectConfiguration(KwargsHandler):
+    """Where a project writes logs and checkpoints.
+
+    Args:
+        project_dir: base folder of the project.
+        logging_dir: folder of tracker logs (defaults to ``project_dir``).
+        automatic_checkpoint_naming: ``save_state()`` writes ``project_dir/checkpoints/checkpoint_<i>``.
+        total_limit: keep at most this many automatic checkpoints (oldest deleted once a new one is complete).
+        iteration: number of the next automatic checkpoint.
+        save_on_each_node: write checkpoints on every machine (no shared filesystem).
+    """
+
+    project_dir: str | None = None
+    logging_dir: str | None = None
+    automatic_checkpoint_naming: bool = False
+    total_limit: int | None = None
+    iteration: int = 0
+    save_on_each_node: bool = False
+
+    def __post_init__(self):
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+        if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
+            raise ConfigError(f"ProjectConfiguration(total_limit={self.total_limit!r}): give a positive integer or None.")
+
+    def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
+        """Set ``project_dir`` and, when it was unset, ``logging_dir``."""
+        self.project_dir = None if project_dir is None else os.fspath(project_dir)
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+
+
+@dataclass
+class DataLoaderConfiguration(KwargsHandler):
+    """How ``prepare`` shards and feeds dataloaders.
+
+    Args:
+        split_batches: the loader's batch size is the global batch; each of N processes gets 1/N of it.
+            Otherwise each process gets a whole batch and the global batch is N times larger.
+        dispatch_batches: the main process reads the data and sends each process its share
+            (default: True for ``IterableDataset``, False otherwise).
+        even_batches: complete the last global batch with samples from the start of the dataset so every
+            process gets the same number of full batches (``gather_for_metrics`` drops the extras).
+            With False, the leftover samples are split between the processes as evenly as possible
+            (uneven last batches; a process may get an empty one) and nothing is duplicated.
+        use_seedable_sampler: shuffle with a sampler seeded by ``data_seed`` + epoch.
+        data_seed: seed of the seedable sampler.
+        non_blocking: copy batches to the device asynchronously (needs ``pin_memory=True``).
+        use_stateful_dataloader: accepted for compatibility: every prepared loader already saves its position.
+    """
+
+    split_batches: bool = False
+    dispatch_batches: bool | None = None
+    even_batches: bool = True
+    use_seedable_sampler: bool = False
+    data_seed: int | None = None
+    non_blocking: bool = False
+    use_stateful_dataloader: bool = False
+
+
+@dataclass
+class GradientAccumulationPlugin(KwargsHandler):
+    """Gradient accumulation settings.
+
+    Args:
+        num_steps: micro-batches per optimizer step.
+        adjust_scheduler: kept for compatibility with Accelerate; the scheduler steps once per real
+            optimizer step either way.
+        sync_with_dataloader: the last batch of a dataloader always synchronises and steps.
+        sync_each_batch: reduce gradients on every micro-batch (less memory, more communication).
+    """
+
+    num_steps: int | None = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
+    def __post_init__(self):
+        if self.num_steps is not None and (not isinstance(self.num_steps, int) or self.num_steps < 1):
+            raise ConfigError(f"GradientAccumulationPlugin(num_steps={self.num_steps!r}): give a positive integer.")

@@ -1,0 +1,504 @@
+"""Process-wide state: who this process is (:class:`PartialState`), how it trains
+(:class:`AcceleratorState`) and where gradient accumulation stands (:class:`GradientState`).
+
+As in Accelerate, every instance of one of these classes shares the same attributes, so a second
+``Accelerator()`` in the same process sees the first one's state. The sharing has one owner (the
+class-level ``_shared_state`` dict of each class) and one public reset, :func:`reset_state`, which
+tests and notebooks call to start over; ``_reset_state`` is kept for downstream test suites.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import warnings
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from . import environment
+from .enums import DistributedType, PrecisionType
+from .errors import ConfigError, DistributedSetupError
+
+_GPU_TYPES = {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}
+
+
+class _NotInitialized(AttributeError):
+    pass
+
+
+class ProcessControl:
+    """Helpers that depend only on this process's rank: printing, ordering and per-rank decorators.
+
+    Shared by :class:`PartialState`, :class:`AcceleratorState` and the ``Accelerator``; subclasses
+    provide ``num_processes``, ``process_index``, ``local_process_index`` and ``wait_for_everyone``.
+    """
+
+    num_processes: int
+    process_index: int
+    local_process_index: int
+
+    def wait_for_everyone(self) -> None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on the process of global rank 0."""
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """True on the first process of each machine."""
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        """True on the process with the highest global rank."""
+        return self.process_index == self.num_processes - 1
+
+    @property
+    def use_distributed(self) -> bool:
+        """True when more than one process takes part in the job."""
+        return self.num_processes > 1
+
+    def print(self, *args, **kwargs) -> None:
+        """``print`` on the local main process only (once per machine)."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _goes_first(self, is_first: bool):
+        if not is_first:
+            self.wait_for_everyone()
+        yield
+        if is_first:
+            self.wait_for_everyone()
+
+    def main_process_first(self):
+        """Context manager: the main process runs the block first, the others wait, then run it."""
+        return self._goes_first(self.is_main_process)
+
+    def local_main_process_first(self):
+        """Context manager: each machine's local main process runs the block before the others."""
+        return self._goes_first(self.is_local_main_process)
+
+    def _run_if(self, function: Callable | None, condition: Callable[[], bool]):
+        if function is None:
+            return functools.partial(self._run_if, condition=condition)
+
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            if condition():
+                return function(*args, **kwargs)
+            return None
+
+        return wrapper
+
+    def on_main_process(self, function: Callable | None = None):
+        """Decorator: run ``function`` only on the main process (returns None elsewhere)."""
+        return self._run_if(function, lambda: self.is_main_process)
+
+    def on_local_main_process(self, function: Callable | None = None):
+        """Decorator: run ``function`` only on each machine's local main process."""
+        return self._run_if(function, lambda: self.is_local_main_process)
+
+    def on_last_process(self, function: Callable | None = None):
+        """Decorator: run ``function`` only on the last process."""
+        return self._run_if(function, lambda: self.is_last_process)
+
+    def on_process(self, function: Callable | None = None, process_index: int | None = None):
+        """Decorator: run ``function`` only on the process of global rank ``process_index``."""
+        if process_index is None:
+            raise ConfigError("on_process needs process_index=<global rank>, e.g. @state.on_process(process_index=1).")
+        return self._run_if(function, lambda: self.process_index == process_index)
+
+    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None):
+        """Decorator: run ``function`` only on the process of local rank ``local_process_index``."""
+        if local_process_index is None:
+            raise ConfigError("on_local_process needs local_process_index=<local rank>.")
+        return self._run_if(function, lambda: self.local_process_index == local_process_index)
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs, apply_padding: bool = False):
+        """Context manager yielding this process's contiguous share of ``inputs``.
+
+        ``inputs`` is a list, tuple, tensor or dict of those (split value by value). The first
+        processes get one extra element when the length does not divide; with ``apply_padding`` the
+        others repeat their last element so that every share has the same length (for a later gather).
+        """
+        from .operations import split_for_process
+
+        yield split_for_process(inputs, self.num_processes, self.process_index, apply_padding)
+
+
+class PartialState(ProcessControl):
+    """Who this process is: rank, world size, device, backend. Owns the process group.
+
+    Created by ``Accelerator()``; can be used alone in scripts that only need process information.
+    The launch context is read from torchrun/``hasten launch``, MPI (``mpirun``) or Slurm (``srun``)
+    variables. On a machine without accelerators, a multi-process launch is a gloo ``MULTI_CPU`` run
+    with no extra flag (Accelerate needs ``ACCELERATE_USE_CPU``; hasten does not).
+
+    Args:
+        cpu: use the CPU even when an accelerator is present (also ``HASTEN_USE_CPU=1``).
+        **kwargs: passed to ``torch.distributed.init_process_group`` (``backend``, ``init_method``,
+            ``timeout`` as ``timedelta`` or seconds).
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(self, cpu: bool = False, **kwargs):
+        self.__dict__ = self._shared_state
+        cpu = cpu or environment.get_flag("USE_CPU")
+        if self.__dict__.get("initialized"):
+            if cpu and self.device.type != "cpu":
+                raise ConfigError(
+                    f"The process state was already created on {self.device}; cpu=True cannot change it. "
+                    "Pass cpu=True to the first Accelerator/PartialState, or call hasten.state.reset_state() first."
+                )
+            return
+        launch = environment.detect_launch()
+        self.launch = launch
+        self.num_processes = launch.world_size
+        self.process_index = launch.rank
+        self.local_process_index = launch.local_rank
+        self.debug = environment.get_flag("DEBUG_MODE")
+        self.fork_launched = os.environ.get("FORK_LAUNCHED") == "1"
+        self.device = environment.select_device(cpu, launch.local_rank)
+        self._cpu = cpu
+        self.backend = None
+        self._owns_process_group = False
+        if self.device.type in ("cuda", "xpu"):
+            getattr(torch, self.device.type).set_device(self.device)
+        if launch.world_size > 1 or dist.is_initialized():
+            self._init_process_group(dict(kwargs))
+        self.distributed_type = self._distributed_type()
+        if self.distributed_type == DistributedType.MULTI_CPU:
+            self._set_cpu_threads()
+        self.initialized = True
+
+    def _init_process_group(self, kwargs: dict) -> None:
+        if not dist.is_available():
+            raise DistributedSetupError("torch.distributed is not available in this PyTorch build; a multi-process run needs it.")
+        if dist.is_initialized():
+            self.backend = dist.get_backend()
+            self.num_processes, self.process_index = dist.get_world_size(), dist.get_rank()
+            return
+        if self.launch.source in ("mpi", "slurm"):
+            environment.export_for_torch(self.launch)
+        if self.launch.master_addr is None and self.launch.source == "torchrun":
+            raise DistributedSetupError(
+                "RANK/WORLD_SIZE are set but MASTER_ADDR is not: start the job with `hasten launch` or torchrun, "
+                "or export MASTER_ADDR and MASTER_PORT to every process."
+            )
+        backend = kwargs.pop("backend", None) or ("nccl" if self.device.type == "cuda" else "xccl" if self.device.type == "xpu" else "gloo")
+        if backend == "nccl" and self.device.type != "cuda":
+            backend = "gloo"  # InitProcessGroupKwargs defaults to nccl, which cannot run on CPU tensors
+        timeout = kwargs.pop("timeout", None)
+        if isinstance(timeout, (int, float)):
+            timeout = timedelta(seconds=timeout)
+        init_method = kwargs.pop("init_method", None) or "env://"
+        options = {"timeout": timeout} if timeout is not None else {}
+        dist.init_process_group(
+            backend=backend,
+            init_method=init_method,
+            rank=self.launch.rank,
+            world_size=self.launch.world_size,
+            **options,
+            **kwargs,
+        )
+        self.backend = backend
+        self._owns_process_group = True
+
+    def _distributed_type(self) -> DistributedType:
+        if self.num_processes <= 1:
+            return DistributedType.NO
+        return _GPU_TYPES.get(self.device.type, DistributedType.MULTI_CPU)
+
+    def _set_cpu_threads(self) -> None:
+        # Several CPU processes on one machine each default to all cores and fight over them.
+        if "OMP_NUM_THREADS" in os.environ:
+            return
+        import psutil
+
+        cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        torch.set_num_threads(max(1, cores // max(self.launch.local_world_size, 1)))
+
+    def __getattr__(self, name: str):
+        # Only reached when the attribute is missing, i.e. before __init__ ran for this process.
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise _NotInitialized(
+            f"PartialState has no attribute {name!r} yet: the process state is not initialized. "
+            "Create an Accelerator() (or PartialState()) before using it."
+        )
+
+    @property
+    def initialized_state(self) -> bool:
+        """True once this process's state exists."""
+        return bool(self._shared_state.get("initialized"))
+
+    @property
+    def default_device(self) -> torch.device:
+        """The device hasten would pick for this process if none were forced."""
+        return environment.select_device(False, self.local_process_index)
+
+    @property
+    def num_machines(self) -> int:
+        """Number of machines in the job."""
+        return self.launch.num_nodes
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this point (a barrier; nothing happens on one process)."""
+        if self.num_processes > 1:
+            from .operations import barrier
+
+            barrier()
+
+    def set_device(self) -> None:
+        """Make this process's device the current one of its family (CUDA/XPU)."""
+        if self.device.type in ("cuda", "xpu"):
+            getattr(torch, self.device.type).set_device(self.device)
+
+    def destroy_process_group(self, group=None) -> None:
+        """Destroy the process group this state created (no-op if it created none)."""
+        if self._owns_process_group and dist.is_initialized():
+            dist.destroy_process_group(group)
+            if group is None:
+                self._owns_process_group = False
+
+    def __repr__(self) -> str:
+        return (
+            f"Distributed environment: {self.distributed_type}{'  Backend: ' + self.backend if self.backend else ''}\n"
+            f"Num processes: {self.num_processes}\n"
+            f"Process index: {self.process_index}\n"
+            f"Local process index: {self.local_process_index}\n"
+            f"Device: {self.device}\n"
+        )
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Forget this process's state (the process group is left as is). Prefer :func:`reset_state`."""
+        cls._shared_state.clear()
+
+
+class AcceleratorState(ProcessControl):
+    """How this process trains: everything in :class:`PartialState` plus precision and strategy settings.
+
+    Attributes of the partial state (``device``, ``num_processes``, ...) are readable here too.
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``; None reads
+            ``HASTEN_MIXED_PRECISION`` and defaults to ``"no"``.
+        cpu: force the CPU.
+        dynamo_plugin, deepspeed_plugin, fsdp_plugin: strategy settings (kept as given).
+        **kwargs: passed on to :class:`PartialState`.
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(
+        self,
+        mixed_precision: str | None = None,
+        cpu: bool = False,
+        dynamo_plugin=None,
+        deepspeed_plugin=None,
+        fsdp_plugin=None,
+        torch_tp_plugin=None,
+        megatron_lm_plugin=None,
+        parallelism_config=None,
+        _from_accelerator: bool = False,
+        **kwargs,
+    ):
+        self.__dict__ = self._shared_state
+        if self.__dict__.get("initialized"):
+            self._check_unchanged(mixed_precision)
+            return
+        self._partial = PartialState(cpu, **kwargs)
+        self.mixed_precision = resolve_mixed_precision(mixed_precision)
+        self.dynamo_plugin = dynamo_plugin
+        self.deepspeed_plugin = deepspeed_plugin
+        self.fsdp_plugin = fsdp_plugin
+        self.torch_tp_plugin = torch_tp_plugin
+        self.megatron_lm_plugin = megatron_lm_plugin
+        self.parallelism_config = parallelism_config
+        self.distributed_type = self._partial.distributed_type
+        self.initialized = True
+
+    def _check_unchanged(self, mixed_precision: str | None) -> None:
+        if mixed_precision is not None and str(mixed_precision) != self.mixed_precision:
+            raise ConfigError(
+                f"AcceleratorState already exists with mixed_precision={self.mixed_precision!r}; a second "
+                f"Accelerator asked for {str(mixed_precision)!r}. Use one setting per process, or call "
+                "hasten.state.reset_state() before creating the new Accelerator."
+            )
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        partial = self.__dict__.get("_partial")
+        if partial is None:
+            raise _NotInitialized(
+                f"AcceleratorState has no attribute {name!r} yet: it is not initialized. Create an Accelerator() first."
+            )
+        return getattr(partial, name)
+
+    @property
+    def num_processes(self) -> int:
+        return self._partial.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self._partial.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self._partial.local_process_index
+
+    @property
+    def partial_state(self) -> PartialState:
+        """The :class:`PartialState` this state builds on."""
+        return self._partial
+
+    def wait_for_everyone(self) -> None:
+        """Barrier across all processes."""
+        self._partial.wait_for_everyone()
+
+    @property
+    def is_fsdp2(self) -> bool:
+        """True when the FSDP strategy is in use (hasten's FSDP is always FSDP2)."""
+        return self.distributed_type == DistributedType.FSDP
+
+    def __repr__(self) -> str:
+        return repr(self._partial) + f"Mixed precision type: {self.mixed_precision}\n"
+
+    @classmethod
+    def _reset_state(cls, reset_partial_state: bool = False) -> None:
+        """Forget the training settings; with ``reset_partial_state`` the process state too."""
+        cls._shared_state.clear()
+        if reset_partial_state:
+            PartialState._reset_state()
+
+
+def resolve_mixed_precision(value: str | None) -> str:
+    """Validate a mixed precision choice; None reads ``HASTEN_MIXED_PRECISION`` (default ``"no"``)."""
+    if value is None:
+        value = environment.get_str("MIXED_PRECISION") or "no"
+    text = str(value).lower()
+    if text not in PrecisionType.list():
+        raise ConfigError(f"mixed_precision={value!r} is not supported; choose one of {PrecisionType.list()}.")
+    return text
+
+
+class GradientState:
+    """Where gradient accumulation and the active dataloader stand, shared by every object that asks.
+
+    ``sync_gradients`` is True on steps where gradients are reduced and the optimizer steps;
+    ``end_of_dataloader`` and ``remainder`` describe the batch being processed so that
+    ``gather_for_metrics`` can drop samples that were padded in.
+    """
+
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(self, gradient_accumulation_plugin=None):
+        self.__dict__ = self._shared_state
+        if not self.__dict__.get("initialized"):
+            self.sync_gradients = True
+            self.active_dataloader = None
+            self.dataloader_references: list = [None]
+            self.plugin_kwargs: dict[str, Any] = {}
+            self._backward_calls = 0
+            self.initialized = True
+        if gradient_accumulation_plugin is not None:
+            # All fields, defaults included (Accelerate keeps only non-default ones, which turns the
+            # default adjust_scheduler=True into False when read back).
+            self.plugin_kwargs = gradient_accumulation_plugin.to_dict()
+
+    @property
+    def num_steps(self) -> int:
+        """Micro-batches per optimizer step."""
+        return self.plugin_kwargs.get("num_steps") or 1
+
+    @property
+    def adjust_scheduler(self) -> bool:
+        """Whether schedulers count skipped micro-steps so that their shape is unchanged."""
+        return self.plugin_kwargs.get("adjust_scheduler", False)
+
+    @property
+    def sync_with_dataloader(self) -> bool:
+        """Whether the last batch of a dataloader always synchronises gradients."""
+        return self.plugin_kwargs.get("sync_with_dataloader", True)
+
+    @property
+    def sync_each_batch(self) -> bool:
+        """Whether gradients are reduced on every micro-batch (saves memory, costs communication)."""
+        return self.plugin_kwargs.get("sync_each_batch", False)
+
+    @property
+    def in_dataloader(self) -> bool:
+        """True while iterating a prepared dataloader."""
+        return self.active_dataloader is not None
+
+    @property
+    def end_of_dataloader(self) -> bool:
+        """True while processing the last batch of the active dataloader."""
+        loader = self.active_dataloader
+        return bool(loader is not None and loader.end_of_dataloader)
+
+    @property
+    def remainder(self) -> int:
+        """Real samples in the last global batch of the active dataloader (-1 when unknown)."""
+        loader = self.active_dataloader
+        return -1 if loader is None else loader.remainder
+
+    def _set_sync_gradients(self, sync_gradients: bool) -> None:
+        self.sync_gradients = sync_gradients
+
+    def _add_dataloader(self, dataloader) -> None:
+        self.active_dataloader = dataloader
+        self.dataloader_references.append(dataloader)
+
+    def _remove_dataloader(self, dataloader) -> None:
+        if dataloader in self.dataloader_references:
+            self.dataloader_references.remove(dataloader)
+        self.active_dataloader = self.dataloader_references[-1]
+
+    def __repr__(self) -> str:
+        return f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Forget the accumulation state. Prefer :func:`reset_state`."""
+        cls._shared_state.clear()
+
+
+def is_initialized() -> bool:
+    """True once an ``AcceleratorState`` exists in this process."""
+    return bool(AcceleratorState._shared_state.get("initialized"))
+
+
+def reset_state(destroy_process_group: bool = False) -> None:
+    """Forget all process-wide state, so that the next ``Accelerator()`` starts from scratch.
+
+    Args:
+        destroy_process_group: also destroy the process group hasten created.
+    """
+    if destroy_process_group and PartialState._shared_state.get("initialized"):
+        PartialState().destroy_process_group()
+    AcceleratorState._reset_state(reset_partial_state=True)
+    GradientState._reset_state()
+    _warned.clear()
+
+
+def warn_once(key: str, message: str, category=UserWarning) -> None:
+    """Emit ``message`` once per process for ``key``."""
+    if key in _warned:
+        return
+    _warned.add(key)
+    warnings.warn(message, category, stacklevel=3)
+
+
+_warned: set[str] = set()

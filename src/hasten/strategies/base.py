@@ -1,0 +1,103 @@
+"""The interface every distribution engine implements.
+
+The ``Accelerator`` facade never asks which engine is in use: it calls these methods and the
+strategy answers. Implementations live one per file (``single``, ``ddp``, ``fsdp``, ``deepspeed``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Iterable
+
+import torch
+
+from ..enums import DistributedType
+from ..precision import Precision
+
+
+class Strategy(ABC):
+    """How models, optimizers and gradients are distributed across processes.
+
+    Args:
+        state: the process's ``AcceleratorState``.
+        precision: the mixed precision policy.
+    """
+
+    distributed_type: ClassVar[DistributedType]
+
+    def __init__(self, state, precision: Precision):
+        self.state = state
+        self.precision = precision
+
+    @property
+    def device(self) -> torch.device:
+        """The device of this process."""
+        return self.state.device
+
+    # ---------------------------------------------------------------------------------- preparing
+
+    def prepare(self, models: list, optimizers: list, schedulers: list, device_placement: list[bool], dataloaders: list) -> tuple[list, list, list]:
+        """Set up the models, optimizers and schedulers of one ``prepare`` call.
+
+        Engines that need everything at once (DeepSpeed) override this; the default sets up each model
+        with :meth:`setup_model` and rebinds optimizers with :meth:`setup_optimizer`.
+        """
+        originals = list(models)
+        models = [self.setup_model(m, place) for m, place in zip(models, device_placement)]
+        optimizers = [self.setup_optimizer(opt, originals, models) for opt in optimizers]
+        return models, optimizers, schedulers
+
+    @abstractmethod
+    def setup_model(self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> torch.nn.Module:
+        """Place ``model`` on the device, apply the precision policy and wrap it for the engine."""
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, originals: list, prepared: list) -> torch.optim.Optimizer:
+        """Return the optimizer to wrap; engines that replace parameters rebind it here."""
+        return optimizer
+
+    # ---------------------------------------------------------------------------------- training
+
+    def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs) -> None:
+        """Backpropagate ``loss``, divided by ``accumulation_steps`` and scaled for fp16."""
+        if accumulation_steps > 1:
+            loss = loss / accumulation_steps
+        self.precision.backward(loss, **kwargs)
+
+    def no_sync(self, model: torch.nn.Module):
+        """Context manager in which backward passes do not reduce gradients across processes."""
+        return contextlib.nullcontext()
+
+    def sync_in_backward(self, model: torch.nn.Module):
+        """Context manager forcing the gradient reduction of the next backward inside :meth:`no_sync`."""
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip gradients to a global norm of ``max_norm`` and return the norm before clipping."""
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Iterable[torch.Tensor], clip_value: float) -> None:
+        """Clamp every gradient to ``[-clip_value, clip_value]``."""
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
+    @property
+    def handles_optimizer_step(self) -> bool:
+        """True when the engine steps and zeroes the optimizer itself (the wrapper only forwards)."""
+        return False
+
+    # ---------------------------------------------------------------------------------- unwrapping
+
+    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
+        """The user's model without the engine's, compile's and (optionally) precision's wrappers."""
+        from ..wrappers import extract_model_from_parallel
+
+        return extract_model_from_parallel(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The full state dict of ``model`` (gathered when sharded), on the CPU where the engine allows."""
+        target = self.unwrap_model(model, keep_fp32_wrapper=False) if unwrap else model
+        return target.state_dict()
+
+    def checkpoint_payload(self) -> dict[str, Any]:
+        """Extra engine information stored in checkpoints (none by default)."""
+        return {}

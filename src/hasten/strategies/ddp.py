@@ -1,0 +1,55 @@
+"""Data parallel training with ``torch.nn.parallel.DistributedDataParallel`` (CPU/gloo, CUDA/NCCL, XPU)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from ..plugins.kwargs import DistributedDataParallelKwargs
+from .base import Strategy
+
+
+class DDPStrategy(Strategy):
+    """Replicates the model on every process and all-reduces gradients in backward.
+
+    Args:
+        ddp_kwargs: ``DistributedDataParallelKwargs`` (bucket size, unused parameters, comm hook, ...).
+    """
+
+    def __init__(self, state, precision, ddp_kwargs: DistributedDataParallelKwargs | None = None):
+        super().__init__(state, precision)
+        self.ddp_kwargs = ddp_kwargs or DistributedDataParallelKwargs()
+        self.distributed_type = state.partial_state.distributed_type
+
+    def setup_model(self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> torch.nn.Module:
+        """Move ``model`` to the device, apply the precision policy and wrap it in DDP (unless evaluating)."""
+        if device_placement:
+            model = model.to(self.device)
+        model = self.precision.wrap_forward(model)
+        if evaluation_mode or isinstance(model, DistributedDataParallel) or not any(p.requires_grad for p in model.parameters()):
+            return model
+        device_ids = [self.device.index] if self.device.type in ("cuda", "xpu") else None
+        ddp = DistributedDataParallel(model, device_ids=device_ids, output_device=device_ids[0] if device_ids else None, **self.ddp_kwargs.ddp_kwargs())
+        self.ddp_kwargs.register_comm_hook(ddp)
+        return ddp
+
+    def no_sync(self, model: torch.nn.Module):
+        """DDP's ``no_sync`` for DDP-wrapped models, nothing otherwise."""
+        return model.no_sync() if isinstance(model, DistributedDataParallel) else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def sync_in_backward(self, model: torch.nn.Module):
+        """Re-enable DDP's gradient reduction for the block, even inside ``no_sync``."""
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        previous = model.require_backward_grad_sync
+        model.require_backward_grad_sync = True
+        model.require_forward_param_sync = True
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync = previous

@@ -1,0 +1,47 @@
+"""Helpers for tests that start real processes."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """The current environment without launcher/hasten variables, plus ``extra``."""
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+    env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("HASTEN_", "ACCELERATE_", "OMPI_", "PMI_", "SLURM_"))}
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    env.update(extra)
+    return env
+
+
+def torchrun(script: str | Path, *args: str, nproc: int = 2, env: dict | None = None, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``script`` on ``nproc`` processes with ``python -m torch.distributed.run``; fail with its output on error."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(script), *args]
+    return _run(cmd, env, timeout, check)
+
+
+def hasten_launch(script: str | Path, *args: str, launch_args: tuple[str, ...] = ("--num_processes", "2"), env: dict | None = None, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
+    """Run ``script`` with ``hasten launch`` (``--main_process_port`` set to a free port)."""
+    cmd = [sys.executable, "-m", "hasten.commands.main", "launch", *launch_args, "--main_process_port", str(free_port()), str(script), *args]
+    return _run(cmd, env, timeout, check)
+
+
+def _run(cmd, env, timeout, check) -> subprocess.CompletedProcess:
+    proc = subprocess.run(cmd, env=env if env is not None else clean_env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+    return proc

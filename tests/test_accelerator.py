@@ -1,0 +1,222 @@
+"""The Accelerator in a single process: prepare, training loop, precision, misuse warnings, state."""
+
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from hasten import Accelerator, DistributedDataParallelKwargs, GradScalerKwargs, PartialState
+from hasten.errors import ConfigError
+from hasten.optimizer import AcceleratedOptimizer
+from hasten.scheduler import AcceleratedScheduler
+from hasten.state import AcceleratorState, GradientState
+from hasten.utils import GradientAccumulationPlugin
+
+X, Y = torch.randn(32, 5), torch.randn(32, 1)
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+
+def test_prepare_returns_objects_in_order_with_the_right_types():
+    acc = Accelerator()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    loader = DataLoader(TensorDataset(X, Y), batch_size=4)
+    out = acc.prepare(loader, sched, "passthrough", opt, model)
+    assert isinstance(out[0], DataLoader) and isinstance(out[1], AcceleratedScheduler) and out[2] == "passthrough"
+    assert isinstance(out[3], AcceleratedOptimizer) and out[4] is model
+    assert out[1].optimizers == [out[3]]
+    assert acc.prepare(out[3]) is out[3], "preparing a prepared object returns it unchanged"
+    assert acc.device == torch.device("cpu") and acc.num_processes == 1 and acc.is_main_process and acc.is_last_process
+
+
+def test_state_is_shared_between_accelerators():
+    first = Accelerator(mixed_precision="bf16")
+    second = Accelerator()
+    assert second.state.mixed_precision == "bf16" and second.state is not first.state
+    assert AcceleratorState().device == first.device
+    with pytest.raises(ConfigError, match="already exists with mixed_precision='bf16'"):
+        Accelerator(mixed_precision="fp16")
+
+
+def test_state_before_initialisation_is_a_clear_error():
+    with pytest.raises(AttributeError, match="Create an Accelerator"):
+        AcceleratorState._shared_state.clear() or AcceleratorState.__new__(AcceleratorState).mixed_precision
+
+
+def test_mixed_precision_from_environment_and_validation(monkeypatch):
+    monkeypatch.setenv("HASTEN_MIXED_PRECISION", "bf16")
+    assert Accelerator().mixed_precision == "bf16"
+    from hasten.state import reset_state
+
+    reset_state()
+    with pytest.raises(ConfigError, match="mixed_precision='fp32' is not supported"):
+        Accelerator(mixed_precision="fp32")
+
+
+def test_fp8_is_refused_clearly_on_cpu():
+    with pytest.raises(ConfigError, match="fp8.*needs a GPU with fp8 units"):
+        Accelerator(mixed_precision="fp8")
+
+
+def test_handler_and_plugin_conflicts():
+    with pytest.raises(ConfigError, match="two DistributedDataParallelKwargs"):
+        Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(), DistributedDataParallelKwargs()])
+    with pytest.raises(ConfigError, match="either gradient_accumulation_steps=2 or a gradient_accumulation_plugin"):
+        Accelerator(gradient_accumulation_steps=2, gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2))
+
+
+def train(acc, model, batch_size, steps_per_sync=1):
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, opt, loader = acc.prepare(model, opt, DataLoader(TensorDataset(X, Y), batch_size=batch_size))
+    for x, y in loader:
+        with acc.accumulate(model):
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            opt.step()
+            opt.zero_grad()
+    return model
+
+
+def test_accumulation_equals_large_batch_on_one_process():
+    accumulated = train(Accelerator(gradient_accumulation_steps=4), make_model(), 2)
+    from hasten.state import reset_state
+
+    reset_state()
+    large = train(Accelerator(), make_model(), 8)
+    diff = max((a - b).abs().max().item() for a, b in zip(accumulated.parameters(), large.parameters()))
+    assert diff < 1e-6
+
+
+def test_last_batch_forces_sync():
+    acc = Accelerator(gradient_accumulation_steps=3)
+    model = make_model()
+    loader = acc.prepare(DataLoader(TensorDataset(X[:10], Y[:10]), batch_size=2))
+    syncs = []
+    for _ in loader:
+        with acc.accumulate(model):
+            syncs.append(acc.sync_gradients)
+    assert syncs == [False, False, True, False, True]
+
+
+def test_fp16_overflow_skips_the_step_and_the_scheduler():
+    acc = Accelerator(mixed_precision="fp16", kwargs_handlers=[GradScalerKwargs(init_scale=1024)])
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    weights = []
+    for step in range(3):
+        opt.zero_grad()
+        acc.backward(torch.nn.functional.mse_loss(model(X[:4]), Y[:4]))
+        if step == 1:
+            model[0].weight.grad[0, 0] = float("nan")
+        before = model[0].weight.detach().clone()
+        opt.step()
+        weights.append(torch.equal(before, model[0].weight))
+        if not acc.optimizer_step_was_skipped:
+            sched.step()
+    assert weights == [False, True, False]
+    assert sched.get_last_lr() == [0.1 * 0.5**2]
+    assert acc.scaler.get_scale() == 512
+
+
+def test_plain_backward_under_fp16_is_caught():
+    acc = Accelerator(mixed_precision="fp16")
+    model = make_model()
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    torch.nn.functional.mse_loss(model(X[:4]), Y[:4]).backward()
+    with pytest.warns(UserWarning, match="Replace loss.backward"), pytest.raises(ConfigError, match="never scaled"):
+        opt.step()
+    opt.zero_grad()
+    acc.backward(torch.nn.functional.mse_loss(model(X[:4]), Y[:4]))
+    opt.step()
+    opt.zero_grad()
+    torch.nn.functional.mse_loss(model(X[:4]), Y[:4]).backward()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()  # silently wrong without hasten: the warning was already given once
+    assert not [w for w in caught if "Replace loss.backward" in str(w.message)]
+
+
+def test_plain_backward_with_accumulation_warns():
+    acc = Accelerator(gradient_accumulation_steps=2)
+    model = make_model()
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    torch.nn.functional.mse_loss(model(X[:4]), Y[:4]).backward()
+    with pytest.warns(UserWarning, match="gradient accumulation over 2 steps"):
+        opt.step()
+
+
+def test_scheduler_before_optimizer_warns():
+    acc = Accelerator()
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt, sched = acc.prepare(opt, torch.optim.lr_scheduler.StepLR(opt, 1))
+    with pytest.warns(UserWarning, match="before any optimizer.step"):
+        sched.step()
+
+
+def test_clip_grad_norm_matches_torch_and_unscales_fp16():
+    for precision in ("no", "fp16"):
+        from hasten.state import reset_state
+
+        reset_state()
+        acc = Accelerator(mixed_precision=precision)
+        model = make_model()
+        reference = make_model()
+        model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+        acc.backward(torch.nn.functional.mse_loss(model(X), Y))
+        torch.nn.functional.mse_loss(reference(X), Y).backward()
+        expected = torch.nn.utils.clip_grad_norm_(reference.parameters(), 0.1)
+        norm = acc.clip_grad_norm_(model.parameters(), 0.1)
+        assert torch.allclose(norm, expected, rtol=1e-3), (precision, norm, expected)
+
+
+def test_unwrap_model_restores_the_original_forward():
+    acc = Accelerator(mixed_precision="bf16")
+    model = acc.prepare(make_model())
+    assert acc.unwrap_model(model)(X).dtype == torch.float32
+    plain = acc.unwrap_model(model, keep_fp32_wrapper=False)
+    assert "forward" not in plain.__dict__
+
+
+def test_device_placement_false_keeps_batches_where_they_are():
+    acc = Accelerator(device_placement=False)
+    loader = acc.prepare(DataLoader(TensorDataset(X, Y), batch_size=4))
+    assert loader.device is None
+
+
+def test_process_helpers_on_one_process():
+    acc = Accelerator()
+    with acc.split_between_processes([1, 2, 3]) as part:
+        assert part == [1, 2, 3]
+    with acc.main_process_first():
+        pass
+    assert acc.on_local_main_process(lambda: 5)() == 5
+    assert not acc.check_trigger()
+    acc.set_trigger()
+    assert acc.check_trigger() and not acc.check_trigger()
+    assert repr(PartialState()).startswith("Distributed environment: NO")
+
+
+def test_free_memory_drops_references():
+    acc = Accelerator()
+    model = acc.prepare(make_model())
+    assert acc.free_memory(model) == [None] and acc._models == []
+
+
+def test_gradient_state_plugin_defaults_are_kept():
+    Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2))
+    state = GradientState()
+    assert state.num_steps == 2 and state.adjust_scheduler is True and state.sync_with_dataloader is True
+
+
+def test_no_warnings_in_a_clean_loop():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        train(Accelerator(gradient_accumulation_steps=2), make_model(), 4)

@@ -1,0 +1,45 @@
+"""Behaviour across 2 real processes over gloo, each launch checking many things (see tests/scripts/)."""
+
+import time
+
+import pytest
+
+from helpers import SCRIPTS, clean_env, torchrun
+
+pytestmark = pytest.mark.slow
+
+
+def test_data_loading_two_processes():
+    assert "data loading checks passed" in torchrun(SCRIPTS / "check_data_loading.py").stdout
+
+
+def test_collectives_two_processes():
+    out = torchrun(SCRIPTS / "check_collectives.py").stdout
+    assert "collective checks passed" in out
+    ordered = [line for line in out.splitlines() if line.startswith("ORDERED")]
+    assert ordered == [f"ORDERED round {i} rank {r}" for i in range(3) for r in range(2)], ordered
+    assert out.count("MAIN ONLY") == 1
+
+
+def test_training_two_processes():
+    out = torchrun(SCRIPTS / "check_training.py").stdout
+    assert "rank 0: training checks passed" in out and "rank 1: training checks passed" in out
+
+
+def test_debug_mode_reports_shape_mismatch_under_torchrun():
+    start = time.monotonic()
+    proc = torchrun(SCRIPTS / "check_debug_mode.py", "shapes", env=clean_env(HASTEN_DEBUG_MODE="1"), check=False, timeout=60)
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 15
+    assert "Operation: `hasten.operations.broadcast`" in proc.stderr
+    assert "Process 0: [1, 5]" in proc.stderr and "Process 1: [1, 2, 5]" in proc.stderr
+    assert "unreachable" not in proc.stdout
+
+
+def test_debug_mode_names_a_rank_that_skipped_a_collective():
+    start = time.monotonic()
+    proc = torchrun(SCRIPTS / "check_debug_mode.py", "skip", env=clean_env(HASTEN_DEBUG_MODE="1", HASTEN_HANG_TIMEOUT="3"), check=False, timeout=60)
+    assert proc.returncode != 0
+    assert time.monotonic() - start < 30
+    assert "rank 0 has waited" in proc.stderr and "`hasten.operations.gather` (collective #2)" in proc.stderr
+    assert "rank 1: last entered collective #1 `gather`, status: done" in proc.stderr
