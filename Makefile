@@ -9,10 +9,11 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip --disable-pip-version-check -q
 TORCH_STAMP := $(VENV)/.torch-spec
 PKG_STAMP := $(VENV)/.hasten-installed
+DS_OPS_STAMP := $(VENV)/.deepspeed-ops
 
 .PHONY: setup demo test test-fast bench torch-check clean
 
-setup: $(PKG_STAMP)
+setup: $(PKG_STAMP) $(DS_OPS_STAMP)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +29,14 @@ $(PKG_STAMP): pyproject.toml | torch-check
 	$(PIP) install -e ".[$(EXTRAS)]"
 	@touch $@
 
+# DeepSpeed compiles its CPU Adam and shared-memory ops on first use (minutes); build them once here,
+# into torch's extension cache, instead of inside the first test that needs them.
+$(DS_OPS_STAMP): $(PKG_STAMP)
+	$(PY) -c "from deepspeed.ops.op_builder import CPUAdamBuilder; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; CPUAdamBuilder().load(); ShareMemCommBuilder().load()"
+	@touch $@
+
 demo: setup
-	$(PY) -m torch.distributed.run --standalone --nproc_per_node 2 examples/digits_classifier.py
+	$(VENV)/bin/hasten launch --num_processes 2 examples/digits_classifier.py
 
 test: setup
 	$(PY) -m pytest -q

@@ -25,6 +25,23 @@ _EXPORTS = {
     "skip_first_batches": "data_loader",
     "find_executable_batch_size": "memory",
     "synchronize_rng_states": "rng",
+    "DeepSpeedPlugin": "plugins.deepspeed",
+    "FullyShardedDataParallelPlugin": "plugins.fsdp",
+    "TorchDynamoPlugin": "plugins.dynamo",
+    "init_empty_weights": "big_modeling",
+    "init_on_device": "big_modeling",
+    "cpu_offload": "big_modeling",
+    "cpu_offload_with_hook": "big_modeling",
+    "disk_offload": "big_modeling",
+    "dispatch_model": "big_modeling",
+    "load_checkpoint_and_dispatch": "big_modeling",
+    "infer_auto_device_map": "device_map",
+    "load_checkpoint_in_model": "checkpoint_loading",
+    "notebook_launcher": "launchers",
+    "debug_launcher": "launchers",
+    "ParallelismConfig": "unsupported",
+    "prepare_pippy": "unsupported",
+    "is_rich_available": "unsupported",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -45,6 +62,22 @@ def __dir__():
 
 if TYPE_CHECKING:  # pragma: no cover
     from .accelerator import Accelerator
+    from .big_modeling import (
+        cpu_offload,
+        cpu_offload_with_hook,
+        disk_offload,
+        dispatch_model,
+        init_empty_weights,
+        init_on_device,
+        load_checkpoint_and_dispatch,
+    )
+    from .checkpoint_loading import load_checkpoint_in_model
+    from .device_map import infer_auto_device_map
+    from .launchers import debug_launcher, notebook_launcher
+    from .plugins.deepspeed import DeepSpeedPlugin
+    from .plugins.dynamo import TorchDynamoPlugin
+    from .plugins.fsdp import FullyShardedDataParallelPlugin
+    from .unsupported import ParallelismConfig, is_rich_available, prepare_pippy
     from .data_loader import skip_first_batches
     from .enums import DDPCommunicationHookType, DistributedType
     from .memory import find_executable_batch_size

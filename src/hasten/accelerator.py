@@ -16,11 +16,13 @@ gradient accumulation. The facade only delegates: the distribution engine is a `
 from __future__ import annotations
 
 import contextlib
+from collections import OrderedDict
 from typing import Callable
 
 import torch
 
 from . import environment, operations
+from .compilation import compile_model
 from .data_loader import DataLoaderStateMixin, gather_for_metrics, prepare_data_loader, skip_first_batches
 from .enums import DistributedType, RNGType
 from .errors import ConfigError
@@ -37,6 +39,7 @@ from .plugins import (
     ProfileKwargs,
     ProjectConfiguration,
 )
+from .plugins.dynamo import build_dynamo_plugin
 from .precision import Precision
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, ProcessControl, warn_once
@@ -108,6 +111,7 @@ class Accelerator(ProcessControl):
             self.project_configuration.set_directories(project_dir)
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
         self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, _from_accelerator=True, **init_kwargs)
+        self.state.dynamo_plugin = build_dynamo_plugin(dynamo_backend, dynamo_plugin)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not _UNSET:
             self.dataloader_config.split_batches = bool(split_batches)
@@ -116,7 +120,7 @@ class Accelerator(ProcessControl):
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = rng_types if rng_types is not None else ["generator"]
         self.precision = Precision(self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler)
-        self._strategy = select_strategy(self.state, self.precision, ddp_kwargs=self.ddp_handler)
+        self._strategy = select_strategy(self.state, self.precision, ddp_kwargs=self.ddp_handler, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins, fsdp_plugin=fsdp_plugin)
         self.state.distributed_type = self._strategy.distributed_type
         self.step = 0
         self._models: list = []
@@ -124,6 +128,8 @@ class Accelerator(ProcessControl):
         self._schedulers: list = []
         self._dataloaders: list = []
         self._custom_objects: list = []
+        self._save_hooks: OrderedDict = OrderedDict()  # weak-referenceable, as RemovableHandle needs
+        self._load_hooks: OrderedDict = OrderedDict()
         self._trigger: torch.Tensor | None = None
         from .tracking import TrackerHub
 
@@ -200,8 +206,8 @@ class Accelerator(ProcessControl):
 
     @property
     def scaler(self):
-        """The fp16 ``GradScaler`` (None otherwise)."""
-        return self.precision.scaler
+        """The fp16 gradient scaler (None otherwise, or when the engine scales the loss itself)."""
+        return self._strategy.scaler
 
     @property
     def is_fsdp2(self) -> bool:
@@ -280,6 +286,7 @@ class Accelerator(ProcessControl):
             [device_placement[i] for i in model_idx], [result[i] for i, k in enumerate(kinds) if k == "dataloader"],
         )
         for i, model in zip(model_idx, models):
+            model = compile_model(model, self.state.dynamo_plugin)
             result[i] = model
             self._models.append(model)
         for i, raw, optimizer in zip(opt_idx, [args[i] for i in opt_idx], optimizers):
@@ -326,7 +333,7 @@ class Accelerator(ProcessControl):
         """Prepare one model; with ``evaluation_mode`` it is placed and cast but not wrapped for training."""
         self._check_model(model)
         place = self.device_placement if device_placement is None else device_placement
-        prepared = self._strategy.setup_model(model, place, evaluation_mode=evaluation_mode)
+        prepared = compile_model(self._strategy.setup_model(model, place, evaluation_mode=evaluation_mode), self.state.dynamo_plugin)
         self._models.append(prepared)
         return prepared
 
@@ -548,6 +555,107 @@ class Accelerator(ProcessControl):
 
             os.makedirs(handler.output_trace_dir, exist_ok=True)
             profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"trace_rank{self.process_index}.json"))
+
+    # ----------------------------------------------------------------------------- checkpoints
+
+    def _checkpoint_contents(self):
+        from .checkpointing import CheckpointContents
+
+        return CheckpointContents(
+            strategy=self._strategy,
+            models=self._models,
+            optimizers=self._optimizers,
+            schedulers=self._schedulers,
+            dataloaders=self._dataloaders,
+            custom_objects=self._custom_objects,
+            scaler=self.scaler,
+            step=self.step,
+            save_hooks=list(self._save_hooks.values()),
+            load_hooks=list(self._load_hooks.values()),
+        )
+
+    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **save_model_func_kwargs) -> str:
+        """Save models, optimizers, schedulers, the fp16 scaler, dataloader positions, RNG states and registered objects.
+
+        The folder appears complete or not at all (written under a temporary name, fsynced, manifest last,
+        renamed). With ``ProjectConfiguration(automatic_checkpoint_naming=True)``, ``output_dir`` defaults to
+        ``<project_dir>/checkpoints/checkpoint_<i>`` and old checkpoints beyond ``total_limit`` are deleted once
+        the new one is complete. Call it on every process. Returns the checkpoint's path.
+
+        hasten checkpoints hold no pickles (safetensors + JSON); ``safe_serialization=False`` is ignored.
+        """
+        from .checkpointing import save_state
+
+        return str(save_state(self._checkpoint_contents(), self.project_configuration, output_dir, safe_serialization))
+
+    def load_state(self, input_dir: str | None = None, load_kwargs: dict | None = None, **load_model_func_kwargs) -> str:
+        """Restore everything :meth:`save_state` wrote, verifying the checkpoint first.
+
+        ``input_dir`` defaults to the latest complete automatic checkpoint (interrupted saves are ignored
+        and reported). Each prepared dataloader resumes mid-epoch where it was. Raises
+        :class:`~hasten.errors.CheckpointError` naming any missing or corrupt file. Returns the path loaded.
+        """
+        from .checkpointing import load_state
+
+        path, self.step = load_state(self._checkpoint_contents(), self.project_configuration, input_dir)
+        return str(path)
+
+    def register_for_checkpointing(self, *objects) -> None:
+        """Include objects with ``state_dict()``/``load_state_dict()`` in :meth:`save_state`/:meth:`load_state`."""
+        from .checkpointing import check_checkpointable
+
+        check_checkpointable(objects)
+        self._custom_objects.extend(objects)
+
+    def register_save_state_pre_hook(self, hook: Callable):
+        """Call ``hook(models, weights, output_dir)`` before :meth:`save_state` writes models.
+
+        ``weights`` are the models' state dicts; the hook may change or remove them (e.g. after saving a model
+        in its own format), and hasten writes what is left. Returns a handle with ``remove()``.
+        """
+        from torch.utils.hooks import RemovableHandle
+
+        handle = RemovableHandle(self._save_hooks)
+        self._save_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable):
+        """Call ``hook(models, input_dir)`` before :meth:`load_state`; models it removes from the list are not loaded."""
+        from torch.utils.hooks import RemovableHandle
+
+        handle = RemovableHandle(self._load_hooks)
+        self._load_hooks[handle.id] = hook
+        return handle
+
+    @property
+    def save_iteration(self) -> int:
+        """Number of the next automatic checkpoint."""
+        return self.project_configuration.iteration
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict:
+        """The full state dict of a prepared model (gathered when sharded). Call it on every process."""
+        return self._strategy.get_state_dict(model, unwrap=unwrap)
+
+    def save_model(self, model: torch.nn.Module, save_directory: str, max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
+        """Save a prepared model's weights as ``model.safetensors`` (or shards + index) in ``save_directory``.
+
+        Tied weights are stored once. Call it on every process (sharded engines gather the weights); the
+        main process writes.
+        """
+        from .serialization import save_model_weights
+
+        state_dict = self.get_state_dict(model)
+        if self.is_main_process:
+            save_model_weights(state_dict, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
+
+    def save(self, obj, f, safe_serialization: bool = False) -> None:
+        """Save ``obj`` to ``f`` once per job (once per machine with ``save_on_each_node``).
+
+        A dict of tensors with ``safe_serialization=True`` is written as safetensors, anything else with ``torch.save``.
+        """
+        from .serialization import save
+
+        save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node, safe_serialization=safe_serialization)
 
     # ---------------------------------------------------------------------------------- tracking
 

@@ -75,7 +75,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
         """Zero the gradients, except while accumulating (they must add up until the sync step)."""
-        if not self.gradient_state.sync_gradients:
+        if not self.gradient_state.sync_gradients or (self._strategy is not None and self._strategy.handles_optimizer_step):
             return
         if set_to_none is None:
             self.optimizer.zero_grad()

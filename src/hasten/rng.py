@@ -110,7 +110,8 @@ def restore_rng_states(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -
     np.random.set_state((npm["kind"], keys, npm["pos"], npm["has_gauss"], npm["cached_gaussian"]))
     torch.set_rng_state(tensors["torch"])
     for name in ("cuda", "xpu"):
-        states = [tensors[k] for k in sorted(tensors, key=lambda k: int(k.split("_")[1])) if k.startswith(name + "_")]
+        keys = sorted((k for k in tensors if k.startswith(name + "_") and k[len(name) + 1 :].isdigit()), key=lambda k: int(k[len(name) + 1 :]))
+        states = [tensors[k] for k in keys]
         module = _device_module(name)
         if states and module is not None and module.is_available():
             module.set_rng_state_all(states[: module.device_count()])

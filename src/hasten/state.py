@@ -258,6 +258,18 @@ class PartialState(ProcessControl):
 
             barrier()
 
+    def ensure_process_group(self) -> None:
+        """Make sure a process group exists, creating a private one-process group when running alone.
+
+        Engines such as DeepSpeed and FSDP need a process group even for one process. The group created
+        here is owned by this state (``destroy_process_group`` and :func:`reset_state` remove it).
+        """
+        if dist.is_initialized():
+            return
+        self.backend = "nccl" if self.device.type == "cuda" else "gloo"
+        dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1)
+        self._owns_process_group = True
+
     def set_device(self) -> None:
         """Make this process's device the current one of its family (CUDA/XPU)."""
         if self.device.type in ("cuda", "xpu"):
@@ -462,6 +474,8 @@ class GradientState:
         self.dataloader_references.append(dataloader)
 
     def _remove_dataloader(self, dataloader) -> None:
+        if not self.__dict__.get("initialized"):  # the state was reset while an iterator was still alive
+            return
         if dataloader in self.dataloader_references:
             self.dataloader_references.remove(dataloader)
         self.active_dataloader = self.dataloader_references[-1]

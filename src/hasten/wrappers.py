@@ -1,4 +1,8 @@
-"""Recognising and removing the wrappers hasten and torch put around a model (DDP, FSDP, DeepSpeed, compile, autocast)."""
+"""Recognising and removing the wrappers hasten and torch put around a model (DDP, DeepSpeed, compile, autocast).
+
+FSDP2 adds no wrapper (``fully_shard`` shards the model in place), and regional compilation
+(:func:`hasten.compilation.compile_regions`) compiles blocks in place, so neither needs unwrapping.
+"""
 
 from __future__ import annotations
 
@@ -9,12 +13,22 @@ from .precision import Precision
 
 def is_compiled_module(module) -> bool:
     """True for a module returned by ``torch.compile``."""
-    return isinstance(module, torch._dynamo.eval_frame.OptimizedModule) if hasattr(torch, "_dynamo") else False
+    if not hasattr(torch, "_dynamo"):
+        return False
+    return isinstance(module, torch._dynamo.eval_frame.OptimizedModule)
 
 
 def has_compiled_regions(module: torch.nn.Module) -> bool:
-    """True when some submodule of ``module`` was compiled on its own (regional compilation)."""
-    return any(is_compiled_module(m) for m in module.modules() if m is not module)
+    """True when part of ``module`` was compiled on its own: a ``torch.compile`` wrapper among its
+    submodules, or a module compiled in place with ``nn.Module.compile`` (regional compilation)."""
+    if not isinstance(module, torch.nn.Module):
+        return False
+    for sub in module.modules():
+        if sub is not module and is_compiled_module(sub):
+            return True
+        if getattr(sub, "_compiled_call_impl", None) is not None:
+            return True
+    return False
 
 
 def _inner(model):
@@ -28,19 +42,39 @@ def _inner(model):
     return None
 
 
+def _compiled_view(compiled, model: torch.nn.Module):
+    """A ``torch.compile`` wrapper of ``model`` with the settings of ``compiled`` (made once, then reused).
+
+    Used when the compiled wrapper sits outside an engine wrapper (``torch.compile(DDP(model))``): the
+    user's compiled model is then the same compilation applied to the model itself. The training
+    wrapper is left untouched.
+    """
+    view = compiled.__dict__.get("_hasten_unwrapped_view")
+    if view is None or view._orig_mod is not model:
+        view = torch._dynamo.eval_frame.OptimizedModule(model, compiled.dynamo_ctx)
+        compiled.__dict__["_hasten_unwrapped_view"] = view
+    return view
+
+
 def extract_model_from_parallel(model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False):
-    """Return the user's model from inside DDP / DeepSpeed / compile wrappers.
+    """Return the user's model from inside DDP / DeepSpeed / ``torch.compile`` wrappers.
 
     Args:
         keep_fp32_wrapper: keep the autocast forward installed by mixed precision (False restores the
             original forward, e.g. for saving or for inference in full precision).
-        keep_torch_compile: return the compiled module rather than the original.
+        keep_torch_compile: return the model compiled (a ``torch.compile`` wrapper whose ``_orig_mod`` is
+            the user's model) when it was compiled; False returns the original module itself, whose
+            ``state_dict()`` keys carry no ``_orig_mod.`` prefix.
         recursive: also unwrap DDP wrappers found inside the model.
+
+    Unlike Accelerate, unwrapping never modifies the wrappers the training loop goes through: when the
+    compiled wrapper encloses an engine wrapper (``torch.compile(DDP(model))``), ``keep_torch_compile``
+    returns a separate compiled wrapper around the model.
     """
     compiled = None
     while True:
         if is_compiled_module(model):
-            compiled = model
+            compiled = compiled if compiled is not None else model
             model = model._orig_mod
             continue
         inner = _inner(model)
@@ -55,5 +89,5 @@ def extract_model_from_parallel(model, keep_fp32_wrapper: bool = True, keep_torc
     if not keep_fp32_wrapper:
         Precision.unwrap_forward(model)
     if keep_torch_compile and compiled is not None:
-        return compiled
+        return compiled if compiled._orig_mod is model else _compiled_view(compiled, model)
     return model

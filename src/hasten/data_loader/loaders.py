@@ -188,8 +188,28 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         non_blocking: asynchronous host-to-device copies.
     """
 
-    def __init__(self, dataset, device=None, rng_types=None, synchronized_generator=None, skip_batches: int = 0, _non_blocking: bool = False, _sharder=None, **kwargs):
+    def __init__(
+        self,
+        dataset,
+        device=None,
+        rng_types=None,
+        synchronized_generator=None,
+        skip_batches: int = 0,
+        _non_blocking: bool = False,
+        _sharder=None,
+        _loader_seed: int | None = None,
+        _local_batch_size: int | None = None,
+        _num_processes: int = 1,
+        **kwargs,
+    ):
+        self._local_batch_size = _local_batch_size
+        self._num_processes = _num_processes
+        if _loader_seed is not None and kwargs.get("generator") is None:
+            kwargs["generator"] = torch.Generator()
         super().__init__(dataset, **kwargs)
+        # With its own generator, starting an epoch does not draw from the global RNG (the worker base
+        # seed comes from this generator, reseeded per epoch), so a resumed run keeps the same stream.
+        self._loader_seed = _loader_seed
         self._init_state()
         self.device = torch.device(device) if device is not None else None
         self._place = self.device is not None and self.device.type != "cpu"
@@ -204,13 +224,19 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         return getattr(self._sharder, "final_round", None)
 
     @property
-    def total_batch_size(self) -> int:
-        """Samples per step across all processes."""
-        sharder = self._sharder
-        if isinstance(sharder, BatchSamplerShard):
-            size = sharder.batch_size or 0
-            return size if sharder.split_batches else size * sharder.num_processes
-        return (self.batch_size or 1) * (getattr(sharder, "num_processes", 1) if not getattr(sharder, "split_batches", False) else 1)
+    def batch_size(self) -> int | None:
+        """Samples per batch on this process (None when the batch sampler has no fixed size)."""
+        own = self.__dict__.get("_batch_size")
+        return own if own is not None else self.__dict__.get("_local_batch_size")
+
+    @batch_size.setter
+    def batch_size(self, value) -> None:
+        self.__dict__["_batch_size"] = value
+
+    @property
+    def total_batch_size(self) -> int | None:
+        """Samples per step across all processes (None when the batch sampler has no fixed size)."""
+        return None if self.batch_size is None else self.batch_size * self._num_processes
 
     @property
     def total_dataset_length(self) -> int:
@@ -230,6 +256,8 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     def _start(self):
         self._sync_rngs()
         self._propagate_epoch()
+        if self._loader_seed is not None:
+            self.generator.manual_seed(self._loader_seed + self.iteration)
         skip, self._resume_at = self._resume_at, 0
         if isinstance(self.batch_sampler, _ResumableBatchSampler):
             self.batch_sampler.skip = skip
@@ -520,21 +548,22 @@ def _user_sharded(dataloader: DataLoader) -> bool:
 
 
 def _shared_seed(data_seed: int | None, generator) -> int:
+    """``data_seed``, or a seed drawn on the main process and shared with every process (one small broadcast)."""
     if data_seed is not None:
         return int(data_seed)
     seed = [int(torch.randint(0, 2**62, (1,), generator=generator).item())]
     return broadcast_object_list(seed)[0]
 
 
-def _seeded_batch_sampler(dataloader: DataLoader, data_seed: int | None):
+def _seeded_batch_sampler(dataloader: DataLoader, data_seed: int):
     """The loader's batch sampler, with a plain ``RandomSampler`` replaced by a seeded one shared by all ranks."""
     batch_sampler = dataloader.batch_sampler
     sampler = get_sampler(dataloader)
     if not isinstance(sampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler):
         return batch_sampler, getattr(sampler, "generator", None)
-    seeded = SeedableRandomSampler(
-        sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, data_seed=_shared_seed(data_seed, sampler.generator)
-    )
+    if sampler.generator is not None:  # the user seeded shuffling with their own generator: derive from it
+        data_seed = int(torch.randint(0, 2**62, (1,), generator=sampler.generator).item()) ^ data_seed
+    seeded = SeedableRandomSampler(sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, data_seed=data_seed)
     if type(batch_sampler) is BatchSampler:
         return BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last), None
     try:
@@ -587,7 +616,10 @@ def prepare_data_loader(
     kwargs = _loader_kwargs(dataloader)
     if _user_sharded(dataloader):
         warn_once("user-sharded", "This dataloader is already sharded between processes (DistributedSampler or a self-sharding dataset); hasten keeps it as is and does not shard it again.")
-        return DataLoaderShard(dataset, device=device, batch_sampler=dataloader.batch_sampler, _non_blocking=non_blocking, **kwargs) if not iterable else DataLoaderShard(dataset, device=device, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, _non_blocking=non_blocking, **kwargs)
+        sizes = {"_local_batch_size": _batch_size_of(dataloader), "_num_processes": world}
+        if iterable:
+            return DataLoaderShard(dataset, device=device, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, _non_blocking=non_blocking, **sizes, **kwargs)
+        return DataLoaderShard(dataset, device=device, batch_sampler=dataloader.batch_sampler, _non_blocking=non_blocking, **sizes, **kwargs)
     if dispatch_batches is None:
         dispatch_batches = iterable and world > 1
     if dispatch_batches and world > 1:
@@ -595,10 +627,11 @@ def prepare_data_loader(
     if iterable:
         shard = IterableDatasetShard(dataset, batch_size=dataloader.batch_size or 1, drop_last=dataloader.drop_last, num_processes=world, process_index=rank, split_batches=split_batches, even_batches=even_batches)
         local = (dataloader.batch_size or 1) // (world if split_batches else 1)
-        return DataLoaderShard(shard, device=device, rng_types=rng_types, batch_size=local, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _sharder=shard, **kwargs)
+        return DataLoaderShard(shard, device=device, rng_types=rng_types, batch_size=local, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _sharder=shard, _num_processes=world, **kwargs)
     if dataloader.batch_sampler is None:
         raise ConfigError("prepare() supports map-style DataLoaders with automatic batching (batch_size set or a batch_sampler); this one has batch_size=None.")
-    batch_sampler, generator = _seeded_batch_sampler(dataloader, data_seed)
+    seed = _shared_seed(data_seed, None)
+    batch_sampler, generator = _seeded_batch_sampler(dataloader, seed)
     sharder = BatchSamplerShard(batch_sampler, world, rank, split_batches, even_batches) if world > 1 else None
     if sharder is not None and not even_batches:
         kwargs["collate_fn"] = _EmptyAwareCollate(kwargs["collate_fn"], dataset)
@@ -610,8 +643,21 @@ def prepare_data_loader(
         batch_sampler=_ResumableBatchSampler(sharder or batch_sampler),
         _non_blocking=non_blocking,
         _sharder=sharder,
+        _loader_seed=seed if kwargs.get("generator") is None else None,
+        _local_batch_size=_per_process(_batch_size_of(dataloader), world, split_batches),
+        _num_processes=world,
         **kwargs,
     )
+
+
+def _batch_size_of(dataloader: DataLoader) -> int | None:
+    return dataloader.batch_size if dataloader.batch_size is not None else getattr(dataloader.batch_sampler, "batch_size", None)
+
+
+def _per_process(size: int | None, world: int, split_batches: bool) -> int | None:
+    if size is None:
+        return None
+    return size // world if split_batches else size
 
 
 def _dispatcher(dataloader, split_batches, even_batches, device, non_blocking, slice_fn, data_seed, kwargs) -> DataLoaderDispatcher:
@@ -621,7 +667,7 @@ def _dispatcher(dataloader, split_batches, even_batches, device, non_blocking, s
     if isinstance(dataloader.dataset, IterableDataset):
         kwargs.update(batch_size=dataloader.batch_size, drop_last=dataloader.drop_last)
     else:
-        kwargs["batch_sampler"] = _seeded_batch_sampler(dataloader, data_seed)[0]
+        kwargs["batch_sampler"] = _seeded_batch_sampler(dataloader, _shared_seed(data_seed, None))[0]
     drop_last = getattr(dataloader.batch_sampler, "drop_last", dataloader.drop_last)
     return DataLoaderDispatcher(
         dataloader.dataset, split_batches=split_batches, even_batches=even_batches, device=device, _non_blocking=non_blocking, slice_fn=slice_fn, _batch_size=size, _drop_last=drop_last, **kwargs

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Iterable
+from typing import ClassVar, Iterable
 
 import torch
 
@@ -81,8 +81,26 @@ class Strategy(ABC):
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
     @property
+    def scaler(self):
+        """The gradient scaler used for fp16 (None when the engine scales the loss itself, or without fp16)."""
+        return self.precision.scaler
+
+    @property
     def handles_optimizer_step(self) -> bool:
-        """True when the engine steps and zeroes the optimizer itself (the wrapper only forwards)."""
+        """True when the engine steps and zeroes the optimizer itself.
+
+        Then ``AcceleratedOptimizer.step`` calls :meth:`optimizer_step` and reads :attr:`step_was_skipped`,
+        and ``zero_grad`` is left to the engine.
+        """
+        return False
+
+    def optimizer_step(self, optimizer, closure=None):
+        """Step the engine's optimizer (only called when :attr:`handles_optimizer_step`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not step optimizers itself")
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the engine skipped the last optimizer step (fp16 overflow)."""
         return False
 
     # ---------------------------------------------------------------------------------- unwrapping
@@ -94,10 +112,53 @@ class Strategy(ABC):
         return extract_model_from_parallel(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
-        """The full state dict of ``model`` (gathered when sharded), on the CPU where the engine allows."""
-        target = self.unwrap_model(model, keep_fp32_wrapper=False) if unwrap else model
+        """The full state dict of ``model`` (gathered when sharded), on the CPU where the engine allows.
+
+        The model itself is left as it is (its mixed precision forward stays in place).
+        """
+        target = self.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=False) if unwrap else model
+        from ..hooks import has_offloaded_params
+
+        if any(has_offloaded_params(module) for module in target.modules()):
+            from ..big_modeling import get_state_dict_offloaded_model
+
+            return get_state_dict_offloaded_model(target)
         return target.state_dict()
 
-    def checkpoint_payload(self) -> dict[str, Any]:
-        """Extra engine information stored in checkpoints (none by default)."""
-        return {}
+    # ---------------------------------------------------------------------------------- checkpoints
+
+    @property
+    def saves_full_state_dicts(self) -> bool:
+        """True when checkpoints store each model as one full state dict (what save-state hooks may edit).
+
+        Sharded engines answer False: their files are written by the engine and hooks cannot change them.
+        """
+        return True
+
+    def save_checkpoint(self, writer, models: list, optimizers: list) -> None:
+        """Write the state of the prepared models and optimizers into a checkpoint being written.
+
+        ``writer`` is a :class:`hasten.checkpointing.CheckpointWriter`. By default the writing process
+        stores each model's full state dict (``model.safetensors``, ``model_1.safetensors``, ...) and each
+        optimizer's state (``optimizer.*``, ``optimizer_1.*``); sharded engines override this to write
+        per-rank files and register them with ``writer.track``.
+        """
+        for i, model in enumerate(models):
+            state_dict = self.get_state_dict(model)
+            if writer.is_main:
+                writer.save_tensors(f"model{_suffix(i)}.safetensors", state_dict)
+        for i, optimizer in enumerate(optimizers):
+            if writer.is_main:
+                writer.save_state(f"optimizer{_suffix(i)}", optimizer.state_dict())
+
+    def load_checkpoint(self, reader, models: list, optimizers: list) -> None:
+        """Restore what :meth:`save_checkpoint` wrote (``reader`` is a ``CheckpointReader``)."""
+        for i, model in enumerate(models):
+            state_dict = reader.load_tensors(f"model{_suffix(i)}.safetensors")
+            self.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=False).load_state_dict(state_dict)
+        for i, optimizer in enumerate(optimizers):
+            optimizer.load_state_dict(reader.load_state(f"optimizer{_suffix(i)}"))
+
+
+def _suffix(index: int) -> str:
+    return "" if index == 0 else f"_{index}"

@@ -5,12 +5,11 @@ from __future__ import annotations
 import json
 import numbers
 import os
-import tempfile
 import warnings
-from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..fileio import atomic_write
 
 
 def as_step(step: Any) -> int | None:
@@ -57,16 +56,5 @@ class SkipReporter:
 
 def write_json_atomically(path: str | os.PathLike, data: Any) -> None:
     """Write ``data`` as JSON to ``path`` through a temporary file, so the file is never half-written."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
-            json.dump(data, handle, indent=2, sort_keys=True)
-            handle.write("\n")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))

@@ -53,16 +53,63 @@ _EXPORTS = {
     "has_compiled_regions": "wrappers",
     # progress
     "tqdm": "progress",
+    # plugins
+    "DeepSpeedPlugin": "plugins.deepspeed",
+    "DummyOptim": "plugins.deepspeed",
+    "DummyScheduler": "plugins.deepspeed",
+    "HfDeepSpeedConfig": "plugins.deepspeed",
+    "get_active_deepspeed_plugin": "plugins.deepspeed",
+    "map_pytorch_optim_to_deepspeed": "plugins.deepspeed",
+    "FullyShardedDataParallelPlugin": "plugins.fsdp",
+    "TorchDynamoPlugin": "plugins.dynamo",
+    "merge_fsdp_weights": "strategies.fsdp_checkpoint",
+    "merge_deepspeed_weights": "strategies.deepspeed_checkpoint",
+    "compile_regions": "compilation",
+    "compile_regions_deepspeed": "compilation",
+    "compile_regions_fsdp2": "compilation",
+    # big models and serialization
+    **dict.fromkeys(
+        ["set_module_tensor_to_device", "find_tied_parameters", "retie_parameters", "named_module_tensors", "compute_module_sizes",
+         "compute_module_total_buffer_size", "get_max_layer_size", "dtype_byte_size", "get_non_persistent_buffers"],
+        "modeling",
+    ),
+    **dict.fromkeys(["get_max_memory", "get_balanced_memory", "infer_auto_device_map", "check_device_map"], "device_map"),
+    **dict.fromkeys(
+        ["offload_state_dict", "offload_weight", "save_offload_index", "load_offloaded_weight", "load_offloaded_weights",
+         "OffloadedWeightsLoader", "PrefixedDataset", "extract_submodules_state_dict"],
+        "offload",
+    ),
+    "has_offloaded_params": "hooks",
+    "align_module_device": "hooks",
+    "get_state_dict_offloaded_model": "big_modeling",
+    **dict.fromkeys(
+        ["load_checkpoint_in_model", "load_state_dict", "MODEL_NAME", "SAFE_MODEL_NAME", "WEIGHTS_NAME", "SAFE_WEIGHTS_NAME",
+         "WEIGHTS_INDEX_NAME", "SAFE_WEIGHTS_INDEX_NAME", "WEIGHTS_PATTERN_NAME", "SAFE_WEIGHTS_PATTERN_NAME"],
+        "checkpoint_loading",
+    ),
+    "save": "serialization",
+    "load": "serialization",
+    "parse_size": "fileio",
+    "convert_file_size_to_int": "fileio",
+    # launching and configuration
+    "write_basic_config": "config",
+    "notebook_launcher": "launchers",
+    "debug_launcher": "launchers",
+    "ParallelismConfig": "unsupported",
+    "is_rich_available": "unsupported",
     # state
     "wait_for_everyone": "utils._process",
 }
+
+
+_RENAMED = {"convert_file_size_to_int": "parse_size"}
 
 
 def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'hasten.utils' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"hasten.{module}"), name)
+    value = getattr(importlib.import_module(f"hasten.{module}"), _RENAMED.get(name, name))
     globals()[name] = value
     return value
 

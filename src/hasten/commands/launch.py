@@ -1,0 +1,345 @@
+"""``hasten launch``: merge the config file and the flags, check them, say what is in force, start the processes.
+
+Checks run before any process starts: the script exists, the processes fit on the GPUs, the
+rendezvous port is free, the machine settings agree. One process runs the script directly in a
+child process; several go through torch's elastic agent (the engine of ``torchrun``) in this
+process; ``--mpirun_hostfile`` hands them to ``mpirun``.
+
+Example::
+
+    hasten launch --num_processes 2 train.py --lr 1e-3
+    hasten launch --num_machines 2 --machine_rank 0 --main_process_ip 10.0.0.1 --num_processes 16 train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import os
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import environment
+from ..config import Hardware, LoadedConfig, ResolvedSettings, Source, detect_hardware, environment_settings
+from ..config import launch_environment, read_config_file, resolve_settings
+from ..enums import DistributedType
+from ..errors import ConfigError, NotSupportedError, did_you_mean, require
+from ..launchers import check_port_free
+from .launch_args import add_launch_arguments, flag_settings
+
+DESCRIPTION = "Start a training script on one or many processes and machines, with the settings of the config file and the flags."
+_SUPPORTED = {t.value for t in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.MULTI_XPU)}
+_SUPPORTED |= {DistributedType.DEEPSPEED.value, DistributedType.FSDP.value}
+_ALWAYS_SHOWN = ("distributed_type", "num_processes", "mixed_precision", "debug")
+
+
+@dataclass(kw_only=True)
+class LaunchPlan:
+    """Everything needed to start the job: merged settings, the command of one process, its environment."""
+
+    args: argparse.Namespace
+    settings: ResolvedSettings
+    loaded: LoadedConfig | None
+    nproc_per_node: int
+    command: list[str]
+    env: dict[str, str]
+    launch_sources: dict[str, Source] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    hang_dir: Path | None = None
+    owns_hang_dir: bool = False
+
+
+def add_parser(subparsers, help_text: str) -> argparse.ArgumentParser:
+    """Register ``hasten launch``."""
+    parser = subparsers.add_parser(
+        "launch",
+        help=help_text,
+        description=DESCRIPTION,
+        usage="hasten launch [options] training_script [script arguments]",
+        allow_abbrev=False,
+    )
+    add_launch_arguments(parser)
+    parser.set_defaults(func=launch_command)
+    return parser
+
+
+def launch_command(args: argparse.Namespace) -> int:
+    """Run ``hasten launch`` with parsed ``args``; returns the exit code of the job."""
+    from . import runners
+
+    environment.check_os_kernel()
+    plan = prepare_launch(args)
+    for line in plan.warnings:
+        print(f"hasten launch: warning: {line}", file=sys.stderr)
+    if not args.quiet and plan.settings.config.machine_rank == 0:
+        print(format_summary(plan), file=sys.stderr, flush=True)
+    return runners.run_plan(plan)
+
+
+def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -> LaunchPlan:
+    """Merge and check everything; raises a :class:`~hasten.errors.HastenError` before anything starts."""
+    hardware_once = functools.cache(lambda: hardware or detect_hardware())
+    loaded = _load_config(args.config_file)
+    settings = resolve_settings(flags=flag_settings(args), loaded=loaded, env=environment_settings(), hardware=hardware_once)
+    config = settings.config
+    _check_supported(settings)
+    nproc = _check_machines(settings)
+    _check_devices(settings, nproc, hardware_once)
+    _check_script(args)
+    _check_launch_options(args)
+    if config.machine_rank == 0 and config.main_process_port is not None and not config.mpirun_config.mpirun_hostfile:
+        port_source = settings.sources["main_process_port"]
+        fix = f"Pick another port with --main_process_port (now {config.main_process_port}, from {port_source})"
+        fix += ", or leave it out on a single machine to get a free one." if config.num_machines == 1 else "."
+        check_port_free(config.main_process_ip or "127.0.0.1", config.main_process_port, fix)
+    env = launch_environment(settings)
+    plan = LaunchPlan(args=args, settings=settings, loaded=loaded, nproc_per_node=nproc, command=_command(args), env=env)
+    plan.warnings += settings.overridden + _unused_settings(settings)
+    _add_process_environment(plan, hardware_once)
+    if config.debug:
+        _prepare_hang_reports(plan)
+    if loaded is not None and loaded.notes:
+        plan.notes.append(
+            f"{loaded.path} uses older keys ({'; '.join(loaded.notes)}); `hasten config update --config_file {loaded.path}` rewrites it."
+        )
+    return plan
+
+
+def _unused_settings(settings: ResolvedSettings) -> list[str]:
+    """Settings that hasten does not act on although the user set them."""
+    config, sources = settings.config, settings.sources
+    launcher = config.deepspeed_config.deepspeed_multinode_launcher
+    if config.distributed_type == DistributedType.DEEPSPEED.value and config.num_machines > 1 and launcher not in (None, "standard"):
+        source = sources["deepspeed_config.deepspeed_multinode_launcher"]
+        return [
+            f"deepspeed_multinode_launcher={launcher!r} (from {source}) is not used: hasten launch starts the processes of "
+            "this machine only, so run the same command on every machine with its --machine_rank (DeepSpeed's 'standard' launcher)."
+        ]
+    return []
+
+
+def _load_config(config_file: str | None) -> LoadedConfig | None:
+    if config_file:
+        return read_config_file(config_file)
+    default = environment.default_config_file()
+    return read_config_file(default) if default.is_file() else None
+
+
+def _check_supported(settings: ResolvedSettings) -> None:
+    kind = settings.config.distributed_type
+    if kind not in _SUPPORTED:
+        raise NotSupportedError(
+            f"distributed_type {kind} (from {settings.sources['distributed_type']}) is not supported by hasten; it runs "
+            f"{', '.join(sorted(_SUPPORTED))}. Pick one of those with `hasten config` or a flag (--multi_gpu, --cpu, ...)."
+        )
+
+
+def _check_machines(settings: ResolvedSettings) -> int:
+    """Check the machine settings; returns the number of processes on this machine."""
+    config, sources = settings.config, settings.sources
+    if config.num_machines < 1 or config.num_processes < 1:
+        raise ConfigError(
+            f"num_processes ({config.num_processes}, from {sources['num_processes']}) and num_machines "
+            f"({config.num_machines}, from {sources['num_machines']}) must be at least 1."
+        )
+    if config.num_processes % config.num_machines:
+        raise ConfigError(
+            f"num_processes={config.num_processes} (from {sources['num_processes']}) is the total over all machines and "
+            f"must be a multiple of num_machines={config.num_machines} (from {sources['num_machines']}), e.g. "
+            f"--num_processes {config.num_machines * max(config.num_processes // config.num_machines, 1)}."
+        )
+    if not 0 <= config.machine_rank < config.num_machines:
+        raise ConfigError(
+            f"machine_rank={config.machine_rank} (from {sources['machine_rank']}) must be between 0 and "
+            f"num_machines - 1 = {config.num_machines - 1}."
+        )
+    if config.num_machines > 1 and not config.main_process_ip:
+        raise ConfigError(
+            f"num_machines={config.num_machines} needs the address of machine rank 0: pass --main_process_ip <address> "
+            "(the same on every machine), or set main_process_ip in the config file."
+        )
+    return config.num_processes // config.num_machines
+
+
+def _gpu_ids(settings: ResolvedSettings, available: int) -> list[int] | None:
+    text = settings.config.gpu_ids
+    if text is None or str(text).strip().lower() == "all":
+        return None
+    try:
+        ids = [int(part) for part in str(text).split(",") if part.strip()]
+    except ValueError:
+        raise ConfigError(f"gpu_ids={text!r} (from {settings.sources['gpu_ids']}) must be 'all' or GPU numbers such as 0,1.") from None
+    bad = [i for i in ids if not 0 <= i < available]
+    if bad or len(set(ids)) != len(ids):
+        raise ConfigError(
+            f"gpu_ids={text!r} (from {settings.sources['gpu_ids']}) names GPU(s) {bad or ids} but this machine has GPUs "
+            f"0..{available - 1}; each id may appear once."
+        )
+    return ids
+
+
+def _check_devices(settings: ResolvedSettings, nproc: int, hardware) -> None:
+    config, sources = settings.config, settings.sources
+    kind = config.distributed_type
+    if kind == DistributedType.DEEPSPEED.value:
+        require("deepspeed", "DeepSpeed (distributed_type DEEPSPEED)", "deepspeed")
+    on_cpu = config.use_cpu or kind == DistributedType.MULTI_CPU.value
+    if config.mixed_precision == "fp8" and (on_cpu or hardware().kind != "cuda"):
+        raise ConfigError(f"mixed_precision fp8 (from {sources['mixed_precision']}) needs CUDA GPUs with FP8 support; use bf16 or fp16 here.")
+    if on_cpu:
+        return
+    gpu_kind = kind in (DistributedType.MULTI_GPU.value, DistributedType.MULTI_XPU.value)
+    if not gpu_kind and config.gpu_ids is None and nproc == 1:
+        return
+    found = hardware()
+    if found.gpus == 0:
+        if gpu_kind or config.gpu_ids is not None:
+            raise ConfigError(
+                f"distributed_type {kind} (from {sources['distributed_type']}) needs GPUs but none was found on this machine. "
+                "Pass --cpu to run on the CPU, or check the drivers and CUDA_VISIBLE_DEVICES."
+            )
+        return
+    ids = _gpu_ids(settings, found.gpus)
+    usable = len(ids) if ids is not None else found.gpus
+    if nproc > usable:
+        raise ConfigError(
+            f"{nproc} process(es) per machine (num_processes={config.num_processes} from {sources['num_processes']}, "
+            f"{config.num_machines} machine(s)) but only {usable} GPU(s) can be used"
+            f"{' (gpu_ids=' + str(config.gpu_ids) + ')' if ids is not None else ''}. Use --num_processes {usable * config.num_machines} or fewer."
+        )
+
+
+def _check_script(args: argparse.Namespace) -> None:
+    script = args.training_script
+    if args.module and args.no_python:
+        raise ConfigError("--module and --no_python cannot be used together: a module needs python.")
+    if args.module:
+        if importlib.util.find_spec(script.split(".")[0]) is None:
+            raise ConfigError(f"Module {script!r} (-m) cannot be found by this Python ({sys.executable}); check its name and PYTHONPATH.")
+        return
+    if args.no_python:
+        if shutil.which(script) is None and not Path(script).is_file():
+            raise ConfigError(f"Program {script!r} (--no_python) is neither a file nor found on PATH.")
+        return
+    path = Path(script)
+    if not path.is_file():
+        folder = path.parent if str(path.parent) else Path(".")
+        names = [entry.name for entry in folder.iterdir()] if folder.is_dir() else []
+        raise ConfigError(
+            f"Training script {script!r} does not exist (looked in {folder.resolve()}).{did_you_mean(path.name, names)}"
+        )
+
+
+def _check_launch_options(args: argparse.Namespace) -> None:
+    if args.max_restarts is not None and args.max_restarts < 0:
+        raise ConfigError(f"--max_restarts must be 0 or more, got {args.max_restarts}.")
+    if args.monitor_interval is not None and args.monitor_interval <= 0:
+        raise ConfigError(f"--monitor_interval must be a positive number of seconds, got {args.monitor_interval}.")
+    if args.num_cpu_threads_per_process is not None and args.num_cpu_threads_per_process < 1:
+        raise ConfigError(f"--num_cpu_threads_per_process must be at least 1, got {args.num_cpu_threads_per_process}.")
+    if args.tee is not None and not all(part.split(":")[-1] in "0123" for part in args.tee.split(",")):
+        raise ConfigError(f"--tee {args.tee!r} must be 0, 1, 2 or 3 (none, stdout, stderr, both), or local_rank:value pairs such as 0:3,1:1.")
+    parse_rdzv_conf(args.rdzv_conf)
+
+
+def parse_rdzv_conf(text: str | None) -> dict[str, str]:
+    """Parse ``--rdzv_conf key1=value1,key2=value2``."""
+    conf: dict[str, str] = {}
+    for item in (text or "").split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--rdzv_conf item {item!r} must look like key=value (items separated by commas).")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def _command(args: argparse.Namespace) -> list[str]:
+    if args.no_python:
+        return [args.training_script, *args.training_script_args]
+    module = ["-m"] if args.module else []
+    return [sys.executable, "-u", *module, args.training_script, *args.training_script_args]
+
+
+def _add_process_environment(plan: LaunchPlan, hardware) -> None:
+    """Variables of the process environment itself: threads, visible devices."""
+    config, args = plan.settings.config, plan.args
+    threads = args.num_cpu_threads_per_process
+    if threads is not None:
+        plan.env["OMP_NUM_THREADS"] = str(threads)
+        plan.launch_sources["num_cpu_threads_per_process"] = Source("flag", "--num_cpu_threads_per_process")
+    elif "OMP_NUM_THREADS" not in os.environ and plan.nproc_per_node > 1:
+        cpu_job = config.use_cpu or config.distributed_type == DistributedType.MULTI_CPU.value or not hardware().gpus
+        cores = _physical_cores() if cpu_job else plan.nproc_per_node
+        threads = max(1, cores // plan.nproc_per_node)
+        plan.env["OMP_NUM_THREADS"] = str(threads)
+        plan.launch_sources["num_cpu_threads_per_process"] = Source("inferred", f"({cores} cores / {plan.nproc_per_node} processes)")
+    plan.args.num_cpu_threads_per_process = threads
+    ids = config.gpu_ids
+    if ids is not None and str(ids).lower() != "all" and not config.use_cpu:
+        variable = "ZE_AFFINITY_MASK" if hardware().kind == "xpu" else "CUDA_VISIBLE_DEVICES"
+        plan.env[variable] = str(ids)
+
+
+def _physical_cores() -> int:
+    import psutil
+
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+
+
+def _prepare_hang_reports(plan: LaunchPlan) -> None:
+    folder = environment.get_str("HANG_REPORT_DIR")
+    if folder:
+        plan.hang_dir = Path(folder)
+    else:
+        plan.hang_dir = Path(tempfile.mkdtemp(prefix="hasten-hang-"))
+        plan.owns_hang_dir = True
+    plan.env["HASTEN_HANG_REPORT_DIR"] = str(plan.hang_dir)
+
+
+def _describe_config_file(plan: LaunchPlan) -> str:
+    if plan.loaded is not None:
+        return str(plan.loaded.path)
+    hint = "run `hasten config` to create one"
+    if environment.setting_source("HOME") is None:
+        accelerate_file = environment.config_home().parent / "accelerate" / "default_config.yaml"
+        if accelerate_file.is_file():
+            hint = f"found Accelerate's {accelerate_file}: `hasten config update` imports it"
+    return f"none ({hint})"
+
+
+def format_summary(plan: LaunchPlan) -> str:
+    """The short table of settings in force and where each came from (printed unless ``--quiet``)."""
+    config, sources = plan.settings.config, plan.settings.sources
+    target = " ".join(["python", *plan.command[2:]] if plan.command[0] == sys.executable else plan.command)
+    machines = f"{config.num_machines} machines" if config.num_machines > 1 else "1 machine"
+    lines = [
+        f"hasten launch: {config.num_processes} process(es) on {machines} ({plan.nproc_per_node} here), {config.distributed_type}",
+        f"  command     : {target}",
+        f"  config file : {_describe_config_file(plan)}",
+    ]
+    shown = [p for p in sources if p in _ALWAYS_SHOWN or sources[p].kind != "default"]
+    rows = [(path, _show(config, path), str(sources[path])) for path in shown]
+    rows += [(name, str(getattr(plan.args, name)), str(source)) for name, source in plan.launch_sources.items()]
+    if config.debug and plan.hang_dir is not None:
+        rows.append(("hang reports", str(plan.hang_dir), "debug mode"))
+    width = max(len(row[0]) for row in rows)
+    value_width = min(max(len(row[1]) for row in rows), 40)
+    lines += [f"  {name:<{width}}  {value:<{value_width}}  {source}" for name, value, source in rows]
+    lines += [f"  note: {note}" for note in plan.notes]
+    return "\n".join(lines)
+
+
+def _show(config, path: str) -> str:
+    from ..config import get_path
+
+    value = get_path(config, path)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)

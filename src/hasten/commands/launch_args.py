@@ -1,0 +1,211 @@
+"""The flags of ``hasten launch``: one table that builds the parser (grouped as Accelerate's ``-h``
+groups them) and says which config setting each flag fills.
+
+Every flag accepts the ``_`` and the ``-`` spelling. Flags that fill a config setting are parsed as
+plain strings and checked by :func:`hasten.config.resolve_settings`, so a bad value gets the same
+message whether it came from a flag, the config file or the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from ..config import leaf_fields
+
+_BOOL = "{true,false}"
+
+
+@dataclass(frozen=True, slots=True)
+class Flag:
+    """One ``hasten launch`` option.
+
+    ``path`` is the dotted config setting it fills (None for launch-only options); a ``switch`` takes
+    no value and stores ``const`` (default True).
+    """
+
+    name: str
+    group: str
+    help: str
+    path: str | None = None
+    switch: bool = False
+    const: object = True
+    short: str | None = None
+    type: type = str
+    metavar: str | None = None
+
+
+_GENERAL = "General arguments"
+_HARDWARE = "Hardware selection arguments"
+_RESOURCES = "Resource selection arguments"
+_PARADIGM = "Training paradigm arguments"
+_DISTRIBUTED = "Multi-process and multi-machine arguments (passed to torch.distributed.run)"
+_DEEPSPEED = "DeepSpeed arguments"
+_FSDP = "FSDP arguments"
+_FP8 = "FP8 arguments"
+_MPI = "MPI arguments"
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("config_file", _GENERAL, "Launch config file to use (default: the file written by `hasten config`)."),
+    Flag("quiet", _GENERAL, "Do not print the summary of the settings in force.", switch=True, short="-q"),
+    Flag("module", _GENERAL, "Run the training script as a module (python -m).", switch=True, short="-m"),
+    Flag("no_python", _GENERAL, "Run the training script as an executable, without `python`.", switch=True),
+    Flag("debug", _GENERAL, "Check the inputs of every collective across processes, and report stuck ranks.", "debug", switch=True),
+    Flag("cpu", _HARDWARE, "Train on the CPU even when GPUs are present.", "use_cpu", switch=True),
+    Flag("multi_gpu", _HARDWARE, "Distributed training on several GPUs.", "distributed_type", switch=True, const="MULTI_GPU"),
+    Flag("tpu", _HARDWARE, "TPU training (not supported by hasten).", "distributed_type", switch=True, const="XLA"),
+    Flag("mixed_precision", _RESOURCES, "Mixed precision: no, fp16, bf16 or fp8.", "mixed_precision"),
+    Flag("num_processes", _RESOURCES, "Total number of processes, across all machines.", "num_processes"),
+    Flag("num_machines", _RESOURCES, "Number of machines taking part in the job.", "num_machines"),
+    Flag("num_cpu_threads_per_process", _RESOURCES, "Threads per process (OMP_NUM_THREADS).", type=int, metavar="N"),
+    Flag("enable_cpu_affinity", _RESOURCES, "Pin each process to the CPUs of its NUMA node.", "enable_cpu_affinity", switch=True),
+    Flag("dynamo_backend", _RESOURCES, "torch.compile backend (no, eager, aot_eager, inductor, ...).", "dynamo_config.dynamo_backend"),
+    Flag("dynamo_mode", _RESOURCES, "torch.compile mode.", "dynamo_config.dynamo_mode"),
+    Flag("dynamo_use_fullgraph", _RESOURCES, "torch.compile with fullgraph=True.", "dynamo_config.dynamo_use_fullgraph", switch=True),
+    Flag("dynamo_use_dynamic", _RESOURCES, "torch.compile with dynamic=True.", "dynamo_config.dynamo_use_dynamic", switch=True),
+    Flag(
+        "dynamo_use_regional_compilation",
+        _RESOURCES,
+        "Compile repeated blocks one at a time.",
+        "dynamo_config.dynamo_use_regional_compilation",
+        switch=True,
+    ),
+    Flag("use_deepspeed", _PARADIGM, "Use DeepSpeed.", "distributed_type", switch=True, const="DEEPSPEED"),
+    Flag("use_fsdp", _PARADIGM, "Use fully sharded data parallel (FSDP2).", "distributed_type", switch=True, const="FSDP"),
+    Flag("use_megatron_lm", _PARADIGM, "Megatron-LM (not supported by hasten).", "distributed_type", switch=True, const="MEGATRON_LM"),
+    Flag("gpu_ids", _DISTRIBUTED, "GPUs of this machine to use, e.g. 0,1 (default: all).", "gpu_ids"),
+    Flag("same_network", _DISTRIBUTED, "All machines are on the same local network.", "same_network", switch=True),
+    Flag("machine_rank", _DISTRIBUTED, "Rank of this machine (0 hosts the rendezvous).", "machine_rank"),
+    Flag("main_process_ip", _DISTRIBUTED, "Address of machine rank 0 (required with several machines).", "main_process_ip"),
+    Flag("main_process_port", _DISTRIBUTED, "Port of the rendezvous on machine rank 0 (default: a free port).", "main_process_port"),
+    Flag("tee", _DISTRIBUTED, "Also write the processes' output to files: 0 none, 1 stdout, 2 stderr, 3 both.", short="-t"),
+    Flag("log_dir", _DISTRIBUTED, "Folder for the processes' log files (with --tee)."),
+    Flag("role", _DISTRIBUTED, "Role name of the workers."),
+    Flag("rdzv_backend", _DISTRIBUTED, "Rendezvous backend: static (default) or c10d, etcd, etcd-v2.", "rdzv_backend"),
+    Flag("rdzv_conf", _DISTRIBUTED, "Extra rendezvous settings, as key1=value1,key2=value2."),
+    Flag("max_restarts", _DISTRIBUTED, "Restarts of the whole group of processes before giving up (default 0).", type=int, metavar="N"),
+    Flag("monitor_interval", _DISTRIBUTED, "Seconds between checks of the processes' state (default 0.1).", type=float, metavar="S"),
+    Flag("deepspeed_config_file", _DEEPSPEED, "DeepSpeed JSON config file.", "deepspeed_config.deepspeed_config_file"),
+    Flag("zero_stage", _DEEPSPEED, "ZeRO stage.", "deepspeed_config.zero_stage", metavar="{0,1,2,3}"),
+    Flag("offload_optimizer_device", _DEEPSPEED, "Offload optimizer states to.", "deepspeed_config.offload_optimizer_device"),
+    Flag("offload_param_device", _DEEPSPEED, "Offload parameters to.", "deepspeed_config.offload_param_device"),
+    Flag("offload_optimizer_nvme_path", _DEEPSPEED, "NVMe folder for optimizer offload.", "deepspeed_config.offload_optimizer_nvme_path"),
+    Flag("offload_param_nvme_path", _DEEPSPEED, "NVMe folder for parameter offload.", "deepspeed_config.offload_param_nvme_path"),
+    Flag("gradient_accumulation_steps", _DEEPSPEED, "Gradient accumulation steps.", "deepspeed_config.gradient_accumulation_steps"),
+    Flag("gradient_clipping", _DEEPSPEED, "Gradient clipping value.", "deepspeed_config.gradient_clipping"),
+    Flag("zero3_init_flag", _DEEPSPEED, "Build the model partitioned (deepspeed.zero.Init).", "deepspeed_config.zero3_init_flag", metavar=_BOOL),
+    Flag(
+        "zero3_save_16bit_model",
+        _DEEPSPEED,
+        "Save 16-bit weights under ZeRO-3.",
+        "deepspeed_config.zero3_save_16bit_model",
+        metavar=_BOOL,
+    ),
+    Flag("deepspeed_hostfile", _DEEPSPEED, "DeepSpeed hostfile.", "deepspeed_config.deepspeed_hostfile"),
+    Flag("deepspeed_exclusion_filter", _DEEPSPEED, "DeepSpeed exclusion filter.", "deepspeed_config.deepspeed_exclusion_filter"),
+    Flag("deepspeed_inclusion_filter", _DEEPSPEED, "DeepSpeed inclusion filter.", "deepspeed_config.deepspeed_inclusion_filter"),
+    Flag("deepspeed_multinode_launcher", _DEEPSPEED, "DeepSpeed multi-node launcher.", "deepspeed_config.deepspeed_multinode_launcher"),
+    Flag(
+        "deepspeed_moe_layer_cls_names",
+        _DEEPSPEED,
+        "Comma-separated MoE layer class names.",
+        "deepspeed_config.deepspeed_moe_layer_cls_names",
+    ),
+    Flag("fsdp_version", _FSDP, "FSDP version (hasten runs FSDP2).", "fsdp_config.fsdp_version", metavar="{1,2}"),
+    Flag("fsdp_offload_params", _FSDP, "Offload parameters to the CPU.", "fsdp_config.fsdp_offload_params", metavar=_BOOL),
+    Flag("fsdp_min_num_params", _FSDP, "Size threshold of SIZE_BASED_WRAP.", "fsdp_config.fsdp_min_num_params"),
+    Flag("fsdp_sharding_strategy", _FSDP, "Sharding strategy.", "fsdp_config.fsdp_sharding_strategy"),
+    Flag("fsdp_reshard_after_forward", _FSDP, "Reshard parameters after forward.", "fsdp_config.fsdp_reshard_after_forward"),
+    Flag("fsdp_auto_wrap_policy", _FSDP, "Auto wrap policy.", "fsdp_config.fsdp_auto_wrap_policy"),
+    Flag(
+        "fsdp_transformer_layer_cls_to_wrap",
+        _FSDP,
+        "Comma-separated layer class names to shard one by one.",
+        "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
+    ),
+    Flag("fsdp_backward_prefetch", _FSDP, "Backward prefetch (FSDP1).", "fsdp_config.fsdp_backward_prefetch"),
+    Flag("fsdp_state_dict_type", _FSDP, "State dict type.", "fsdp_config.fsdp_state_dict_type"),
+    Flag("fsdp_forward_prefetch", _FSDP, "Forward prefetch (FSDP1).", "fsdp_config.fsdp_forward_prefetch", metavar=_BOOL),
+    Flag("fsdp_use_orig_params", _FSDP, "use_orig_params (FSDP1).", "fsdp_config.fsdp_use_orig_params", metavar=_BOOL),
+    Flag(
+        "fsdp_cpu_ram_efficient_loading",
+        _FSDP,
+        "Rank 0 loads the weights, the others start empty.",
+        "fsdp_config.fsdp_cpu_ram_efficient_loading",
+        metavar=_BOOL,
+    ),
+    Flag("fsdp_sync_module_states", _FSDP, "Broadcast rank 0's weights at setup.", "fsdp_config.fsdp_sync_module_states", metavar=_BOOL),
+    Flag(
+        "fsdp_activation_checkpointing",
+        _FSDP,
+        "Recompute activations in backward.",
+        "fsdp_config.fsdp_activation_checkpointing",
+        metavar=_BOOL,
+    ),
+    Flag("fp8_backend", _FP8, "FP8 backend: te, msamp or ao.", "fp8_config.backend"),
+    Flag("fp8_use_autocast_during_eval", _FP8, "Keep FP8 autocast in eval mode.", "fp8_config.use_autocast_during_eval", switch=True),
+    Flag("fp8_margin", _FP8, "Margin of the scaling factor.", "fp8_config.margin"),
+    Flag("fp8_interval", _FP8, "Steps between scaling factor updates.", "fp8_config.interval"),
+    Flag("fp8_format", _FP8, "FP8 format: HYBRID, E4M3 or E5M2.", "fp8_config.fp8_format"),
+    Flag("fp8_amax_history_len", _FP8, "Length of the amax history.", "fp8_config.amax_history_length"),
+    Flag("fp8_amax_compute_algo", _FP8, "Amax algorithm: max or most_recent.", "fp8_config.amax_compute_algorithm"),
+    Flag(
+        "fp8_override_linear_precision",
+        _FP8,
+        "Higher precision for fprop, dgrad, wgrad, e.g. false,false,true.",
+        "fp8_config.override_linear_precision",
+    ),
+    Flag("fp8_opt_level", _FP8, "MS-AMP optimization level: O1 or O2.", "fp8_config.optimization_level"),
+    Flag(
+        "fp8_enable_fsdp_float8_all_gather",
+        _FP8,
+        "All-gather in float8 under FSDP (torchao).",
+        "fp8_config.enable_fsdp_float8_all_gather",
+        switch=True,
+    ),
+    Flag("fp8_pad_inner_dim", _FP8, "Pad inner dimensions for float8 matmuls (torchao).", "fp8_config.pad_inner_dim", switch=True),
+    Flag("mpirun_hostfile", _MPI, "Start the job with mpirun on the hosts of this file (CPU jobs).", "mpirun_config.mpirun_hostfile"),
+)
+
+_HARDWARE_SWITCHES = ("multi_gpu", "tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm")
+
+
+def _metavar(flag: Flag) -> str | None:
+    if flag.metavar or flag.path is None:
+        return flag.metavar
+    choices = leaf_fields()[flag.path].get("choices")
+    return "{" + ",".join(str(c).lower() if flag.path.startswith("dynamo") else str(c) for c in choices) + "}" if choices else None
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add every launch flag (grouped) and the script positionals to ``parser``."""
+    groups: dict[str, argparse._ArgumentGroup] = {}
+    for flag in FLAGS:
+        group = groups.get(flag.group) or groups.setdefault(flag.group, parser.add_argument_group(flag.group))
+        names = [f"--{flag.name}"]
+        if "_" in flag.name:
+            names.append(f"--{flag.name.replace('_', '-')}")
+        if flag.short:
+            names.insert(0, flag.short)
+        if flag.switch:
+            group.add_argument(*names, dest=flag.name, action="store_const", const=flag.const, default=None, help=flag.help)
+        else:
+            group.add_argument(*names, dest=flag.name, default=None, type=flag.type, metavar=_metavar(flag), help=flag.help)
+    parser.add_argument("training_script", help="The script (or module, with -m) to run in every process, followed by its arguments.")
+    parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def flag_settings(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
+    """Config settings given on the command line: dotted path -> (raw value, ``--flag``)."""
+    given = [name for name in _HARDWARE_SWITCHES if getattr(args, name) is not None]
+    if len(given) > 1 or (given and given[0] == "multi_gpu" and args.cpu):
+        from ..errors import ConfigError
+
+        chosen = given + (["cpu"] if args.cpu else [])
+        raise ConfigError(f"Pass at most one of --cpu/--multi_gpu/--tpu/--use_deepspeed/--use_fsdp; got {', '.join('--' + n for n in chosen)}.")
+    settings: dict[str, tuple[object, str]] = {}
+    for flag in FLAGS:
+        value = getattr(args, flag.name)
+        if flag.path is not None and value is not None:
+            settings[flag.path] = (value, f"--{flag.name}")
+    return settings

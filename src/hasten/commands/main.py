@@ -1,0 +1,63 @@
+"""Entry point of the ``hasten`` command: ``hasten <command> [<args>]``.
+
+Each subcommand lives in its own module with an ``add_parser(subparsers, help_text)`` function; none of them
+imports torch at module level, so ``hasten --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command name -> (module that registers it, one-line help)
+COMMANDS = {
+    "config": ("hasten.commands.config", "Write the launch config file (interactive)."),
+    "env": ("hasten.commands.env", "Print the environment, for bug reports."),
+    "estimate-memory": ("hasten.commands.estimate_memory", "Estimate the memory a model needs to train (DeepSpeed ZeRO table)."),
+    "launch": ("hasten.commands.launch", "Launch a training script."),
+    "merge-weights": ("hasten.commands.merge_weights", "Merge a DeepSpeed or FSDP sharded checkpoint into one model."),
+    "test": ("hasten.commands.test", "Check that distributed training works here."),
+}
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The ``hasten`` parser. Only the subcommand named in ``argv`` is imported and fully built; the
+    others are listed by name (all of them are built when ``argv`` is None)."""
+    parser = argparse.ArgumentParser(
+        prog="hasten",
+        description="Run one PyTorch training script on CPU, one or many GPUs, or many machines.",
+        allow_abbrev=False,
+    )
+    subparsers = parser.add_subparsers(title="commands", dest="command", metavar="<command>")
+    wanted = next((arg for arg in argv if not arg.startswith("-")), None) if argv is not None else None
+    for name, (module, help_text) in COMMANDS.items():
+        if argv is None or name == wanted:
+            importlib.import_module(module).add_parser(subparsers, help_text)
+        else:
+            subparsers.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``hasten`` command line; returns the exit code."""
+    from ..errors import HastenError
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 1
+    try:
+        return int(args.func(args) or 0)
+    except HastenError as exc:
+        print(f"hasten {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"hasten {args.command}: interrupted.", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""``hasten merge-weights``: turn a sharded checkpoint into one model file that plain PyTorch loads.
+
+Works on DeepSpeed ZeRO checkpoints (the fp32 master weights, as DeepSpeed's ``zero_to_fp32.py``
+rebuilds them) and on FSDP sharded checkpoints; which one is told by the folder's content. The
+checkpoint may be a folder written by ``accelerator.save_state`` or the engine's own folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+HELP = "Merge a sharded DeepSpeed ZeRO or FSDP checkpoint into one model file."
+
+
+def add_parser(subparsers, help_text: str = HELP) -> argparse.ArgumentParser:
+    """Register ``hasten merge-weights``."""
+    parser = subparsers.add_parser("merge-weights", help=help_text, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _add_arguments(parser)
+    parser.set_defaults(func=merge_command)
+    return parser
+
+
+def _add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("checkpoint_directory", help="The checkpoint folder (from save_state, DeepSpeed's save_checkpoint, or FSDP's sharded save).")
+    parser.add_argument("output_path", help="Folder to write the merged weights into (model.safetensors, sharded with an index when large).")
+    parser.add_argument("--safe_serialization", "--safe-serialization", dest="safe_serialization", action="store_true", default=True, help="Write safetensors (the default).")
+    parser.add_argument("--unsafe_serialization", "--unsafe-serialization", dest="safe_serialization", action="store_false", help="Write pytorch_model.bin (torch.save) instead of safetensors.")
+    parser.add_argument("--max_shard_size", "--max-shard-size", default="10GB", help="Largest file of the merged weights (default 10GB).")
+    parser.add_argument("--remove_checkpoint_dir", "--remove-checkpoint-dir", action="store_true", help="Delete the checkpoint folder once the merged weights are written.")
+
+
+def detect_format(checkpoint: Path) -> str:
+    """``"deepspeed"`` or ``"fsdp"`` from what the folder holds; a ``CheckpointError`` otherwise."""
+    from ..errors import CheckpointError
+    from ..strategies.deepspeed_checkpoint import find_deepspeed_checkpoint
+
+    if not checkpoint.is_dir():
+        raise CheckpointError(f"{checkpoint} is not a folder: pass the checkpoint folder to merge.")
+    if find_deepspeed_checkpoint(checkpoint) is not None:
+        return "deepspeed"
+    if (checkpoint / ".metadata").is_file() or any((child / ".metadata").is_file() for child in checkpoint.iterdir() if child.is_dir()):
+        return "fsdp"
+    raise CheckpointError(
+        f"{checkpoint} holds neither a DeepSpeed ZeRO checkpoint (*_model_states.pt and *_optim_states.pt files, possibly under "
+        "deepspeed/<tag>/) nor an FSDP sharded checkpoint (a torch.distributed.checkpoint folder with a .metadata file)."
+    )
+
+
+def merge_command(args: argparse.Namespace) -> int:
+    """Merge the checkpoint and print the files written."""
+    from ..errors import ConfigError
+
+    checkpoint = Path(args.checkpoint_directory)
+    output = Path(args.output_path)
+    if args.remove_checkpoint_dir and output.resolve().is_relative_to(checkpoint.resolve()):
+        raise ConfigError(f"--remove_checkpoint_dir would delete the output {output}, which is inside {checkpoint}; write the merged weights elsewhere.")
+    kind = detect_format(checkpoint)
+    if kind == "deepspeed":
+        from ..strategies.deepspeed_checkpoint import merge_deepspeed_weights
+
+        written = merge_deepspeed_weights(checkpoint, output, safe_serialization=args.safe_serialization, max_shard_size=args.max_shard_size)
+    else:
+        from ..strategies.fsdp_checkpoint import merge_fsdp_weights
+
+        written = merge_fsdp_weights(checkpoint, output, safe_serialization=args.safe_serialization)
+    if args.remove_checkpoint_dir:
+        shutil.rmtree(checkpoint)
+    names = ", ".join(str(path) for path in written)
+    print(f"Merged the {'DeepSpeed ZeRO' if kind == 'deepspeed' else 'FSDP'} checkpoint {checkpoint} into {names}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``hasten merge-weights`` on its own (``python -m hasten.commands.merge_weights``)."""
+    from ..errors import HastenError
+
+    parser = argparse.ArgumentParser(prog="hasten merge-weights", description=__doc__, allow_abbrev=False)
+    _add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return merge_command(args)
+    except HastenError as error:
+        print(f"hasten merge-weights: error: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

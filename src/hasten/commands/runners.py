@@ -1,0 +1,238 @@
+"""How ``hasten launch`` starts the processes of a :class:`~hasten.commands.launch.LaunchPlan`: one
+process directly, several through torch's elastic agent (in this process, as ``torchrun`` does), or
+``mpirun``; then how a failed job is reported, with the debug-mode hang reports of stuck ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+from ..errors import ConfigError
+from .launch import LaunchPlan, parse_rdzv_conf
+
+_FRAMES = 4
+
+
+def run_plan(plan: LaunchPlan) -> int:
+    """Start the job described by ``plan`` and wait for it; returns its exit code."""
+    config = plan.settings.config
+    try:
+        if config.mpirun_config.mpirun_hostfile:
+            code = run_mpirun(plan)
+        elif config.num_processes == 1:
+            code = run_single(plan)
+        else:
+            code = run_elastic(plan)
+        if code != 0 and plan.hang_dir is not None:
+            report = summarize_hang_reports(plan.hang_dir)
+            if report:
+                print(report, file=sys.stderr, flush=True)
+        return code
+    finally:
+        if plan.owns_hang_dir and plan.hang_dir is not None:
+            shutil.rmtree(plan.hang_dir, ignore_errors=True)
+
+
+def _wait(process: subprocess.Popen) -> int:
+    """Wait for ``process``, passing SIGTERM on to it; after Ctrl-C give it time to stop by itself."""
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: process.send_signal(signum))
+    try:
+        return process.wait()
+    except KeyboardInterrupt:  # a terminal sends SIGINT to the child too; interrupt it only if it ignores that
+        try:
+            return process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGINT)
+            return process.wait()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_single(plan: LaunchPlan) -> int:
+    """Run the script once, in a child process with the launch variables."""
+    with subprocess.Popen(plan.command, env={**os.environ, **plan.env}) as process:
+        return _wait(process)
+
+
+def _rendezvous(plan: LaunchPlan) -> tuple[str, str, dict, str, str | None]:
+    """(backend, endpoint, configs, run id, local address) of the rendezvous."""
+    config = plan.settings.config
+    conf: dict = parse_rdzv_conf(plan.args.rdzv_conf)
+    single = config.num_machines == 1
+    if single and config.main_process_port is None:
+        # As torchrun does on one machine: a c10d store on a free port, here bound to the loopback address.
+        return "c10d", "127.0.0.1:0", conf, uuid.uuid4().hex, "127.0.0.1"
+    host = config.main_process_ip or "127.0.0.1"
+    port = config.main_process_port or 29500
+    endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    if config.rdzv_backend == "static":
+        conf["rank"] = config.machine_rank
+    return config.rdzv_backend, endpoint, conf, "none", "127.0.0.1" if single else None
+
+
+def run_elastic(plan: LaunchPlan) -> int:
+    """Start ``nproc_per_node`` processes through torch's elastic agent and wait for all of them."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    args, config = plan.args, plan.settings.config
+    backend, endpoint, rdzv_configs, run_id, local_addr = _rendezvous(plan)
+    launch_config = LaunchConfig(
+        min_nodes=config.num_machines,
+        max_nodes=config.num_machines,
+        nproc_per_node=plan.nproc_per_node,
+        run_id=run_id,
+        role=args.role or "default",
+        rdzv_endpoint=endpoint,
+        rdzv_backend=backend,
+        rdzv_configs=rdzv_configs,
+        max_restarts=args.max_restarts or 0,
+        monitor_interval=args.monitor_interval or 0.1,
+        start_method="spawn",
+        local_addr=local_addr,
+        logs_specs=DefaultLogsSpecs(log_dir=args.log_dir, redirects=Std.NONE, tee=Std.from_str(args.tee or "0")),
+    )
+    os.environ.update(plan.env)  # the agent hands its own environment to the workers
+    try:
+        elastic_launch(launch_config, entrypoint=plan.command[0])(*plan.command[1:])
+    except ChildFailedError as exc:
+        print(describe_failures(exc.failures, config.num_processes), file=sys.stderr, flush=True)
+        _explain_deepspeed(plan, exc.failures)
+        first = exc.get_first_failure()[1].exitcode
+        return first if first > 0 else 1
+    except RendezvousError as exc:
+        print(
+            f"hasten launch: the rendezvous at {endpoint} failed: {exc}\nCheck that every machine runs the same command "
+            "with its own --machine_rank, and that machine rank 0 is reachable at --main_process_ip/--main_process_port.",
+            file=sys.stderr,
+        )
+        return 1
+    except SignalException as exc:
+        print(f"hasten launch: stopped by signal {exc.sigval.name}; the processes were terminated.", file=sys.stderr)
+        return 128 + int(exc.sigval)
+    return 0
+
+
+def describe_failures(failures: dict, world_size: int) -> str:
+    """A few lines saying which ranks failed and how (their own output is above)."""
+    lines = [f"hasten launch: {len(failures)} of {world_size} process(es) failed (their output is above):"]
+    others_failed = any(failure.exitcode > 0 for failure in failures.values())
+    for rank, failure in sorted(failures.items()):
+        code = failure.exitcode
+        how = f"exit code {code}" if code >= 0 else f"killed by signal {_signal_name(-code)}"
+        if code == -signal.SIGTERM and others_failed:
+            how = "stopped by the launcher (SIGTERM) after another process failed"
+        lines.append(f"  rank {rank} (local rank {failure.local_rank}, pid {failure.pid}): {how}")
+    return "\n".join(lines)
+
+
+def _explain_deepspeed(plan: LaunchPlan, failures: dict) -> None:
+    """Under DeepSpeed, add the advice for workers the operating system killed (usually out of CPU memory)."""
+    if plan.env.get("HASTEN_USE_DEEPSPEED", "").lower() not in ("1", "true", "yes"):
+        return
+    from ..strategies.deepspeed import explain_deepspeed_failure
+
+    for failure in failures.values():
+        advice = explain_deepspeed_failure(
+            failure.exitcode,
+            plan.env.get("HASTEN_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"),
+            plan.env.get("HASTEN_DEEPSPEED_OFFLOAD_PARAM_DEVICE"),
+        )
+        if advice:
+            print(advice, file=sys.stderr, flush=True)
+            return
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def mpirun_command(plan: LaunchPlan, flavour: str) -> tuple[list[str], dict[str, str]]:
+    """The ``mpirun`` command line and its variables; ``flavour`` is ``"openmpi"`` or ``"mpich"`` (also Intel MPI)."""
+    config = plan.settings.config
+    hostfile = Path(config.mpirun_config.mpirun_hostfile).expanduser()
+    if not hostfile.is_file():
+        raise ConfigError(f"mpirun_hostfile {hostfile} does not exist; it lists the machines, one per line.")
+    env = {
+        **plan.env,
+        "MASTER_ADDR": config.main_process_ip or "127.0.0.1",
+        "MASTER_PORT": str(config.main_process_port or 29500),
+    }
+    total, per_node = str(config.num_processes), str(plan.nproc_per_node)
+    if flavour == "openmpi":
+        command = ["mpirun", "--hostfile", str(hostfile), "-np", total, "--npernode", per_node]
+        command += [part for name in env for part in ("-x", name)]
+    else:
+        command = ["mpirun", "-f", str(hostfile), "-n", total, "-ppn", per_node]
+        command += [part for name, value in env.items() for part in ("-genv", name, value)]
+    return command + plan.command, env
+
+
+def run_mpirun(plan: LaunchPlan) -> int:
+    """Start all processes of all machines with ``mpirun`` (run this on one machine only)."""
+    if shutil.which("mpirun") is None:
+        raise ConfigError("mpirun_hostfile is set but `mpirun` is not on PATH; install an MPI (Open MPI, MPICH or Intel MPI).")
+    version = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, check=False)
+    text = version.stdout + version.stderr
+    flavour = "openmpi" if "Open MPI" in text or "OpenRTE" in text else "mpich"
+    command, env = mpirun_command(plan, flavour)
+    with subprocess.Popen(command, env={**os.environ, **env}) as process:
+        return _wait(process)
+
+
+def summarize_hang_reports(folder: Path) -> str | None:
+    """Summarise the ``hang_rank<N>.json`` files written by stuck ranks in debug mode (None if there are none)."""
+    reports = []
+    for path in Path(folder).glob("hang_rank*.json"):
+        try:
+            reports.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError) as exc:
+            reports.append({"rank": path.stem.removeprefix("hang_rank"), "operation": f"(unreadable report {path}: {exc})"})
+    if not reports:
+        return None
+    reports.sort(key=lambda r: int(r.get("rank")) if str(r.get("rank", "")).isdigit() else -1)
+    ranks = ", ".join(str(r.get("rank", "?")) for r in reports)
+    lines = [f"hasten launch: debug mode: rank(s) {ranks} were stuck in a collective:"]
+    for report in reports:
+        waited = report.get("waited_s")
+        waited_text = f" for {float(waited):.1f} s" if isinstance(waited, (int, float)) else ""
+        collective = f" (collective #{report['collective']})" if report.get("collective") is not None else ""
+        lines.append(f"  rank {report.get('rank', '?')} waited{waited_text} in {report.get('operation', '?')}{collective}")
+        peers = [line.strip().removeprefix("- ") for line in str(report.get("peers") or "").splitlines() if line.strip()]
+        if len(peers) == 1:
+            lines.append(f"    other ranks: {peers[0]}")
+        elif peers:
+            lines.append("    other ranks:")
+            lines += [f"      {line}" for line in peers]
+        frames = _user_frames(str(report.get("stack") or ""))
+        if frames:
+            lines.append("    innermost frames of your code:")
+            lines += [f"      {line}" for frame in frames for line in frame]
+    return "\n".join(lines)
+
+
+def _user_frames(stack: str) -> list[list[str]]:
+    """The innermost frames of a formatted stack, leaving out torch's, hasten's and the standard library's."""
+    frames: list[list[str]] = []
+    for line in stack.splitlines():
+        text = line.strip()
+        if text.startswith('File "'):
+            frames.append([text])
+        elif text and frames and not set(text) <= set("^~ "):
+            frames[-1].append(text)
+    library = ("/torch/", "/hasten/", "/contextlib.py", "/threading.py")
+    mine = [frame for frame in frames if not any(part in frame[0] for part in library)]
+    return (mine or frames)[-_FRAMES:]

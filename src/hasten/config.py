@@ -1,0 +1,785 @@
+"""The launch config file: schema, validated loading, migration of old files, writing, and the one
+merge of command-line flags, config file, environment and defaults that ``hasten launch`` uses.
+
+The keys are Accelerate's, so a file written by ``accelerate config`` loads unchanged; files written
+by older Accelerate versions (``fp16: true``, a top-level ``dynamo_backend``, ``ipex_config``, ...) are
+migrated on read, and ``hasten config update`` rewrites them. Every key and value is checked: a
+problem is a :class:`~hasten.errors.ConfigError` that names the file, the (dotted) key, the allowed
+values and the closest valid key.
+
+Example::
+
+    from hasten.config import load_config_file, write_basic_config
+
+    path = write_basic_config(mixed_precision="bf16")
+    config = load_config_file(path)
+    config.deepspeed_config.zero_stage   # None: not set in this file
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import environment
+from .enums import ComputeEnvironment, DistributedType, DynamoBackend, PrecisionType, SageMakerDistributedType
+from .errors import ConfigError, did_you_mean
+from .fileio import atomic_write
+
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+DEEPSPEED_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
+FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
+FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
+FSDP_BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
+FSDP_STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
+DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
+FP8_BACKENDS = ("TE", "MSAMP", "AO")
+FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
+AMAX_COMPUTE_ALGORITHMS = ("max", "most_recent")
+FP8_OPT_LEVELS = ("O1", "O2")
+_GPU_TYPES = (DistributedType.MULTI_GPU.value, DistributedType.MULTI_XPU.value)
+
+
+def _opt(default: Any = None, kind: str = "str", choices: tuple | list | None = None) -> Any:
+    """A config field: ``kind`` is bool, int, float, float_or_auto, str, list, choice, bool3 or any."""
+    return field(default=default, metadata={"kind": kind, "choices": tuple(choices) if choices else None})
+
+
+def _section(cls: type) -> Any:
+    return field(default_factory=cls, metadata={"kind": "section", "cls": cls})
+
+
+@dataclass(kw_only=True, slots=True)
+class DynamoSection:
+    """``dynamo_config``: torch.compile settings."""
+
+    dynamo_backend: str | None = _opt(kind="choice", choices=DynamoBackend.list())
+    dynamo_mode: str | None = _opt(kind="choice", choices=DYNAMO_MODES)
+    dynamo_use_fullgraph: bool | None = _opt(kind="bool")
+    dynamo_use_dynamic: bool | None = _opt(kind="bool")
+    dynamo_use_regional_compilation: bool | None = _opt(kind="bool")
+
+
+@dataclass(kw_only=True, slots=True)
+class DeepSpeedSection:
+    """``deepspeed_config``: DeepSpeed settings (a JSON file, or the ZeRO settings one by one)."""
+
+    deepspeed_config_file: str | None = _opt()
+    zero_stage: int | None = _opt(kind="choice", choices=(0, 1, 2, 3))
+    offload_optimizer_device: str | None = _opt(kind="choice", choices=OFFLOAD_DEVICES)
+    offload_param_device: str | None = _opt(kind="choice", choices=OFFLOAD_DEVICES)
+    offload_optimizer_nvme_path: str | None = _opt()
+    offload_param_nvme_path: str | None = _opt()
+    gradient_accumulation_steps: int | None = _opt(kind="int")
+    gradient_clipping: float | str | None = _opt(kind="float_or_auto")
+    zero3_init_flag: bool | None = _opt(kind="bool")
+    zero3_save_16bit_model: bool | None = _opt(kind="bool")
+    deepspeed_hostfile: str | None = _opt()
+    deepspeed_exclusion_filter: str | None = _opt()
+    deepspeed_inclusion_filter: str | None = _opt()
+    deepspeed_multinode_launcher: str | None = _opt(kind="choice", choices=DEEPSPEED_MULTINODE_LAUNCHERS)
+    deepspeed_moe_layer_cls_names: str | None = _opt()
+
+
+@dataclass(kw_only=True, slots=True)
+class FsdpSection:
+    """``fsdp_config``: fully sharded data parallel settings (hasten runs FSDP2)."""
+
+    fsdp_version: int | None = _opt(kind="choice", choices=(1, 2))
+    fsdp_sharding_strategy: str | None = _opt(kind="choice", choices=FSDP_SHARDING_STRATEGIES)
+    fsdp_reshard_after_forward: bool | str | None = _opt(kind="bool_or_strategy", choices=FSDP_SHARDING_STRATEGIES)
+    fsdp_offload_params: bool | None = _opt(kind="bool")
+    fsdp_auto_wrap_policy: str | None = _opt(kind="choice", choices=FSDP_AUTO_WRAP_POLICIES)
+    fsdp_transformer_layer_cls_to_wrap: str | None = _opt()
+    fsdp_min_num_params: int | None = _opt(kind="int")
+    fsdp_backward_prefetch: str | None = _opt(kind="choice", choices=FSDP_BACKWARD_PREFETCH)
+    fsdp_forward_prefetch: bool | None = _opt(kind="bool")
+    fsdp_state_dict_type: str | None = _opt(kind="choice", choices=FSDP_STATE_DICT_TYPES)
+    fsdp_use_orig_params: bool | None = _opt(kind="bool")
+    fsdp_cpu_ram_efficient_loading: bool | None = _opt(kind="bool")
+    fsdp_sync_module_states: bool | None = _opt(kind="bool")
+    fsdp_activation_checkpointing: bool | None = _opt(kind="bool")
+
+
+@dataclass(kw_only=True, slots=True)
+class Fp8Section:
+    """``fp8_config``: FP8 recipe settings."""
+
+    backend: str | None = _opt(kind="choice", choices=FP8_BACKENDS)
+    fp8_format: str | None = _opt(kind="choice", choices=FP8_FORMATS)
+    margin: int | None = _opt(kind="int")
+    interval: int | None = _opt(kind="int")
+    amax_history_length: int | None = _opt(kind="int")
+    amax_compute_algorithm: str | None = _opt(kind="choice", choices=AMAX_COMPUTE_ALGORITHMS)
+    override_linear_precision: tuple | None = _opt(kind="bool3")
+    optimization_level: str | None = _opt(kind="choice", choices=FP8_OPT_LEVELS)
+    use_autocast_during_eval: bool | None = _opt(kind="bool")
+    enable_fsdp_float8_all_gather: bool | None = _opt(kind="bool")
+    pad_inner_dim: bool | None = _opt(kind="bool")
+
+
+@dataclass(kw_only=True, slots=True)
+class ParallelismSection:
+    """``parallelism_config``: N-D parallelism degrees (stored; hasten does not run them yet)."""
+
+    parallelism_config_dp_replicate_size: int | None = _opt(kind="int")
+    parallelism_config_dp_shard_size: int | None = _opt(kind="int")
+    parallelism_config_tp_size: int | None = _opt(kind="int")
+    parallelism_config_cp_size: int | None = _opt(kind="int")
+    parallelism_config_cp_backend: str | None = _opt()
+    parallelism_config_cp_comm_strategy: str | None = _opt()
+    parallelism_config_sp_size: int | None = _opt(kind="int")
+    parallelism_config_sp_backend: str | None = _opt()
+    parallelism_config_sp_seq_length: int | None = _opt(kind="int")
+    parallelism_config_sp_seq_length_is_variable: bool | None = _opt(kind="bool")
+    parallelism_config_sp_attn_implementation: str | None = _opt()
+
+
+@dataclass(kw_only=True, slots=True)
+class MpirunSection:
+    """``mpirun_config``: start the processes of a multi-machine CPU job with ``mpirun``."""
+
+    mpirun_hostfile: str | None = _opt()
+
+
+@dataclass(kw_only=True, slots=True)
+class ClusterConfig:
+    """A launch config for jobs on this machine or a cluster (``compute_environment: LOCAL_MACHINE``).
+
+    Section fields left at None are "not set": the strategy decides. ``num_processes`` is the total
+    number of processes across all machines, as in Accelerate.
+    """
+
+    compute_environment: str = _opt(ComputeEnvironment.LOCAL_MACHINE.value, "choice", ComputeEnvironment.list())
+    distributed_type: str = _opt(DistributedType.NO.value, "choice", DistributedType.list())
+    mixed_precision: str | None = _opt(PrecisionType.NO.value, "choice", ("no", "fp16", "bf16", "fp8"))
+    use_cpu: bool = _opt(False, "bool")
+    debug: bool = _opt(False, "bool")
+    num_processes: int | None = _opt(kind="int")
+    machine_rank: int = _opt(0, "int")
+    num_machines: int = _opt(1, "int")
+    gpu_ids: str | None = _opt()
+    main_process_ip: str | None = _opt()
+    main_process_port: int | None = _opt(kind="int")
+    rdzv_backend: str = _opt("static", "choice", RDZV_BACKENDS)
+    same_network: bool = _opt(False, "bool")
+    main_training_function: str = _opt("main")
+    enable_cpu_affinity: bool = _opt(False, "bool")
+    downcast_bf16: bool = _opt(False, "bool")
+    tpu_name: str | None = _opt()
+    tpu_zone: str | None = _opt()
+    tpu_use_cluster: bool = _opt(False, "bool")
+    tpu_use_sudo: bool = _opt(False, "bool")
+    command_file: str | None = _opt()
+    commands: list | None = _opt(kind="list")
+    tpu_vm: list | None = _opt(kind="list")
+    tpu_env: list | None = _opt(kind="list")
+    dynamo_config: DynamoSection = _section(DynamoSection)
+    deepspeed_config: DeepSpeedSection = _section(DeepSpeedSection)
+    fsdp_config: FsdpSection = _section(FsdpSection)
+    fp8_config: Fp8Section = _section(Fp8Section)
+    parallelism_config: ParallelismSection = _section(ParallelismSection)
+    mpirun_config: MpirunSection = _section(MpirunSection)
+    megatron_lm_config: dict = field(default_factory=dict, metadata={"kind": "prefixed", "prefix": "megatron_lm_"})
+
+
+@dataclass(kw_only=True, slots=True)
+class SageMakerConfig:
+    """A config for Amazon SageMaker (``compute_environment: AMAZON_SAGEMAKER``): it loads, but hasten
+    does not launch on SageMaker."""
+
+    compute_environment: str = _opt(ComputeEnvironment.AMAZON_SAGEMAKER.value, "choice", ComputeEnvironment.list())
+    distributed_type: str = _opt(SageMakerDistributedType.NO.value, "choice", SageMakerDistributedType.list())
+    mixed_precision: str | None = _opt(PrecisionType.NO.value, "choice", ("no", "fp16", "bf16", "fp8"))
+    use_cpu: bool = _opt(False, "bool")
+    debug: bool = _opt(False, "bool")
+    ec2_instance_type: str | None = _opt()
+    iam_role_name: str | None = _opt()
+    image_uri: str | None = _opt()
+    profile: str | None = _opt()
+    region: str = _opt("us-east-1")
+    num_machines: int = _opt(1, "int")
+    gpu_ids: str = _opt("all")
+    base_job_name: str | None = _opt()
+    pytorch_version: str | None = _opt()
+    transformers_version: str | None = _opt()
+    py_version: str | None = _opt()
+    sagemaker_inputs_file: str | None = _opt()
+    sagemaker_metrics_file: str | None = _opt()
+    additional_args: dict | None = _opt(kind="any")
+    dynamo_config: DynamoSection = _section(DynamoSection)
+    enable_cpu_affinity: bool = _opt(False, "bool")
+
+
+# ------------------------------------------------------------------------------------ values
+
+
+class _Invalid(Exception):
+    """A value failed its field's check; the message says what was expected."""
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    if isinstance(value, str):
+        try:
+            return bool(environment.str_to_bool(value))
+        except ConfigError:
+            pass
+    raise _Invalid("expected a boolean (true/false, yes/no or 1/0)")
+
+
+def _as_int(value: Any) -> int:
+    if isinstance(value, bool):
+        raise _Invalid("expected an integer")
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            pass
+    raise _Invalid("expected an integer")
+
+
+def _as_float(value: Any) -> float:
+    if not isinstance(value, bool):
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            pass
+    raise _Invalid("expected a number")
+
+
+def _as_choice(value: Any, choices: tuple) -> Any:
+    if isinstance(choices[0], int):
+        try:
+            if _as_int(value) in choices:
+                return _as_int(value)
+        except _Invalid:
+            pass
+    else:
+        for choice in choices:
+            if str(value).lower() == choice.lower():
+                return choice
+    raise _Invalid(f"expected one of: {', '.join(map(str, choices))}.{did_you_mean(str(value), map(str, choices))}")
+
+
+def _as_bool3(value: Any) -> tuple:
+    if isinstance(value, str):
+        value = [part for part in value.strip().strip("()[]").split(",") if part.strip()]
+    if isinstance(value, (list, tuple)) and len(value) == 3:
+        return tuple(_as_bool(part.strip() if isinstance(part, str) else part) for part in value)
+    raise _Invalid("expected three booleans (fprop, dgrad, wgrad), e.g. [false, false, true]")
+
+
+def _convert(value: Any, meta: dict) -> Any:
+    """Check and normalise one value against its field's metadata (raises :class:`_Invalid`)."""
+    kind, choices = meta["kind"], meta.get("choices")
+    if kind == "bool":
+        return _as_bool(value)
+    if kind == "int":
+        return _as_int(value)
+    if kind == "float":
+        return _as_float(value)
+    if kind == "float_or_auto":
+        return "auto" if str(value).lower() == "auto" else _as_float(value)
+    if kind == "choice":
+        return _as_choice(value, choices)
+    if kind == "bool_or_strategy":
+        try:
+            return _as_bool(value)
+        except _Invalid:
+            return _as_choice(value, choices)
+    if kind == "bool3":
+        return _as_bool3(value)
+    if kind == "list":
+        if isinstance(value, (list, tuple)) and all(isinstance(item, (str, int, float)) for item in value):
+            return [str(item) for item in value]
+        raise _Invalid("expected a list of strings")
+    if kind == "str":
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise _Invalid("expected a string")
+    return value
+
+
+def _fields(cls: type) -> dict[str, dataclasses.Field]:
+    return {f.name: f for f in dataclasses.fields(cls)}
+
+
+def _build(cls: type, data: dict, prefix: str, errors: list[str], present: set[str]) -> Any:
+    """Instantiate ``cls`` from ``data``, appending a line to ``errors`` for every bad key or value."""
+    known = _fields(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in known:
+            where = f" in {prefix[:-1]}" if prefix else ""
+            errors.append(
+                f"unknown key {dotted!r}.{did_you_mean(str(key), known)} Allowed keys{where}: {', '.join(known)}."
+            )
+            continue
+        meta = known[key].metadata
+        if meta["kind"] == "section":
+            if value is None:
+                continue
+            if not isinstance(value, dict):
+                errors.append(f"{dotted!r} must be a mapping of keys to values, got {value!r}.")
+                continue
+            kwargs[key] = _build(meta["cls"], value, f"{dotted}.", errors, present)
+        elif meta["kind"] == "prefixed":
+            kwargs[key] = _check_prefixed(value, dotted, meta["prefix"], errors, present)
+        elif value is not None:
+            try:
+                kwargs[key] = _convert(value, meta)
+                present.add(dotted)
+            except _Invalid as exc:
+                errors.append(f"{dotted}: {value!r} is not valid; {exc}")
+    return cls(**kwargs)
+
+
+def _check_prefixed(value: Any, dotted: str, prefix: str, errors: list[str], present: set[str]) -> dict:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        errors.append(f"{dotted!r} must be a mapping of keys to values, got {value!r}.")
+        return {}
+    for key in value:
+        if not str(key).startswith(prefix):
+            errors.append(f"unknown key '{dotted}.{key}': keys of {dotted} start with {prefix!r}.")
+    if value:
+        present.add(dotted)
+    return dict(value)
+
+
+# ------------------------------------------------------------------------------ migration
+
+
+_FSDP_STRATEGY_BY_NUMBER = {i + 1: name for i, name in enumerate(FSDP_SHARDING_STRATEGIES)}
+_RENAMED = {
+    ("fsdp_config", "fsdp_backward_prefetch_policy"): "fsdp_backward_prefetch",
+    ("fp8_config", "amax_history_len"): "amax_history_length",
+    ("fp8_config", "amax_compute_algo"): "amax_compute_algorithm",
+}
+
+
+def _migrate(data: dict) -> list[str]:
+    """Rewrite keys of older (or Accelerate-written) files in place; return one note per change."""
+    notes: list[str] = []
+    if "fp16" in data:
+        fp16 = data.pop("fp16")
+        if data.get("mixed_precision") is None:
+            data["mixed_precision"] = "fp16" if fp16 in (True, "true", "True", "yes") else "no"
+        notes.append(f"fp16: {fp16} became mixed_precision: {data['mixed_precision']}")
+    if "dynamo_backend" in data:
+        backend = data.pop("dynamo_backend")
+        if str(backend).upper() != "NO":
+            data.setdefault("dynamo_config", {}).setdefault("dynamo_backend", backend)
+        notes.append(f"dynamo_backend: {backend} moved into dynamo_config")
+    if data.get("num_processes") == -1:
+        data.pop("num_processes")
+        notes.append("num_processes: -1 (unset) was dropped")
+    for key, why in (("ipex_config", "hasten does not use IPEX"), ("tp_config", "see parallelism_config")):
+        if key in data:
+            section = data.pop(key) or {}
+            tp_size = section.get("tp_size") if isinstance(section, dict) else None
+            if key == "tp_config" and tp_size and int(tp_size) > 1:
+                data.setdefault("parallelism_config", {})["parallelism_config_tp_size"] = tp_size
+            notes.append(f"{key} was dropped ({why})")
+    mpirun = data.get("mpirun_config")
+    if isinstance(mpirun, dict) and "mpirun_ccl" in mpirun:
+        mpirun.pop("mpirun_ccl")
+        notes.append("mpirun_config.mpirun_ccl was dropped (oneCCL worker threads are set with CCL_WORKER_COUNT)")
+    for (section, old), new in _RENAMED.items():
+        values = data.get(section)
+        if isinstance(values, dict) and old in values:
+            values.setdefault(new, values.pop(old))
+            notes.append(f"{section}.{old} was renamed {section}.{new}")
+    fsdp = data.get("fsdp_config")
+    if isinstance(fsdp, dict) and isinstance(fsdp.get("fsdp_sharding_strategy"), int):
+        number = fsdp["fsdp_sharding_strategy"]
+        if number in _FSDP_STRATEGY_BY_NUMBER:
+            fsdp["fsdp_sharding_strategy"] = _FSDP_STRATEGY_BY_NUMBER[number]
+            notes.append(f"fsdp_config.fsdp_sharding_strategy: {number} became {fsdp['fsdp_sharding_strategy']}")
+    return notes
+
+
+# ------------------------------------------------------------------------------ load / save
+
+
+@dataclass(kw_only=True, slots=True)
+class LoadedConfig:
+    """A config file as read: the validated config, the dotted keys the file sets, and migration notes."""
+
+    config: ClusterConfig | SageMakerConfig
+    path: Path
+    present: frozenset[str]
+    notes: list[str]
+
+
+def config_from_dict(data: dict, source: str = "<dict>") -> tuple[ClusterConfig | SageMakerConfig, frozenset[str], list[str]]:
+    """Validate a config mapping; returns (config, dotted keys present, migration notes).
+
+    Raises:
+        ConfigError: naming ``source``, every bad key (with the closest valid one) and bad value.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"Launch config {source} must be a mapping of keys to values, got {type(data).__name__}.")
+    data = json.loads(json.dumps(data, default=str))  # a deep copy that _migrate may edit
+    notes = _migrate(data)
+    environment_value = str(data.get("compute_environment", ComputeEnvironment.LOCAL_MACHINE.value)).upper()
+    cls = SageMakerConfig if environment_value == ComputeEnvironment.AMAZON_SAGEMAKER.value else ClusterConfig
+    errors: list[str] = []
+    present: set[str] = set()
+    config = _build(cls, data, "", errors, present)
+    if cls is SageMakerConfig:
+        errors += [f"missing key {key!r} (required for SageMaker)" for key in ("ec2_instance_type", "iam_role_name") if key not in present]
+    if errors:
+        lines = "\n".join(f"  - {line}" for line in errors)
+        raise ConfigError(
+            f"Invalid launch config {source}:\n{lines}\nFix these entries, or write a new file with `hasten config`."
+        )
+    return config, frozenset(present), notes
+
+
+def read_config_file(path: str | os.PathLike) -> LoadedConfig:
+    """Load and validate a YAML (or ``.json``) launch config file, keeping which keys it sets.
+
+    Raises:
+        ConfigError: the file is missing, unparsable, or has an unknown key or a bad value.
+    """
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(
+            f"Launch config file {path} does not exist. Pass an existing file with --config_file, or create one "
+            "with `hasten config` (interactive) or `hasten config default`."
+        )
+    text = path.read_text(encoding="utf-8")
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text) if text.strip() else {}
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+    except ValueError as exc:  # json.JSONDecodeError and yaml.YAMLError's parser errors
+        raise ConfigError(f"Launch config file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+    except Exception as exc:
+        if type(exc).__module__.startswith("yaml"):
+            raise ConfigError(f"Launch config file {path} is not valid YAML: {exc}") from None
+        raise
+    config, present, notes = config_from_dict(data, str(path))
+    return LoadedConfig(config=config, path=path, present=present, notes=notes)
+
+
+def load_config_file(path: str | os.PathLike | None = None) -> ClusterConfig | SageMakerConfig:
+    """Load and validate a launch config file (default: :func:`default_config_file`)."""
+    return read_config_file(path or environment.default_config_file()).config
+
+
+def config_to_dict(config: ClusterConfig | SageMakerConfig) -> dict:
+    """The config as plain data, without unset (None) values and empty sections."""
+    result: dict[str, Any] = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.metadata["kind"] == "section":
+            value = {k: list(v) if isinstance(v, tuple) else v for k, v in config_to_dict(value).items()}
+            value = value or None
+        elif isinstance(value, dict):
+            value = dict(value) or None
+        if value is not None:
+            result[f.name] = value
+    return result
+
+
+def save_config_file(config: ClusterConfig | SageMakerConfig, path: str | os.PathLike) -> Path:
+    """Write ``config`` as YAML (JSON when ``path`` ends with ``.json``), atomically; returns the path."""
+    path = Path(path).expanduser()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = config_to_dict(config)
+    if path.suffix == ".json":
+        text = json.dumps(data, indent=2, sort_keys=True) + "\n"
+    else:
+        import yaml
+
+        text = yaml.safe_dump(data, sort_keys=True, default_flow_style=False)
+    return atomic_write(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+
+
+@dataclass(frozen=True, slots=True)
+class Hardware:
+    """The accelerators of this machine: ``kind`` is cuda, xpu, mps or cpu; ``count`` the devices of that kind."""
+
+    kind: str
+    count: int
+
+    @property
+    def gpus(self) -> int:
+        """Number of CUDA/XPU devices (0 on a CPU-only or Apple machine)."""
+        return self.count if self.kind in ("cuda", "xpu") else 0
+
+
+def detect_hardware() -> Hardware:
+    """Look at this machine's accelerators (imports torch)."""
+    kind = environment.accelerator_type()
+    return Hardware(kind, environment.device_count(kind) if kind in ("cuda", "xpu") else 0)
+
+
+def basic_config(mixed_precision: str = "no", hardware: Hardware | None = None) -> ClusterConfig:
+    """A sensible config for this machine: every GPU in one job, or one CPU process without accelerators."""
+    hardware = hardware or detect_hardware()
+    precision = _as_choice(mixed_precision, ("no", "fp16", "bf16", "fp8")) if mixed_precision else "no"
+    multi = {"cuda": DistributedType.MULTI_GPU.value, "xpu": DistributedType.MULTI_XPU.value}
+    distributed_type = multi[hardware.kind] if hardware.gpus > 1 else DistributedType.NO.value
+    return ClusterConfig(
+        distributed_type=distributed_type,
+        mixed_precision=precision,
+        use_cpu=hardware.kind == "cpu",
+        num_processes=max(hardware.gpus, 1),
+        gpu_ids="all" if hardware.gpus else None,
+    )
+
+
+def write_basic_config(mixed_precision: str = "no", save_location: str | os.PathLike | None = None, use_xpu: bool = False):
+    """Write a basic launch config for this machine without asking anything.
+
+    Unlike Accelerate, the file is YAML (Accelerate writes JSON text into its ``.yaml`` file).
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``.
+        save_location: where to write; default :func:`hasten.environment.default_config_file`.
+        use_xpu: accepted for compatibility; XPUs are detected by themselves.
+
+    Returns:
+        The path written, or ``False`` when a file already exists there (it is never overwritten).
+    """
+    path = Path(save_location or environment.default_config_file()).expanduser()
+    if path.exists():
+        print(f"A launch config already exists at {path}; it was left unchanged. Delete it first to write a new one.")
+        return False
+    try:
+        config = basic_config(mixed_precision)
+    except _Invalid as exc:
+        raise ConfigError(f"write_basic_config: mixed_precision={mixed_precision!r} is not valid; {exc}") from None
+    return save_config_file(config, path)
+
+
+# ------------------------------------------------------------------------------ merge
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """Where a setting came from: ``kind`` is flag, config file, environment, default or inferred."""
+
+    kind: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.detail}".rstrip()
+
+
+@dataclass(kw_only=True, slots=True)
+class ResolvedSettings:
+    """The settings in force for one launch, where each came from, and the values that lost to another source."""
+
+    config: ClusterConfig
+    sources: dict[str, Source]
+    overridden: list[str]
+
+
+@functools.cache
+def leaf_fields(cls: type = ClusterConfig, prefix: str = "") -> dict[str, dict]:
+    """Dotted path -> field metadata for every setting of ``cls`` (sections expanded); do not modify the result."""
+    result: dict[str, dict] = {}
+    for name, f in _fields(cls).items():
+        if f.metadata["kind"] == "section":
+            result.update(leaf_fields(f.metadata["cls"], f"{prefix}{name}."))
+        else:
+            result[f"{prefix}{name}"] = dict(f.metadata)
+    return result
+
+
+def get_path(config: Any, path: str) -> Any:
+    """The value at a dotted path (``"deepspeed_config.zero_stage"``)."""
+    for part in path.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def _set_path(config: Any, path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        config = getattr(config, part)
+    setattr(config, last, value)
+
+
+def resolve_settings(
+    *,
+    flags: dict[str, tuple[Any, str]],
+    loaded: LoadedConfig | None,
+    env: dict[str, tuple[Any, str]],
+    hardware: Callable[[], Hardware],
+) -> ResolvedSettings:
+    """Merge the sources of launch settings: flags > config file > environment > defaults.
+
+    Args:
+        flags: dotted path -> (raw value, flag spelling) for the flags given.
+        loaded: the config file read, or None.
+        env: dotted path -> (raw value, variable name), e.g. from :func:`environment_settings`.
+        hardware: called (once, lazily) when a default depends on the machine.
+
+    Returns:
+        The merged config, the source of every value, and a line for each value that another source overrode.
+
+    Raises:
+        ConfigError: a flag or environment value is invalid (all problems are listed).
+    """
+    metas = leaf_fields()
+    file_config = loaded.config if loaded is not None else None
+    if isinstance(file_config, SageMakerConfig):
+        raise ConfigError(f"{loaded.path} is an Amazon SageMaker config; hasten does not launch on SageMaker.")
+    layers = [
+        ("flag", flags),
+        ("config file", {p: (get_path(file_config, p), str(loaded.path)) for p in loaded.present} if loaded else {}),
+        ("environment", env),
+    ]
+    config, sources, overridden, errors = ClusterConfig(), {}, [], []
+    for path, meta in metas.items():
+        candidates = []
+        for kind, values in layers:
+            if path in values:
+                raw, detail = values[path]
+                try:
+                    value = raw if kind == "config file" or meta["kind"] == "prefixed" else _convert(raw, meta)
+                except _Invalid as exc:
+                    errors.append(f"{kind} {detail}: {path}={raw!r} is not valid; {exc}")
+                    continue
+                candidates.append((value, Source(kind, detail)))
+        if not candidates:
+            sources[path] = Source("default")
+            continue
+        value, source = candidates[0]
+        _set_path(config, path, value)
+        sources[path] = source
+        overridden += [f"{path}: {value!r} from {source} overrides {other!r} from {where}" for other, where in candidates[1:] if other != value]
+    if errors:
+        raise ConfigError("Invalid launch settings:\n" + "\n".join(f"  - {line}" for line in errors))
+    _infer(config, sources, hardware)
+    return ResolvedSettings(config=config, sources=sources, overridden=overridden)
+
+
+def _infer(config: ClusterConfig, sources: dict[str, Source], hardware: Callable[[], Hardware]) -> None:
+    """Fill the settings whose default depends on the machine and on the other settings."""
+    if config.num_processes is None:
+        gpus = 0 if config.use_cpu else hardware().gpus
+        config.num_processes = max(gpus, 1) * max(config.num_machines, 1)
+        sources["num_processes"] = Source("inferred", f"({gpus} GPU(s) found)" if gpus else "(no GPU found)")
+    multi = config.num_processes > 1 or config.num_machines > 1
+    kind = config.distributed_type
+    if (kind == DistributedType.NO.value and multi) or (kind in _GPU_TYPES and config.use_cpu):
+        if not multi:
+            new = DistributedType.NO.value
+        elif config.use_cpu or not hardware().gpus:
+            new = DistributedType.MULTI_CPU.value
+        else:
+            new = DistributedType.MULTI_XPU.value if hardware().kind == "xpu" else DistributedType.MULTI_GPU.value
+        if new != kind:
+            config.distributed_type = new
+            sources["distributed_type"] = Source("inferred", f"(num_processes={config.num_processes}, use_cpu={config.use_cpu})")
+
+
+# ------------------------------------------------------------------------------ environment
+
+
+_ENV_NAMES: dict[str, str] = {
+    "mixed_precision": "MIXED_PRECISION",
+    "use_cpu": "USE_CPU",
+    "debug": "DEBUG_MODE",
+    "enable_cpu_affinity": "CPU_AFFINITY",
+    **{f"dynamo_config.{k}": k.upper() for k in _fields(DynamoSection)},
+    "deepspeed_config.deepspeed_config_file": "DEEPSPEED_CONFIG_FILE",
+    "deepspeed_config.zero_stage": "DEEPSPEED_ZERO_STAGE",
+    "deepspeed_config.offload_optimizer_device": "DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+    "deepspeed_config.offload_param_device": "DEEPSPEED_OFFLOAD_PARAM_DEVICE",
+    "deepspeed_config.offload_optimizer_nvme_path": "DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH",
+    "deepspeed_config.offload_param_nvme_path": "DEEPSPEED_OFFLOAD_PARAM_NVME_PATH",
+    "deepspeed_config.zero3_init_flag": "DEEPSPEED_ZERO3_INIT",
+    "deepspeed_config.zero3_save_16bit_model": "DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
+    "deepspeed_config.deepspeed_moe_layer_cls_names": "DEEPSPEED_MOE_LAYER_CLS_NAMES",
+    "deepspeed_config.gradient_accumulation_steps": "GRADIENT_ACCUMULATION_STEPS",
+    "deepspeed_config.gradient_clipping": "GRADIENT_CLIPPING",
+    **{f"fsdp_config.{k}": k.upper() for k in _fields(FsdpSection) if k != "fsdp_transformer_layer_cls_to_wrap"},
+    "fsdp_config.fsdp_transformer_layer_cls_to_wrap": "FSDP_TRANSFORMER_CLS_TO_WRAP",
+    "fp8_config.backend": "FP8_BACKEND",
+    "fp8_config.fp8_format": "FP8_FORMAT",
+    "fp8_config.margin": "FP8_MARGIN",
+    "fp8_config.interval": "FP8_INTERVAL",
+    "fp8_config.amax_history_length": "FP8_AMAX_HISTORY_LEN",
+    "fp8_config.amax_compute_algorithm": "FP8_AMAX_COMPUTE_ALGO",
+    "fp8_config.optimization_level": "FP8_OPT_LEVEL",
+    "fp8_config.use_autocast_during_eval": "FP8_USE_AUTOCAST_DURING_EVAL",
+    "fp8_config.enable_fsdp_float8_all_gather": "FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER",
+    "fp8_config.pad_inner_dim": "FP8_PAD_INNER_DIM",
+}
+_STRATEGY_SWITCHES = {"USE_DEEPSPEED": DistributedType.DEEPSPEED.value, "USE_FSDP": DistributedType.FSDP.value}
+
+
+def environment_settings() -> dict[str, tuple[Any, str]]:
+    """Launch settings given by ``HASTEN_*`` (or ``ACCELERATE_*``) variables: dotted path -> (value, variable)."""
+    found: dict[str, tuple[Any, str]] = {}
+    for path, name in _ENV_NAMES.items():
+        if name in environment.SETTINGS and environment.setting_source(name):
+            found[path] = (environment.get_str(name), environment.setting_source(name))
+    for name, kind in _STRATEGY_SWITCHES.items():
+        if environment.get_flag(name):
+            found["distributed_type"] = (kind, environment.setting_source(name))
+    return found
+
+
+def _env_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def _exported(path: str, kind: str) -> bool:
+    if path.startswith("deepspeed_config.") and path != "deepspeed_config.gradient_accumulation_steps":
+        return kind == DistributedType.DEEPSPEED.value
+    if path.startswith("fsdp_config."):
+        return kind == DistributedType.FSDP.value
+    return True
+
+
+def launch_environment(settings: ResolvedSettings) -> dict[str, str]:
+    """The ``HASTEN_*`` variables that carry ``settings`` to the processes ``hasten launch`` starts."""
+    config = settings.config
+    kind = config.distributed_type
+    env = {"HASTEN_LAUNCHED": "1"}
+    for path, name in _ENV_NAMES.items():
+        value = get_path(config, path)
+        if value is not None and _exported(path, kind):
+            env[f"HASTEN_{name}"] = _env_text(value)
+    override = config.fp8_config.override_linear_precision
+    if override is not None:
+        for part, flag in zip(("FPROP", "DGRAD", "WGRAD"), override):
+            env[f"HASTEN_FP8_OVERRIDE_{part}"] = _env_text(flag)
+    for name, strategy in _STRATEGY_SWITCHES.items():
+        env[f"HASTEN_{name}"] = _env_text(kind == strategy)
+    if kind == DistributedType.DEEPSPEED.value:
+        fields = [p.split(".", 1)[1] for p in leaf_fields() if p.startswith("deepspeed_config.") and get_path(config, p) is not None]
+        if settings.sources["mixed_precision"].kind != "default":
+            fields.append("mixed_precision")
+        env["HASTEN_CONFIG_DS_FIELDS"] = ",".join(fields)
+    env["HASTEN_LAUNCH_SOURCES"] = json.dumps({p: str(s) for p, s in settings.sources.items() if s.kind != "default"}, sort_keys=True)
+    return env

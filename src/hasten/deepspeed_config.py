@@ -1,0 +1,439 @@
+"""DeepSpeed JSON configs: loading, key validation, ``"auto"`` resolution and conflict checks.
+
+DeepSpeed reads its config leniently: a misspelled key silently falls back to the default. hasten
+checks every key against :data:`SCHEMA` (completed at run time with the fields of the installed
+DeepSpeed's own config models) and names the closest valid key. ``"auto"`` values are filled from the
+training script: the prepared dataloader, the accumulation steps, the mixed precision, the optimizer,
+the scheduler and the model's hidden size (see :func:`auto_values`). A value set both in the file and
+by the script must agree; a disagreement is an error naming both values and where each came from.
+
+Nothing here imports ``deepspeed`` at module level.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib
+import importlib.util
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError, closest
+
+AUTO = "auto"
+ANY = "*"  # a section whose keys DeepSpeed passes on unchecked (optimizer params, ...)
+
+_OFFLOAD_PARAM = {k: None for k in ("device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory")}
+_OFFLOAD_OPTIMIZER = {
+    k: None
+    for k in ("device", "nvme_path", "buffer_count", "pin_memory", "pipeline", "pipeline_read", "pipeline_write", "fast_init", "ratio", "super_offload", "cpuadam_cores_perc")
+}
+_ZERO = {
+    **{
+        k: None
+        for k in (
+            "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "use_multi_rank_bucket_allreduce",
+            "allgather_partitions", "allgather_bucket_size", "overlap_comm", "compute_grad_norm", "load_from_fp32_weights",
+            "elastic_checkpoint", "sub_group_size", "cpu_offload", "cpu_offload_param", "cpu_offload_params",
+            "cpu_offload_use_pin_memory", "prefetch_bucket_size", "stage3_prefetch_bucket_size", "param_persistence_threshold",
+            "stage3_param_persistence_threshold", "model_persistence_threshold", "stage3_model_persistence_threshold",
+            "max_live_parameters", "stage3_max_live_parameters", "max_reuse_distance", "stage3_max_reuse_distance",
+            "gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
+            "module_granularity_threshold", "stage3_module_granularity_threshold", "use_all_reduce_for_fetch_params",
+            "stage3_use_all_reduce_for_fetch_params", "allgather_sequential", "stage3_allgather_sequential",
+            "ignore_unused_parameters", "legacy_stage1", "round_robin_gradients", "parameter_alignment", "zero_hpz_partition_size",
+            "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "memory_efficient_linear",
+            "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
+            "save_muon_momentum_buffer_in_memory", "mics_shard_size", "mics_hierarchical_params_gather",
+        )
+    },
+    "offload_param": _OFFLOAD_PARAM,
+    "offload_optimizer": _OFFLOAD_OPTIMIZER,
+    "zenflow": ANY,
+    "leaf_module": {"classes": None, "names": None, "name_suffixes": None},
+}
+_FP16 = {k: None for k in ("enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads")}
+_BF16 = {k: None for k in ("enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads", "bf16_optimizer_states")}
+_MONITOR = {k: None for k in ("enabled", "output_path", "job_name")}
+
+#: Every key DeepSpeed 0.19 reads, as nested dicts (None: a value, ANY: free-form section).
+SCHEMA: dict[str, Any] = {
+    **{
+        k: None
+        for k in (
+            "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "steps_per_print", "dump_state",
+            "wall_clock_breakdown", "memory_breakdown", "gradient_clipping", "prescale_gradients", "gradient_predivide_factor",
+            "sparse_gradients", "communication_data_type", "seq_parallel_communication_data_type", "gradient_allreduce_op",
+            "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "disable_allgather", "dataloader_drop_last",
+            "graph_harvesting", "use_data_before_expert_parallelism", "managed_gradient_accumulation", "disable_python_gc",
+            "log_level", "vocabulary_size", "sequence_parallel_size",
+        )
+    },
+    "optimizer": {"type": None, "params": ANY, "legacy_fusion": None},
+    "scheduler": {"type": None, "params": ANY},
+    "fp16": _FP16,
+    "bf16": _BF16,
+    "bfloat16": _BF16,
+    "amp": ANY,
+    "torch_autocast": {"enabled": None, "dtype": None, "lower_precision_safe_modules": None},
+    "zero_optimization": _ZERO,
+    "aio": {k: None for k in ("block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit", "overlap_events", "use_gds")},
+    "activation_checkpointing": {
+        k: None for k in ("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile")
+    },
+    "flops_profiler": {k: None for k in ("enabled", "recompute_fwd_factor", "profile_step", "module_depth", "top_modules", "detailed", "output_file")},
+    "checkpoint": {"tag_validation": None, "load_universal": None, "use_node_local_storage": None, "parallel_write": ANY, "writer": ANY, "checkpoint_serialization": None},
+    "data_types": {"grad_accum_dtype": None},
+    "tensorboard": _MONITOR,
+    "csv_monitor": _MONITOR,
+    "wandb": {k: None for k in ("enabled", "group", "team", "project")},
+    "comet": {k: None for k in ("enabled", "samples_log_interval", "project", "workspace", "api_key", "experiment_name", "experiment_key", "online", "mode")},
+    "comms_logger": {k: None for k in ("enabled", "prof_all", "prof_ops", "verbose", "debug")},
+    "elasticity": ANY,
+    "pipeline": ANY,
+    "sparse_attention": ANY,
+    "compression_training": ANY,
+    "data_efficiency": ANY,
+    "curriculum_learning": ANY,
+    "quantize_training": ANY,
+    "eigenvalue": ANY,
+    "progressive_layer_drop": {"enabled": None, "theta": None, "gamma": None},
+    "autotuning": ANY,
+    "nebula": ANY,
+    "compile": ANY,
+    "hybrid_engine": ANY,
+    "timers": ANY,
+    "weight_quantization": ANY,
+    "tensor_parallel": ANY,
+    "expert_parallel": ANY,
+}
+
+# Sections that DeepSpeed describes with pydantic models: their fields (and aliases) are added to the
+# schema at run time, so that keys new in the installed DeepSpeed are accepted.
+_MODELS = {
+    "zero_optimization": ("deepspeed.runtime.zero.config", "DeepSpeedZeroConfig"),
+    "zero_optimization.offload_param": ("deepspeed.runtime.zero.offload_config", "DeepSpeedZeroOffloadParamConfig"),
+    "zero_optimization.offload_optimizer": ("deepspeed.runtime.zero.offload_config", "DeepSpeedZeroOffloadOptimizerConfig"),
+    "fp16": ("deepspeed.runtime.precision_config", "DeepSpeedFP16Config"),
+    "bf16": ("deepspeed.runtime.precision_config", "DeepSpeedBF16Config"),
+    "comms_logger": ("deepspeed.comm.config", "CommsLoggerConfig"),
+    "tensorboard": ("deepspeed.monitor.config", "TensorBoardConfig"),
+    "wandb": ("deepspeed.monitor.config", "WandbConfig"),
+    "csv_monitor": ("deepspeed.monitor.config", "CSVConfig"),
+    "comet": ("deepspeed.monitor.config", "CometConfig"),
+}
+
+OFFLOAD_DEVICES = ("none", "cpu", "nvme")
+
+
+@functools.lru_cache(maxsize=1)
+def installed_schema() -> dict[str, Any]:
+    """:data:`SCHEMA` plus the fields the installed DeepSpeed declares in its config models."""
+    schema = copy.deepcopy(SCHEMA)
+    if importlib.util.find_spec("deepspeed") is None:
+        return schema
+    for path, (module_name, class_name) in _MODELS.items():
+        try:
+            fields = getattr(importlib.import_module(module_name), class_name).model_fields
+        except (ImportError, AttributeError):
+            continue
+        section = _section(schema, path)
+        for name, field in fields.items():
+            for key in (name, field.alias):
+                if key and key not in section:
+                    section[key] = None
+    return schema
+
+
+def _section(schema: dict, path: str) -> dict:
+    node = schema
+    for part in path.split("."):
+        node = node[part]
+    return node
+
+
+# ------------------------------------------------------------------------------------- loading
+
+
+def load_config(source) -> tuple[dict, str]:
+    """Read a DeepSpeed config: a dict (copied), or the path of a JSON file.
+
+    Returns:
+        The config and a name for messages (``"the DeepSpeed config 'ds.json'"``).
+    """
+    if isinstance(source, dict):
+        return copy.deepcopy(source), "the DeepSpeed config dict"
+    if not isinstance(source, (str, Path)):
+        raise ConfigError(f"hf_ds_config must be a dict or the path of a JSON file, got {type(source).__name__}.")
+    path = Path(source).expanduser()
+    name = f"the DeepSpeed config {str(path)!r}"
+    if not path.is_file():
+        raise ConfigError(f"{name} does not exist. Pass the path of a DeepSpeed JSON file (--deepspeed_config_file) or a dict.")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{name} is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}.") from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{name} must hold a JSON object ({{...}}), not a {type(config).__name__}.")
+    return config, name
+
+
+# ----------------------------------------------------------------------------------- validation
+
+
+def unknown_keys(config: dict, schema: dict | None = None, prefix: str = "") -> list[tuple[str, str | None]]:
+    """The key paths of ``config`` that DeepSpeed does not know, each with the closest valid key (or None)."""
+    schema = installed_schema() if schema is None else schema
+    found = []
+    for key, value in config.items():
+        path = f"{prefix}{key}"
+        if key not in schema:
+            found.append((path, closest(key, schema)))
+        elif isinstance(schema[key], dict) and isinstance(value, dict):
+            found.extend(unknown_keys(value, schema[key], f"{path}."))
+    return found
+
+
+def validate_config(config: dict, name: str, schema: dict | None = None) -> None:
+    """Check every key of ``config`` and the values hasten relies on; raise :class:`ConfigError` on the first problem.
+
+    Unknown keys are all listed in one message, each with a did-you-mean suggestion.
+    """
+    unknown = unknown_keys(config, schema)
+    if unknown:
+        lines = [f"  - {path}" + (f" (did you mean {_sibling(path, hint)!r}?)" if hint else "") for path, hint in unknown]
+        raise ConfigError(
+            f"{name} has keys DeepSpeed does not know (DeepSpeed would silently ignore them and use its defaults):\n"
+            + "\n".join(lines)
+            + "\nFix the spelling, or remove the keys. The valid keys are listed at https://www.deepspeed.ai/docs/config-json/."
+        )
+    _validate_values(config, name)
+
+
+def _sibling(path: str, key: str) -> str:
+    parent = path.rpartition(".")[0]
+    return f"{parent}.{key}" if parent else key
+
+
+def _validate_values(config: dict, name: str) -> None:
+    stage = get_value(config, "zero_optimization.stage")
+    if stage is not None and stage != AUTO and stage not in (0, 1, 2, 3):
+        raise ConfigError(f"zero_optimization.stage={stage!r} in {name} is not a ZeRO stage; use 0, 1, 2 or 3.")
+    for section in ("offload_optimizer", "offload_param"):
+        device = get_value(config, f"zero_optimization.{section}.device")
+        if device is None or device == AUTO:
+            continue
+        if device not in OFFLOAD_DEVICES:
+            raise ConfigError(f"zero_optimization.{section}.device={device!r} in {name} is not one of {list(OFFLOAD_DEVICES)}.")
+        if device == "nvme" and get_value(config, f"zero_optimization.{section}.nvme_path") in (None, "none", AUTO):
+            raise ConfigError(f"zero_optimization.{section}.device is 'nvme' in {name} but no nvme_path is set; add the folder on the NVMe drive as zero_optimization.{section}.nvme_path.")
+    if get_value(config, "zero_optimization.offload_param.device") not in (None, "none", AUTO) and stage not in (3, AUTO):
+        raise ConfigError(f"{name} offloads parameters (zero_optimization.offload_param) with ZeRO stage {stage}; parameter offload needs stage 3.")
+    if get_value(config, "fp16.enabled") is True and get_value(config, "bf16.enabled") is True:
+        raise ConfigError(f"{name} enables both fp16 and bf16; enable one of them (or set both to \"auto\").")
+
+
+# ------------------------------------------------------------------------------------ key paths
+
+_MISSING = object()
+
+
+def get_value(config: dict, path: str, default=None):
+    """The value at a dotted key path (``"zero_optimization.stage"``), or ``default``."""
+    node = config
+    for part in path.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def set_value(config: dict, path: str, value) -> None:
+    """Set the value at a dotted key path, creating the sections on the way."""
+    *parents, last = path.split(".")
+    node = config
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[last] = value
+
+
+def delete_value(config: dict, path: str) -> None:
+    """Remove the key at a dotted path (nothing happens when it is absent)."""
+    *parents, last = path.split(".")
+    node = get_value(config, ".".join(parents)) if parents else config
+    if isinstance(node, dict):
+        node.pop(last, None)
+
+
+def auto_paths(config: dict, prefix: str = "") -> list[str]:
+    """The key paths whose value is ``"auto"``."""
+    paths = []
+    for key, value in config.items():
+        if isinstance(value, dict):
+            paths.extend(auto_paths(value, f"{prefix}{key}."))
+        elif value == AUTO:
+            paths.append(f"{prefix}{key}")
+    return paths
+
+
+# ------------------------------------------------------------------------------ filling values
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A value the script gives for a config key, and where it came from (for messages).
+
+    A ``default`` setting only fills ``"auto"``: a value written in the file wins without a note.
+    """
+
+    value: Any
+    source: str
+    default: bool = False
+
+
+def values_equal(a, b) -> bool:
+    """Whether two config values are the same (lists and tuples alike, 1e9 == 1000000000, True != 1)."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(values_equal(x, y) for x, y in zip(a, b))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return a is b or (isinstance(a, bool) and isinstance(b, bool) and a == b)
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=0.0)
+    return a == b
+
+
+def _plain(value):
+    return list(value) if isinstance(value, tuple) else value
+
+
+def fill(config: dict, settings: dict[str, Setting], name: str, must_match: tuple[str, ...] = (), add_missing: tuple[str, ...] = ()) -> list[str]:
+    """Fill ``"auto"`` values of ``config`` from ``settings`` (dotted path -> :class:`Setting`).
+
+    A path in ``must_match`` whose value is set in the file and differs from the script's is a
+    conflict: all conflicts are reported together in one :class:`ConfigError` naming both values.
+    Paths in ``add_missing`` are also set when the file does not mention them.
+
+    Returns:
+        Notes on values the file sets that differ from the script's but win (paths not in ``must_match``).
+    """
+    conflicts, notes = [], []
+    for path, setting in settings.items():
+        current = get_value(config, path, _MISSING)
+        if current is _MISSING:
+            if path in add_missing:
+                set_value(config, path, _plain(setting.value))
+        elif current == AUTO:
+            set_value(config, path, _plain(setting.value))
+        elif not setting.default and not values_equal(current, setting.value):
+            line = f"{path}: {current!r} in {name}, but {setting.value!r} from {setting.source}"
+            (conflicts if path in must_match else notes).append(line)
+    if conflicts:
+        raise ConfigError(
+            "The DeepSpeed config and the training script disagree:\n"
+            + "\n".join(f"  - {line}" for line in conflicts)
+            + "\nMake them agree: change one of the two, or set the value to \"auto\" in the DeepSpeed config so that it follows the script."
+        )
+    return notes
+
+
+# ------------------------------------------------------------------------------- the auto table
+
+
+@dataclass
+class ScriptValues:
+    """What the training script says about the values DeepSpeed's config can leave as ``"auto"``.
+
+    Each field is a :class:`Setting` or None when the script does not say.
+    """
+
+    micro_batch_size: Setting | None = None
+    num_processes: int = 1
+    gradient_accumulation_steps: Setting | None = None
+    gradient_clipping: Setting | None = None
+    mixed_precision: str = "no"
+    hidden_size: Setting | None = None
+    optimizer: dict[str, Setting] | None = None
+    scheduler: dict[str, Setting] | None = None
+
+
+def auto_values(script: ScriptValues) -> dict[str, Setting]:
+    """The value of every ``"auto"`` key the script determines (Transformers' DeepSpeed guide's table).
+
+    - ``train_micro_batch_size_per_gpu``: the prepared dataloader's batch size per process;
+      ``train_batch_size`` = processes x micro batch x accumulation steps;
+    - ``gradient_accumulation_steps``, ``gradient_clipping`` (1.0 when the script does not say);
+    - ``fp16.enabled`` / ``bf16.enabled`` from the mixed precision;
+    - ``zero_optimization.reduce_bucket_size`` = hidden_size², ``stage3_prefetch_bucket_size`` =
+      0.9 x hidden_size², ``stage3_param_persistence_threshold`` = 10 x hidden_size;
+    - ``optimizer.params.*`` and ``scheduler.params.*`` from ``DummyOptim`` / ``DummyScheduler``.
+    """
+    values: dict[str, Setting] = {}
+    gas = script.gradient_accumulation_steps
+    if gas is not None:
+        values["gradient_accumulation_steps"] = gas
+    micro = script.micro_batch_size
+    if micro is not None:
+        values["train_micro_batch_size_per_gpu"] = micro
+        if gas is not None:
+            total = micro.value * script.num_processes * gas.value
+            values["train_batch_size"] = Setting(total, f"{script.num_processes} processes x micro batch {micro.value} x {gas.value} accumulation steps")
+    values["gradient_clipping"] = script.gradient_clipping or Setting(1.0, "the default gradient clipping", default=True)
+    precision = f"mixed_precision={script.mixed_precision!r}"
+    values["fp16.enabled"] = Setting(script.mixed_precision == "fp16", precision, default=True)
+    values["bf16.enabled"] = Setting(script.mixed_precision == "bf16", precision, default=True)
+    if script.hidden_size is not None:
+        hidden, source = script.hidden_size.value, script.hidden_size.source
+        values["zero_optimization.reduce_bucket_size"] = Setting(hidden * hidden, f"{source} squared", default=True)
+        values["zero_optimization.stage3_prefetch_bucket_size"] = Setting(int(0.9 * hidden * hidden), f"0.9 x ({source}) squared", default=True)
+        values["zero_optimization.stage3_param_persistence_threshold"] = Setting(10 * hidden, f"10 x {source}", default=True)
+    for section, settings in (("optimizer", script.optimizer), ("scheduler", script.scheduler)):
+        for key, setting in (settings or {}).items():
+            values[f"{section}.params.{key}"] = setting
+    return values
+
+
+_AUTO_HINTS = {
+    "train_micro_batch_size_per_gpu": "prepare a DataLoader in the same prepare() call as the model, or write the per-process batch size in the config",
+    "train_batch_size": "prepare a DataLoader with the model, or write the global batch size in the config",
+    "zero_optimization.reduce_bucket_size": "the model has no config.hidden_size; write a number (DeepSpeed's default is 5e8)",
+    "zero_optimization.stage3_prefetch_bucket_size": "the model has no config.hidden_size; write a number (DeepSpeed's default is 5e7)",
+    "zero_optimization.stage3_param_persistence_threshold": "the model has no config.hidden_size; write a number (DeepSpeed's default is 1e5)",
+    "scheduler.params.total_num_steps": "pass DummyScheduler(optimizer, total_num_steps=...) or write the number in the config",
+}
+_DEFAULT_HINT = 'replace "auto" with a value'
+
+
+def check_resolved(config: dict, name: str) -> None:
+    """Raise :class:`ConfigError` naming every key still ``"auto"`` and how to give it a value."""
+    left = auto_paths(config)
+    if left:
+        lines = [f"  - {path}: {_AUTO_HINTS.get(path, _DEFAULT_HINT)}" for path in left]
+        raise ConfigError(f"{name} has \"auto\" values that the training script does not determine:\n" + "\n".join(lines))
+
+
+def config_for_zero_init(config: dict, mixed_precision: str) -> dict:
+    """A copy of ``config`` that ``deepspeed.zero.Init`` accepts before ``prepare`` resolved the batch sizes.
+
+    ``zero.Init`` only needs the ZeRO and precision sections; batch-size keys that are still
+    ``"auto"`` get placeholder values and other ``"auto"`` keys fall back to DeepSpeed's defaults.
+    """
+    result = copy.deepcopy(config)
+    for path, value in (("fp16.enabled", mixed_precision == "fp16"), ("bf16.enabled", mixed_precision == "bf16")):
+        if get_value(result, path) == AUTO:
+            set_value(result, path, value)
+    if get_value(result, "train_micro_batch_size_per_gpu") in (None, AUTO):
+        set_value(result, "train_micro_batch_size_per_gpu", 1)
+    if get_value(result, "gradient_accumulation_steps") in (None, AUTO):
+        set_value(result, "gradient_accumulation_steps", 1)
+    for path in auto_paths(result):
+        delete_value(result, path)
+    return result
+
+
+def describe(config: dict) -> str:
+    """The config as indented JSON, for the log."""
+    return json.dumps(config, indent=2, sort_keys=True, default=str)

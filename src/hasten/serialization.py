@@ -1,0 +1,258 @@
+"""Saving model weights (``save_model``, ``save``) in the formats the Hugging Face ecosystem reads.
+
+A model is written as ``model.safetensors``, or as shards ``model-00001-of-0000N.safetensors`` plus
+``model.safetensors.index.json`` (``{"metadata": {"total_size": ...}, "weight_map": {name: file}}``).
+Tensors that share memory (tied weights) are written once; the other names are recorded as aliases
+in the files' metadata so that :func:`hasten.load_checkpoint_in_model` ties them again. Every file is
+written atomically, so an interrupted save never leaves a half-written file under a final name.
+
+Reading is in :mod:`hasten.checkpoint_loading`; :func:`load_checkpoint_in_model` and
+:func:`load_state_dict` are re-exported here.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import re
+import uuid
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from .checkpoint_loading import (
+    ALIASES_KEY,
+    MODEL_NAME,
+    SAFE_MODEL_NAME,
+    SAFE_WEIGHTS_INDEX_NAME,
+    SAFE_WEIGHTS_NAME,
+    SAFE_WEIGHTS_PATTERN_NAME,
+    SAVE_ID_KEY,
+    WEIGHTS_INDEX_NAME,
+    WEIGHTS_NAME,
+    WEIGHTS_PATTERN_NAME,
+    load_checkpoint_in_model,
+    load_state_dict,
+    refused_pickle_error,
+)
+from .errors import ConfigError
+from .fileio import atomic_write, parse_size
+from .safetensors_io import dedupe_tensors, read_header, write_safetensors
+
+__all__ = [
+    "MODEL_NAME",
+    "SAFE_MODEL_NAME",
+    "SAFE_WEIGHTS_INDEX_NAME",
+    "SAFE_WEIGHTS_NAME",
+    "SAFE_WEIGHTS_PATTERN_NAME",
+    "WEIGHTS_INDEX_NAME",
+    "WEIGHTS_NAME",
+    "WEIGHTS_PATTERN_NAME",
+    "atomic_write",
+    "dedupe_tensors",
+    "load",
+    "load_checkpoint_in_model",
+    "load_state_dict",
+    "parse_size",
+    "save",
+    "save_model_weights",
+    "verify_safetensors_file",
+]
+
+
+def verify_safetensors_file(path: str | os.PathLike):
+    """Check a safetensors file's header against its size without reading the tensors.
+
+    Returns:
+        The parsed header (:class:`hasten.safetensors_io.SafetensorsHeader`).
+
+    Raises:
+        CheckpointError: the file is missing, truncated or damaged; the message names it.
+    """
+    return read_header(path)
+
+
+def _plan_shards(tensors: Mapping[str, torch.Tensor], limit: int) -> list[list[str]]:
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.dtype.itemsize
+        if shards[-1] and size + nbytes > limit:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += nbytes
+    return shards
+
+
+def _shard_names(count: int, safe: bool) -> list[str]:
+    pattern = SAFE_WEIGHTS_PATTERN_NAME if safe else WEIGHTS_PATTERN_NAME
+    if count == 1:
+        return [pattern.format(suffix="")]
+    return [pattern.format(suffix=f"-{index:05d}-of-{count:05d}") for index in range(1, count + 1)]
+
+
+def _write_safetensors_file(path: Path, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str]) -> None:
+    with open(path, "wb") as handle:
+        write_safetensors(handle, tensors, metadata)
+
+
+def _owned(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor on the CPU, copied when it views a larger storage (torch.save would write all of it)."""
+    tensor = tensor.detach().to("cpu")
+    if tensor.untyped_storage().nbytes() != tensor.numel() * tensor.dtype.itemsize or not tensor.is_contiguous():
+        tensor = tensor.clone(memory_format=torch.contiguous_format)
+    return tensor
+
+
+def _write_shard(path: Path, tensors: dict, aliases: dict, safe: bool, save_id: str | None) -> None:
+    if safe:
+        metadata = {"format": "pt"}
+        own = {alias: target for alias, target in aliases.items() if target in tensors}
+        if own:
+            metadata[ALIASES_KEY] = json.dumps(own, sort_keys=True)
+        if save_id:
+            metadata[SAVE_ID_KEY] = save_id
+        atomic_write(path, lambda temporary: _write_safetensors_file(temporary, tensors, metadata))
+        return
+    payload = {name: _owned(tensor) for name, tensor in tensors.items()}
+    for alias, target in aliases.items():
+        if target in payload:
+            payload[alias] = payload[target]
+    atomic_write(path, lambda temporary: torch.save(payload, temporary))
+
+
+def _remove_stale(directory: Path, safe: bool, keep: set[str]) -> None:
+    stem, ext = (SAFE_MODEL_NAME, "safetensors") if safe else (MODEL_NAME, "bin")
+    pattern = re.compile(
+        rf"^(?:{stem}\.{ext}|{stem}\.{ext}\.index\.json|{stem}-\d{{5}}-of-\d{{5}}\.{ext}"
+        rf"|\.{stem}(?:-\d{{5}}-of-\d{{5}})?\.{ext}(?:\.index\.json)?\.[0-9a-f]{{12}}\.tmp)$"
+    )
+    for entry in directory.iterdir():
+        if entry.name not in keep and pattern.match(entry.name) and entry.is_file():
+            entry.unlink()
+
+
+def save_model_weights(
+    state_dict: Mapping[str, torch.Tensor],
+    save_directory: str | os.PathLike,
+    max_shard_size: int | str = "10GB",
+    safe_serialization: bool = True,
+) -> list[Path]:
+    """Write a state dict as one weights file or as shards plus an index, the layout Transformers reads.
+
+    Tensors are written one shard at a time, each straight from its memory (a tensor on an
+    accelerator is copied to the CPU on its own). Every file goes to a temporary name in the folder,
+    is flushed to disk and renamed; weight files of an earlier save that this save does not replace
+    (another shard count) are deleted only once all new files are complete.
+
+    Args:
+        state_dict: name -> tensor (a full, unsharded state dict).
+        save_directory: the folder (created if needed).
+        max_shard_size: largest shard, as bytes or a string like ``"5GB"``; a tensor larger than this
+            gets a shard of its own.
+        safe_serialization: write safetensors (``model*.safetensors``); with False, ``torch.save``
+            files (``pytorch_model*.bin``), which only hasten's ``weights_only`` loader reads safely.
+
+    Returns:
+        The files written (shards, then the index when there is one).
+    """
+    directory = Path(save_directory)
+    if directory.is_file():
+        raise ConfigError(f"save_directory {directory} is a file; pass the folder to write the model's weights into.")
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors, aliases = dedupe_tensors(state_dict)
+    shards = _plan_shards(tensors, parse_size(max_shard_size))
+    names = _shard_names(len(shards), safe_serialization)
+    save_id = uuid.uuid4().hex if len(shards) > 1 else None
+    written = []
+    for file_name, shard in zip(names, shards):
+        part = {name: tensors[name] for name in shard}
+        _write_shard(directory / file_name, part, aliases, safe_serialization, save_id)
+        written.append(directory / file_name)
+    if len(shards) > 1:
+        index = {
+            "metadata": {
+                "total_size": sum(t.numel() * t.dtype.itemsize for t in tensors.values()),
+                SAVE_ID_KEY: save_id,
+                ALIASES_KEY: aliases,
+            },
+            "weight_map": {name: file_name for file_name, shard in zip(names, shards) for name in shard},
+        }
+        text = json.dumps(index, indent=2, sort_keys=True) + "\n"
+        index_path = directory / (SAFE_WEIGHTS_INDEX_NAME if safe_serialization else WEIGHTS_INDEX_NAME)
+        written.append(atomic_write(index_path, lambda temporary: temporary.write_text(text, encoding="utf-8")))
+    _remove_stale(directory, safe_serialization, {path.name for path in written})
+    return written
+
+
+def _should_write(save_on_each_node: bool) -> bool:
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return True
+    from .state import PartialState
+
+    state = PartialState()
+    return state.is_local_main_process if save_on_each_node else state.is_main_process
+
+
+def save(obj, f, save_on_each_node: bool = False, safe_serialization: bool = False) -> None:
+    """Save ``obj`` to ``f`` from one process (the main one, or one per machine with ``save_on_each_node``).
+
+    With ``safe_serialization``, ``obj`` must be a dict of tensors and is written as safetensors
+    (tensors sharing memory are stored once and tied again by :func:`load`); otherwise it is written
+    with ``torch.save``. A path is written atomically.
+
+    Args:
+        obj: what to save.
+        f: a path, or a binary file object (``torch.save`` only).
+        save_on_each_node: write once per machine instead of once in total.
+        safe_serialization: write safetensors.
+    """
+    if not _should_write(save_on_each_node):
+        return
+    if not safe_serialization:
+        if isinstance(f, (str, os.PathLike)):
+            atomic_write(f, lambda temporary: torch.save(obj, temporary))
+        else:
+            torch.save(obj, f)
+        return
+    if not isinstance(obj, Mapping) or not all(isinstance(value, torch.Tensor) for value in obj.values()):
+        raise ConfigError(
+            f"safe_serialization=True saves a dict of tensors, got {type(obj).__name__}. Save other objects with "
+            "safe_serialization=False (torch.save)."
+        )
+    if not isinstance(f, (str, os.PathLike)):
+        raise ConfigError("safe_serialization=True needs a file path to write to, not a file object.")
+    tensors, aliases = dedupe_tensors(obj)
+    metadata = {"format": "pt", **({ALIASES_KEY: json.dumps(aliases, sort_keys=True)} if aliases else {})}
+    atomic_write(f, lambda temporary: _write_safetensors_file(temporary, tensors, metadata))
+
+
+def load(f, map_location=None, **kwargs):
+    """Load what :func:`save` wrote: safetensors by file extension, otherwise ``torch.load``.
+
+    ``torch.load`` runs with ``weights_only=True`` unless the caller passes ``weights_only=False``
+    explicitly, so no pickled code runs by default.
+
+    Args:
+        f: a path or a binary file object.
+        map_location: where to put the tensors (a device for safetensors files).
+        **kwargs: passed to ``torch.load``.
+
+    Raises:
+        CheckpointError: the file is damaged, or holds pickled objects that ``weights_only`` refuses.
+    """
+    if isinstance(f, (str, os.PathLike)) and str(f).endswith(".safetensors"):
+        if map_location is not None and not isinstance(map_location, (str, int, torch.device)):
+            raise ConfigError("map_location for a safetensors file must be a device, not a mapping or a function.")
+        return load_state_dict(f, device_map=None if map_location is None else {"": map_location})
+    kwargs.setdefault("weights_only", True)
+    try:
+        return torch.load(f, map_location=map_location, **kwargs)
+    except pickle.UnpicklingError as error:
+        if kwargs["weights_only"]:
+            raise refused_pickle_error(f if not isinstance(f, io.IOBase) else "the file object", error) from None
+        raise

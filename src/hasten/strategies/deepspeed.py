@@ -1,0 +1,469 @@
+"""DeepSpeed ZeRO (stages 0-3, CPU/NVMe offload) behind the Strategy interface.
+
+``prepare`` resolves the config's ``"auto"`` values from the prepared objects and calls
+``deepspeed.initialize`` once with the model, optimizer and scheduler. The training loop stays the
+four-line loop of any other strategy: ``accelerator.backward(loss)`` runs the engine's backward and,
+at the end of each accumulation cycle, the engine's step (clipping, optimizer step, scheduler step,
+zeroing), so ``optimizer.step()``/``zero_grad()``/``scheduler.step()`` have nothing left to do.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import zlib
+from pathlib import Path
+from typing import Iterable
+
+import torch
+
+from .. import deepspeed_config as dsc
+from ..enums import DistributedType
+from ..errors import CheckpointError, ConfigError, NotSupportedError
+from ..state import GradientState, warn_once
+from .base import Strategy, _suffix
+from .deepspeed_checkpoint import deepspeed_classes, safe_torch_load
+
+_CHECKPOINT_FOLDER = "deepspeed"
+_TAG = "state"
+
+
+def explain_deepspeed_failure(exitcode: int, offload_optimizer_device: str | None = None, offload_param_device: str | None = None) -> str | None:
+    """Advice for a DeepSpeed worker that exited with ``exitcode``, or None when there is none to give.
+
+    A process killed by the operating system (SIGKILL: exit code -9, or 137 from a shell) without a
+    traceback usually ran out of CPU memory, most often while DeepSpeed built the model or allocated
+    the offloaded optimizer states. ``hasten launch`` prints this next to the failure.
+    """
+    if exitcode not in (-9, 137):
+        return None
+    offloads = [f"{what}={device}" for what, device in (("offload_optimizer", offload_optimizer_device), ("offload_param", offload_param_device)) if device]
+    current = f" (this run: {', '.join(offloads)})" if offloads else ""
+    return (
+        f"A DeepSpeed process was killed by the operating system (SIGKILL, exit code {exitcode}) without a traceback. "
+        "This usually means it tried to use more CPU memory than the machine has: check whether the config offloads "
+        f"the optimizer states and/or the parameters to the CPU{current} (zero_optimization.offload_optimizer / "
+        "offload_param with device 'cpu'), which keeps them in CPU RAM. Estimate the memory needed with "
+        "`hasten estimate-memory MODEL --num_gpus N`, then offload less, use more machines, or under ZeRO-3 offload "
+        "to NVMe (device 'nvme' with an nvme_path)."
+    )
+
+
+class _EngineScheduler:
+    """The scheduler the engine steps itself: ``step()`` does nothing, state and LRs pass through."""
+
+    def __init__(self, scheduler):
+        self.scheduler = scheduler
+        # AcceleratedScheduler counts accumulation micro-steps here; the engine's scheduler is not affected.
+        self._step_count = 0
+
+    def step(self, *args, **kwargs) -> None:
+        """No-op: the DeepSpeed engine steps the scheduler after each real optimizer step."""
+
+    def get_last_lr(self):
+        """The wrapped scheduler's last learning rates."""
+        return self.scheduler.get_last_lr()
+
+    def state_dict(self) -> dict:
+        """The wrapped scheduler's state."""
+        return self.scheduler.state_dict()
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load the wrapped scheduler's state."""
+        self.scheduler.load_state_dict(state_dict)
+
+    def __getattr__(self, name):
+        if name == "scheduler":
+            raise AttributeError(name)
+        return getattr(self.scheduler, name)
+
+
+class _OverflowMonitor:
+    """Counts fp16 steps skipped for overflow and says so every ``every`` skips, with the guide's advice."""
+
+    def __init__(self, every: int = 20):
+        self.every = every
+        self.steps = 0
+        self.skipped = 0
+
+    def record(self, skipped: bool, loss_scale, loss: torch.Tensor | None) -> None:
+        """Record one optimizer step; warn on the first skip and every ``every`` skips after it."""
+        self.steps += 1
+        if not skipped:
+            return
+        self.skipped += 1
+        if loss is not None and not bool(torch.isfinite(loss.detach()).all()):
+            warn_once(
+                "deepspeed-nan-loss",
+                "The loss is NaN/inf under fp16. This usually happens with a model pretrained in bf16 (e.g. on TPUs) "
+                "whose activations overflow fp16's range: train in bf16 (Ampere GPUs or newer, TPUs) or in fp32 instead.",
+            )
+        if self.skipped == 1 or self.skipped % self.every == 0:
+            from ..logging import get_logger
+
+            scale = f"; the loss scale is now {loss_scale:g}" if isinstance(loss_scale, (int, float)) else ""
+            get_logger("hasten.deepspeed").warning(
+                f"fp16 overflow: the optimizer step was skipped ({self.skipped} of {self.steps} steps skipped so far{scale}). "
+                "A few skips while the loss scale settles are normal. If they keep coming, raise fp16.initial_scale_power "
+                "in the DeepSpeed config (32 usually works), or train in bf16 or fp32."
+            )
+
+
+class DeepSpeedStrategy(Strategy):
+    """Trains one model with a DeepSpeed engine (ZeRO stages 0-3, CPU/NVMe offload, fp16/bf16).
+
+    Args:
+        plugin: the :class:`~hasten.plugins.deepspeed.DeepSpeedPlugin` (or a dict with one plugin).
+    """
+
+    distributed_type = DistributedType.DEEPSPEED
+
+    def __init__(self, state, precision, plugin):
+        super().__init__(state, precision)
+        self.plugin = _single_plugin(plugin)
+        self.plugin.set_mixed_precision(precision.mixed_precision)
+        chosen = self.plugin.config_mixed_precision
+        if chosen != precision.mixed_precision:
+            warn_once(
+                "deepspeed-precision",
+                f"{self.plugin.config_name} trains in {chosen} while mixed_precision is {precision.mixed_precision!r}: "
+                f"the DeepSpeed config wins. Pass mixed_precision={chosen!r} to silence this warning.",
+            )
+            state.mixed_precision = chosen
+        self._adopt_accumulation()
+        self.plugin.select()
+        self.engine = None
+        self._monitor = _OverflowMonitor()
+        self._skipped = False
+        self._syncs_in_a_row = 0
+        self._reader = None
+        self._dummy_optimizer = None
+        self._dummy_scheduler = None
+
+    def _adopt_accumulation(self) -> None:
+        """Make the Accelerator's accumulation steps and the config's agree."""
+        gradient_state = GradientState()
+        configured = self.plugin.get_value("gradient_accumulation_steps")
+        if not isinstance(configured, int) or configured == gradient_state.num_steps:
+            return
+        if gradient_state.num_steps == 1:
+            gradient_state.plugin_kwargs["num_steps"] = configured
+            return
+        raise ConfigError(
+            f"gradient_accumulation_steps: {configured} in {self.plugin.config_name}, but {gradient_state.num_steps} "
+            f"from Accelerator(gradient_accumulation_steps={gradient_state.num_steps}). Make them agree, or set it to \"auto\" in the config."
+        )
+
+    # ---------------------------------------------------------------------------------- preparing
+
+    def prepare(self, models, optimizers, schedulers, device_placement, dataloaders):
+        """Resolve the config and create the DeepSpeed engine from the model, optimizer and scheduler."""
+        if not models:
+            if optimizers or schedulers:
+                raise ConfigError("Under DeepSpeed, prepare the model with its optimizer and scheduler in one call: accelerator.prepare(model, optimizer, dataloader, scheduler).")
+            return models, optimizers, schedulers
+        if self.engine is not None or len(models) > 1 or len(optimizers) > 1 or len(schedulers) > 1:
+            raise NotSupportedError(
+                "hasten's DeepSpeed strategy trains one model with one optimizer and one scheduler per Accelerator. "
+                "Prepare them in a single prepare() call; models used only for inference can be placed with "
+                "accelerator.prepare_model(model, evaluation_mode=True)."
+            )
+        import deepspeed
+
+        model = models[0]
+        optimizer = optimizers[0] if optimizers else None
+        scheduler = schedulers[0] if schedulers else None
+        self.state.partial_state.ensure_process_group()
+        config = copy.deepcopy(self.plugin.deepspeed_config)
+        kwargs = {"model": model, "config": config}
+        optimizer, scheduler = self._engine_optimizer(config, optimizer, scheduler, kwargs)
+        self._resolve(config, model, dataloaders)
+        self.plugin.set_moe_leaf_modules(model)
+        engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(**kwargs)
+        self.plugin.deepspeed_config = self.plugin.hf_ds_config.config = config
+        self.engine = engine
+        _install_safe_loader(engine, self)
+        prepared_optimizers = [engine_optimizer] if optimizer is not None else []
+        prepared_schedulers = [_EngineScheduler(engine_scheduler)] if scheduler is not None else []
+        return [engine], prepared_optimizers, prepared_schedulers
+
+    def _engine_optimizer(self, config: dict, optimizer, scheduler, kwargs: dict):
+        """Put the optimizer and scheduler (or the config's) into ``kwargs`` for ``deepspeed.initialize``."""
+        from ..plugins.deepspeed import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
+
+        name = self.plugin.config_name
+        if isinstance(optimizer, DummyOptim):
+            if "optimizer" not in config:
+                raise ConfigError(f"DummyOptim stands for the optimizer of the DeepSpeed config, but {name} has no \"optimizer\" section. Add one, or pass a torch optimizer.")
+            kwargs["model_parameters"] = optimizer.params
+        elif optimizer is not None:
+            if "optimizer" in config:
+                raise ConfigError(f"{name} defines an optimizer and the script passes {type(optimizer).__name__} too. Pass DummyOptim(params, lr=...) to use the config's, or remove its \"optimizer\" section.")
+            if dsc.get_value(config, "zero_optimization.offload_optimizer.device", "none") in ("cpu", "nvme"):
+                replacement = map_pytorch_optim_to_deepspeed(optimizer)
+                if scheduler is not None and getattr(scheduler, "optimizer", None) is optimizer:
+                    scheduler.optimizer = replacement
+                optimizer = replacement
+            config.setdefault("zero_allow_untested_optimizer", True)
+            kwargs["optimizer"] = optimizer
+        if isinstance(scheduler, DummyScheduler) and "scheduler" not in config:
+            if scheduler.lr_scheduler_callable is None:
+                raise ConfigError(f"DummyScheduler stands for the scheduler of the DeepSpeed config, but {name} has no \"scheduler\" section. Add one, or pass DummyScheduler(..., lr_scheduler_callable=...).")
+            kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
+        elif scheduler is not None and not isinstance(scheduler, DummyScheduler):
+            if "scheduler" in config:
+                raise ConfigError(f"{name} defines a scheduler and the script passes {type(scheduler).__name__} too. Pass DummyScheduler(optimizer, ...) to use the config's, or remove its \"scheduler\" section.")
+            kwargs["lr_scheduler"] = scheduler
+        self._dummy_optimizer = optimizer if isinstance(optimizer, DummyOptim) else None
+        self._dummy_scheduler = scheduler if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is None else None
+        return optimizer, scheduler
+
+    def _resolve(self, config: dict, model, dataloaders: list) -> None:
+        """Fill the config's ``"auto"`` values from the script and log the result once."""
+        script = self._script_values(model, dataloaders)
+        must = ["gradient_accumulation_steps"]
+        if "gradient_clipping" in self.plugin.explicit_fields:
+            must.append("gradient_clipping")
+        notes = dsc.fill(config, dsc.auto_values(script), self.plugin.config_name, must_match=tuple(must))
+        dsc.check_resolved(config, self.plugin.config_name)
+        from ..logging import get_logger
+
+        logger = get_logger("hasten.deepspeed")
+        for note in notes:
+            logger.warning(f"The DeepSpeed config's value is used: {note}.")
+        logger.info(f"DeepSpeed config in use ({self.plugin.config_name}, resolved):\n{dsc.describe(config)}")
+
+    def _script_values(self, model, dataloaders: list) -> dsc.ScriptValues:
+        num = self.state.num_processes
+        steps = GradientState().num_steps
+        script = dsc.ScriptValues(num_processes=num, mixed_precision=self.plugin.config_mixed_precision)
+        script.gradient_accumulation_steps = dsc.Setting(steps, f"Accelerator(gradient_accumulation_steps={steps})")
+        sizes = [_per_process_batch(loader, num) for loader in dataloaders]
+        sizes = [size for size in sizes if size]
+        if sizes:
+            micro = min(sizes) if self.plugin.is_train_batch_min else max(sizes)
+            script.micro_batch_size = dsc.Setting(micro, f"the prepared dataloader (batch size {micro} per process)")
+        clip = self.plugin.explicit_fields.get("gradient_clipping")
+        if clip is not None:
+            script.gradient_clipping = clip
+        hidden = _hidden_size(model)
+        if hidden is not None:
+            script.hidden_size = dsc.Setting(hidden, f"the model's config.hidden_size={hidden}")
+        if self._dummy_optimizer is not None:
+            script.optimizer = _optimizer_values(self._dummy_optimizer)
+        if self._dummy_scheduler is not None:
+            split = any(getattr(getattr(loader, "_sharder", loader), "split_batches", False) for loader in dataloaders)
+            script.scheduler = _scheduler_values(self._dummy_scheduler, self._dummy_optimizer, 1 if split else num)
+        return script
+
+    def setup_model(self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> torch.nn.Module:
+        """Place a model used outside the engine (inference only); training models go through :meth:`prepare`."""
+        if not evaluation_mode and any(p.requires_grad for p in model.parameters()):
+            raise NotSupportedError(
+                "Under DeepSpeed, a model to train is prepared together with its optimizer: "
+                "accelerator.prepare(model, optimizer, dataloader, scheduler). Use prepare_model(model, evaluation_mode=True) for inference-only models."
+            )
+        return model.to(self.device) if device_placement else model
+
+    # ---------------------------------------------------------------------------------- training
+
+    def _require_engine(self):
+        if self.engine is None:
+            raise ConfigError("No DeepSpeed engine yet: call accelerator.prepare(model, optimizer, ...) before training.")
+        return self.engine
+
+    def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs) -> None:
+        """The engine's backward (it divides by its accumulation steps); at a sync step, also the engine's step."""
+        engine = self._require_engine()
+        sync = GradientState().sync_gradients
+        if engine.managed_gradient_accumulation():
+            engine.set_gradient_accumulation_boundary(sync)
+        engine.backward(loss, **kwargs)
+        if not sync:
+            self._syncs_in_a_row = 0
+            return
+        before = engine.skipped_steps
+        engine.step()
+        self._skipped = engine.skipped_steps > before
+        self._monitor.record(self._skipped, getattr(engine.optimizer, "loss_scale", None), loss)
+        self._check_accumulation_loop(engine)
+
+    def _check_accumulation_loop(self, engine) -> None:
+        self._syncs_in_a_row += 1
+        steps = engine.gradient_accumulation_steps()
+        if steps > 1 and self._syncs_in_a_row > steps:
+            warn_once(
+                "deepspeed-no-accumulate",
+                f"gradient_accumulation_steps={steps}, but every backward is a synchronisation step: the engine steps on every "
+                "micro-batch with a loss divided by the accumulation steps. Run each step inside `with accelerator.accumulate(model):`.",
+            )
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
+        """The engine clips with the config's ``gradient_clipping``; returns the global gradient norm of the last step."""
+        engine = self._require_engine()
+        configured = engine.gradient_clipping()
+        if not configured or not math.isclose(configured, float(max_norm)):
+            warn_once(
+                "deepspeed-clip",
+                f"clip_grad_norm_(max_norm={max_norm}) under DeepSpeed: the engine clips with gradient_clipping from the "
+                f"DeepSpeed config, which is {configured or 'not set (no clipping)'}. Set DeepSpeedPlugin(gradient_clipping={max_norm}) "
+                "or \"gradient_clipping\" in the config to clip at this value.",
+            )
+        norm = engine.get_global_grad_norm()
+        return None if norm is None else torch.as_tensor(norm, dtype=torch.float32)
+
+    def clip_grad_value_(self, parameters, clip_value: float) -> None:
+        """Not available: DeepSpeed clips by norm only."""
+        raise NotSupportedError("DeepSpeed clips gradients by norm only: use accelerator.clip_grad_norm_ and set gradient_clipping in the DeepSpeed config.")
+
+    @property
+    def scaler(self):
+        """None: the engine scales the fp16 loss itself."""
+        return None
+
+    @property
+    def handles_optimizer_step(self) -> bool:
+        """True: the engine steps and zeroes the optimizer."""
+        return True
+
+    def optimizer_step(self, optimizer, closure=None):
+        """Nothing to do: the engine stepped at the end of ``backward``."""
+        return None
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """True when the engine skipped the last step because fp16 gradients overflowed."""
+        return self._skipped
+
+    # --------------------------------------------------------------------------------- state dicts
+
+    @property
+    def saves_full_state_dicts(self) -> bool:
+        """False: the engine writes its own (sharded) files into checkpoints."""
+        return False
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The full state dict; under ZeRO-3 gathered on the main process (empty on the others)."""
+        engine = self.engine if model is self.engine else None
+        if engine is None:
+            return super().get_state_dict(model, unwrap)
+        if engine.zero_optimization_partition_weights():
+            if not engine.zero_gather_16bit_weights_on_model_save():
+                raise ConfigError(
+                    "The model is partitioned (ZeRO-3) and the config does not gather it for saving. Set "
+                    "\"stage3_gather_16bit_weights_on_model_save\": true under zero_optimization (or DeepSpeedPlugin(zero3_save_16bit_model=True)), "
+                    "or save the training state with accelerator.save_state(dir) and turn it into one model file with "
+                    "`hasten merge-weights dir OUTPUT_DIR`."
+                )
+            return engine._zero3_consolidated_16bit_state_dict() or {}
+        return {name: tensor.detach().cpu().clone() for name, tensor in engine.module.state_dict().items()}
+
+    # --------------------------------------------------------------------------------- checkpoints
+
+    def save_checkpoint(self, writer, models: list, optimizers: list) -> None:
+        """The engine writes its (sharded) checkpoint into ``deepspeed/``; other models are saved whole."""
+        from ..operations import barrier
+
+        for i, model in enumerate(models):
+            if model is self.engine:
+                self.engine.save_checkpoint(str(writer.directory / _CHECKPOINT_FOLDER), tag=_TAG)
+                barrier()
+                if writer.is_main:
+                    writer.track(_CHECKPOINT_FOLDER)
+            elif writer.is_main:
+                writer.save_tensors(f"model{_suffix(i)}.safetensors", super().get_state_dict(model))
+
+    def load_checkpoint(self, reader, models: list, optimizers: list) -> None:
+        """Restore the engine (weights, optimizer, scheduler) and the other models."""
+        for i, model in enumerate(models):
+            if model is not self.engine:
+                self.unwrap_model(model).load_state_dict(reader.load_tensors(f"model{_suffix(i)}.safetensors"))
+                continue
+            if not any(name.startswith(f"{_CHECKPOINT_FOLDER}/") for name in reader.files):
+                raise CheckpointError(f"Checkpoint {reader.directory} holds no DeepSpeed engine state ({_CHECKPOINT_FOLDER}/): it was not saved under DeepSpeed.")
+            self._reader = reader
+            try:
+                path, _ = self.engine.load_checkpoint(str(reader.directory / _CHECKPOINT_FOLDER), tag=_TAG)
+            finally:
+                self._reader = None
+            if path is None:
+                raise CheckpointError(f"DeepSpeed could not load its state from {reader.directory / _CHECKPOINT_FOLDER}.")
+
+    def _load_file(self, path: str, map_location=None):
+        """Read one engine checkpoint file: checksum checked against the manifest, no code executed."""
+        data = Path(path).read_bytes()
+        reader = self._reader
+        if reader is not None:
+            name = Path(path).resolve().relative_to(reader.directory.resolve()).as_posix()
+            record = reader.files.get(name)
+            if record is None:
+                raise CheckpointError(f"{path} is not listed in the manifest of {reader.directory}: the checkpoint was changed after it was saved.")
+            if f"{zlib.crc32(data):08x}" != record["crc32"]:
+                raise CheckpointError(f"{path} is corrupt: its checksum does not match the manifest. Use another checkpoint.")
+        return safe_torch_load(io.BytesIO(data), path, map_location, classes=deepspeed_classes())
+
+
+def _install_safe_loader(engine, strategy: DeepSpeedStrategy) -> None:
+    """Route the engine's checkpoint reads through :meth:`DeepSpeedStrategy._load_file` (torch engine only)."""
+    checkpoint_engine = getattr(engine, "checkpoint_engine", None)
+    if type(checkpoint_engine).__name__ == "TorchCheckpointEngine":
+        checkpoint_engine.load = strategy._load_file
+
+
+def _single_plugin(plugin):
+    if isinstance(plugin, dict):
+        if len(plugin) != 1:
+            raise NotSupportedError(f"hasten runs one DeepSpeed plugin per Accelerator; got {len(plugin)} ({', '.join(map(str, plugin))}).")
+        plugin = next(iter(plugin.values()))
+    return plugin
+
+
+def _per_process_batch(loader, num_processes: int) -> int | None:
+    total = getattr(loader, "total_batch_size", None)
+    if num_processes > 1 and isinstance(total, int) and total > 0:
+        return max(total // num_processes, 1)
+    for size in (getattr(loader, "batch_size", None), getattr(getattr(loader, "batch_sampler", None), "batch_size", None)):
+        if isinstance(size, int) and size > 0:
+            return size
+    return None
+
+
+def _hidden_size(model) -> int | None:
+    config = getattr(model, "config", None)
+    if config is None:
+        return None
+    get = config.get if isinstance(config, dict) else lambda key: getattr(config, key, None)
+    hidden = get("hidden_size")
+    if isinstance(hidden, int):
+        return hidden
+    sizes = get("hidden_sizes")
+    return max(sizes) if isinstance(sizes, (list, tuple)) and sizes else None
+
+
+def _optimizer_values(optimizer) -> dict[str, dsc.Setting]:
+    extra = optimizer.kwargs
+    where = "DummyOptim"
+    return {
+        "lr": dsc.Setting(optimizer.lr, f"{where}(lr={optimizer.lr})"),
+        "weight_decay": dsc.Setting(optimizer.weight_decay, f"{where}(weight_decay={optimizer.weight_decay})"),
+        "betas": dsc.Setting(list(extra.get("betas", (0.9, 0.999))), f"{where}(betas=...)" if "betas" in extra else "the default betas (0.9, 0.999)"),
+        "eps": dsc.Setting(extra.get("eps", 1e-8), f"{where}(eps=...)" if "eps" in extra else "the default eps 1e-8"),
+    }
+
+
+def _scheduler_values(scheduler, optimizer, divide: int) -> dict[str, dsc.Setting]:
+    lr = optimizer.lr if optimizer is not None else getattr(scheduler.optimizer, "defaults", {}).get("lr")
+    values = {
+        "warmup_min_lr": dsc.Setting(0, "DummyScheduler (warm-up starts at 0)"),
+        "warmup_num_steps": dsc.Setting(scheduler.warmup_num_steps, f"DummyScheduler(warmup_num_steps={scheduler.warmup_num_steps})"),
+    }
+    if lr is not None:
+        values["warmup_max_lr"] = dsc.Setting(lr, f"the optimizer's lr={lr}")
+    if scheduler.total_num_steps is not None:
+        steps = math.ceil(scheduler.total_num_steps / divide)
+        values["total_num_steps"] = dsc.Setting(steps, f"DummyScheduler(total_num_steps={scheduler.total_num_steps}) / {divide} processes")
+    return values
+
+
+__all__ = ["DeepSpeedStrategy", "explain_deepspeed_failure"]

@@ -1,0 +1,288 @@
+"""Fully sharded data parallel training with PyTorch's FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+Each process keeps a shard (a ``DTensor``) of every parameter, gradient and optimizer state;
+parameters are all-gathered per wrapped module for its forward and backward, and gradients are
+reduce-scattered. ``fully_shard`` works in place: the prepared model is the user's model (its class
+becomes a subclass that also derives from ``FSDPModule``), with the same parameter names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..enums import DistributedType
+from ..errors import CheckpointError, ConfigError
+from ..plugins.fsdp import FullyShardedDataParallelPlugin
+from ..wrappers import is_compiled_module
+from . import fsdp_checkpoint
+from .base import Strategy
+from .fsdp_checkpoint import sharded_root
+
+
+def _on_meta(module: torch.nn.Module) -> bool:
+    return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+
+
+class FSDPStrategy(Strategy):
+    """Shards models with FSDP2 as a :class:`~hasten.plugins.fsdp.FullyShardedDataParallelPlugin` says.
+
+    Args:
+        fsdp_plugin: the settings (wrapping, resharding, offload, precision policy, state dict type, ...).
+    """
+
+    distributed_type = DistributedType.FSDP
+
+    def __init__(self, state, precision, fsdp_plugin: FullyShardedDataParallelPlugin):
+        super().__init__(state, precision)
+        if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
+            raise ConfigError(f"fsdp_plugin must be a hasten FullyShardedDataParallelPlugin, got {type(fsdp_plugin).__name__}.")
+        self.plugin = fsdp_plugin
+        fsdp_plugin.set_mixed_precision(precision.mixed_precision)
+        self._mesh = None
+        # parameters of models before sharding -> (model, name), to rebind optimizers built on them
+        self._origins = WeakIdKeyDictionary()
+        self._unsynced: set[int] = set()
+
+    # ---------------------------------------------------------------------------------- the mesh
+
+    @property
+    def device_mesh(self):
+        """The device mesh parameters are sharded over: 1-D (``dp_shard``), or 2-D (``dp_replicate``,
+        ``dp_shard``) for ``HYBRID_SHARD``/``HYBRID_SHARD_ZERO2`` (shard within a machine) and ``NO_SHARD``
+        (replicate everywhere)."""
+        if self._mesh is None:
+            self._mesh = self._build_mesh()
+        return self._mesh
+
+    def _build_mesh(self):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        self.state.partial_state.ensure_process_group()
+        world = self.state.num_processes
+        strategy = self.plugin.sharding_strategy
+        device_type = self.device.type
+        if strategy == "NO_SHARD":
+            return init_device_mesh(device_type, (world, 1), mesh_dim_names=("dp_replicate", "dp_shard"))
+        if strategy.startswith("HYBRID"):
+            machines = max(self.state.num_machines, 1)
+            if world % machines:
+                raise ConfigError(f"sharding_strategy={strategy!r} needs the same number of processes on each machine; got {world} processes on {machines} machines.")
+            return init_device_mesh(device_type, (machines, world // machines), mesh_dim_names=("dp_replicate", "dp_shard"))
+        return init_device_mesh(device_type, (world,), mesh_dim_names=("dp_shard",))
+
+    # ---------------------------------------------------------------------------------- preparing
+
+    def setup_model(self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> torch.nn.Module:
+        """Shard ``model`` in place with ``fully_shard`` (wrapped layers first, then the root); return it.
+
+        Models already sharded are returned as given. With ``evaluation_mode`` the model is only placed
+        and given the precision policy. Parameters on the meta device are materialised and filled with
+        process 0's weights when ``sync_module_states``/``cpu_ram_efficient_loading`` is set.
+        """
+        inner = model._orig_mod if is_compiled_module(model) else model
+        if sharded_root(model) is not None:
+            return model
+        if device_placement and not _on_meta(inner):
+            inner.to(self.device)
+        self.precision.wrap_forward(inner)
+        if evaluation_mode:
+            return model
+        for name, parameter in inner.named_parameters():
+            self._origins[parameter] = (inner, name)
+        source = self._weights_to_broadcast(inner)
+        self._shard(inner)
+        self._materialize(inner, source)
+        return model
+
+    def _weights_to_broadcast(self, model: torch.nn.Module) -> dict | None:
+        """Process 0's full state dict when its weights are broadcast at setup (``{}`` on other processes)."""
+        if not self.plugin.sync_module_states:
+            return None
+        if self.state.process_index != 0:
+            return {}
+        if _on_meta(model):
+            raise ConfigError(
+                "cpu_ram_efficient_loading / sync_module_states broadcasts process 0's weights, but process 0's model has "
+                "parameters on the meta device. Load the real weights on process 0 (other processes may use the meta device)."
+            )
+        return model.state_dict()
+
+    def _shard(self, model: torch.nn.Module) -> None:
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        plugin = self.plugin
+        targets = plugin.wrap_targets(model)
+        if plugin.activation_checkpointing:
+            if not targets:
+                raise ConfigError(
+                    "activation_checkpointing=True checkpoints the modules the auto wrap policy selects, and it selects none. "
+                    "Set auto_wrap_policy='TRANSFORMER_BASED_WRAP' with transformer_cls_names_to_wrap (or SIZE_BASED_WRAP)."
+                )
+            from torch.distributed._composable import checkpoint
+
+            for target in targets:
+                checkpoint(target)
+        options = {
+            "mesh": self.device_mesh,
+            "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
+            "offload_policy": self._offload_policy(),
+            "ignored_params": plugin.ignored_parameters(model) or None,
+        }
+        for target in targets:
+            fully_shard(target, reshard_after_forward=plugin.reshard_after_forward, **options)
+        # With wrapped layers the root keeps its own (small) parameters gathered from forward to backward.
+        root_reshard = None if targets and plugin.reshard_after_forward is True else plugin.reshard_after_forward
+        fully_shard(model, reshard_after_forward=root_reshard, **options)
+        if plugin.forward_prefetch:
+            for current, following in zip(targets, targets[1:]):
+                current.set_modules_to_forward_prefetch([following])
+
+    def _offload_policy(self):
+        from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy
+
+        offload = self.plugin.cpu_offload
+        if isinstance(offload, OffloadPolicy):
+            return offload
+        return CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if offload else OffloadPolicy()
+
+    def _materialize(self, model: torch.nn.Module, source: dict | None) -> None:
+        if _on_meta(model):
+            if source is None:
+                raise ConfigError(
+                    "The model has parameters on the meta device and nothing fills them. Set cpu_ram_efficient_loading=True "
+                    "(FSDP_CPU_RAM_EFFICIENT_LOADING=1) with the real weights loaded on process 0, or load the weights before prepare()."
+                )
+            model.to_empty(device=self.device)
+        if source is None:
+            return
+        fsdp_checkpoint.load_full_model_state(model, source)
+        from torch.distributed.tensor import DTensor
+
+        for buffer in model.buffers():
+            if not isinstance(buffer, DTensor):
+                dist.broadcast(buffer, src=0)
+
+    def setup_optimizer(self, optimizer: torch.optim.Optimizer, originals: list, prepared: list) -> torch.optim.Optimizer:
+        """Point an optimizer built on the unsharded model at the sharded parameters (matched by name).
+
+        ``fully_shard`` replaces every parameter with a sharded one; an optimizer that still held the
+        old tensors would update copies the model no longer uses. Parameters that belong to no model
+        sharded by this strategy are a :class:`~hasten.errors.ConfigError`.
+        """
+        live = {id(p) for model in prepared for p in model.parameters()}
+        rebound = [[self._sharded_parameter(optimizer, p, g, i, live) for i, p in enumerate(group["params"])] for g, group in enumerate(optimizer.param_groups)]
+        for group, params in zip(optimizer.param_groups, rebound):
+            group["params"] = params
+        return optimizer
+
+    def _sharded_parameter(self, optimizer, parameter, group_index: int, index: int, live: set[int]):
+        if id(parameter) in live:
+            return parameter
+        origin = self._origins.get(parameter)
+        if origin is None:
+            raise ConfigError(
+                f"The optimizer's parameter {index} of group {group_index} (shape {tuple(parameter.shape)}) belongs to no model "
+                "prepared with FSDP. Build the optimizer from model.parameters() of the model you pass to prepare(), and "
+                "prepare that model in the same call or before the optimizer."
+            )
+        if optimizer.state.get(parameter):
+            raise ConfigError(
+                "The optimizer already holds state (it has stepped) for parameters of the unsharded model, which FSDP cannot "
+                "shard. Create the optimizer fresh and pass it to prepare() before training; restore state with load_state()."
+            )
+        module, name = origin
+        return module.get_parameter(name)
+
+    # ---------------------------------------------------------------------------------- training
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module):
+        """Skip the gradient reduce-scatter in the block's backward passes; gradients accumulate unsharded."""
+        root = sharded_root(model)
+        if root is None:
+            yield
+            return
+        root.set_requires_gradient_sync(False)
+        self._unsynced.add(id(root))
+        try:
+            yield
+        finally:
+            self._unsynced.discard(id(root))
+            root.set_requires_gradient_sync(True)
+
+    @contextlib.contextmanager
+    def sync_in_backward(self, model: torch.nn.Module):
+        """Reduce gradients in the block's backward, even inside :meth:`no_sync`."""
+        root = sharded_root(model)
+        if root is None:
+            yield
+            return
+        root.set_requires_gradient_sync(True)
+        try:
+            yield
+        finally:
+            root.set_requires_gradient_sync(id(root) not in self._unsynced)
+
+    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clip to a global norm over the sharded (``DTensor``) gradients of all processes; return the norm before clipping.
+
+        The norm equals DDP's on the same gradients (up to float rounding), and is a plain tensor.
+        """
+        from torch.distributed.tensor import DTensor
+
+        parameters = [p for p in parameters if p.grad is not None]
+        sharded = [p for p in parameters if isinstance(p.grad, DTensor)]
+        local = [p for p in parameters if not isinstance(p.grad, DTensor)]
+        norms = [torch.nn.utils.get_total_norm([p.grad for p in sharded], norm_type).full_tensor()] if sharded else []
+        norms += [torch.nn.utils.get_total_norm([p.grad for p in local], norm_type)] if local else []
+        if not norms:
+            return torch.zeros((), device=self.device)
+        norms = torch.stack([n.to(norms[0].device) for n in norms])
+        total = norms.max() if float(norm_type) == float("inf") else norms.pow(norm_type).sum().pow(1.0 / norm_type)
+        for group in (sharded, local):
+            if group:
+                torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+        return total
+
+    # ---------------------------------------------------------------------------------- state
+
+    @property
+    def saves_full_state_dicts(self) -> bool:
+        """False: the engine writes its own (sharded) files into checkpoints."""
+        return False
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
+        """The full state dict gathered on process 0, on the CPU (an empty dict on other processes).
+
+        Keys are the model's own parameter names (FSDP2 adds no prefix, and compile's ``_orig_mod.`` is
+        never included).
+        """
+        root = sharded_root(model)
+        if root is None:
+            return super().get_state_dict(model, unwrap=unwrap)
+        return fsdp_checkpoint.full_model_state(root)
+
+    def save_checkpoint(self, writer, models: list, optimizers: list) -> None:
+        """Write models and optimizers: per-process shards with ``SHARDED_STATE_DICT``, gathered on process 0 with ``FULL_STATE_DICT``."""
+        if writer.is_main != (self.state.process_index == 0):
+            raise CheckpointError(
+                "save_on_each_node is not supported with FSDP: a checkpoint needs the shards (or the gathered state) of all "
+                "processes in one folder. Save to a filesystem every machine shares, with ProjectConfiguration(save_on_each_node=False)."
+            )
+        sharded = self.plugin.state_dict_type == "SHARDED_STATE_DICT"
+        for index, model in enumerate(models):
+            fsdp_checkpoint.save_model(writer, model, index, sharded, self.get_state_dict)
+        for index, optimizer in enumerate(optimizers):
+            fsdp_checkpoint.save_optimizer(writer, fsdp_checkpoint.owner(models, optimizer), optimizer, index, sharded)
+
+    def load_checkpoint(self, reader, models: list, optimizers: list) -> None:
+        """Restore what :meth:`save_checkpoint` wrote, sharded or full (whichever the checkpoint holds), onto any number of processes."""
+        for index, model in enumerate(models):
+            fsdp_checkpoint.load_model(reader, model, index)
+        for index, optimizer in enumerate(optimizers):
+            fsdp_checkpoint.load_optimizer(reader, fsdp_checkpoint.owner(models, optimizer), optimizer, index)

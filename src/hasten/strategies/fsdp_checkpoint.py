@@ -1,0 +1,360 @@
+"""Saving and loading FSDP2 models and optimizers: full state dicts, per-process shards, and merging shards.
+
+Sharded checkpoints (``SHARDED_STATE_DICT``) go through ``torch.distributed.checkpoint`` (DCP): every
+process writes its own shards into ``pytorch_model_fsdp_<i>/`` (model ``i``) and
+``optimizer_fsdp_<i>/`` (optimizer ``i``) inside the checkpoint folder, and they load back onto any
+number of processes. Only tensors go through DCP; the optimizer's other values (learning rates,
+betas, ...) are written beside the shards by the checkpoint writer (``optimizer_fsdp_<i>.json``), the
+shard files are checked against the checkpoint's manifest before loading, and DCP's ``.metadata``
+file is read with an unpickler that only builds DCP's own metadata classes, so loading a checkpoint
+never runs pickled code. Full checkpoints (``FULL_STATE_DICT``) gather everything on process 0 and are
+written like DDP's (``model.safetensors``, ``optimizer``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import importlib
+import os
+import pickle
+import shutil
+import warnings
+import zlib
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..errors import CheckpointError
+from ..wrappers import extract_model_from_parallel, is_compiled_module
+
+MODEL_SHARDS = "pytorch_model_fsdp_{}"
+OPTIMIZER_SHARDS = "optimizer_fsdp_{}"
+_METADATA = ".metadata"
+
+
+def _suffix(index: int) -> str:
+    return "" if index == 0 else f"_{index}"
+
+
+def sharded_root(model) -> torch.nn.Module | None:
+    """The FSDP2 module of a prepared model (inside a ``torch.compile`` wrapper if any), or None."""
+    from torch.distributed.fsdp import FSDPModule
+
+    inner = model._orig_mod if is_compiled_module(model) else model
+    return inner if isinstance(inner, FSDPModule) else None
+
+
+def _is_main() -> bool:
+    return not dist.is_initialized() or dist.get_rank() == 0
+
+
+def _options(**kwargs):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(**kwargs)
+
+
+# ----------------------------------------------------------------------------------- full state
+
+
+def full_model_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The full state dict of a sharded model, gathered on process 0 and on the CPU (``{}`` on other processes)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_model_state(model: torch.nn.Module, state_dict: dict) -> None:
+    """Load process 0's full ``state_dict`` into a sharded model (other processes pass ``{}``; it is broadcast)."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, state_dict, options=_options(full_state_dict=True, broadcast_from_rank0=True))
+
+
+def owner(models: list, optimizer) -> torch.nn.Module | None:
+    """The prepared model whose parameters ``optimizer`` updates (None for an optimizer without parameters)."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if not params:
+        return None
+    for model in models:
+        ids = {id(p) for p in model.parameters()}
+        if all(id(p) in ids for p in params):
+            return model
+    raise CheckpointError(
+        "An optimizer updates parameters of several prepared models (or of none); FSDP checkpoints need one model per optimizer. "
+        "Use one optimizer per model."
+    )
+
+
+# ----------------------------------------------------------------------------------- sharded state
+
+
+def _tensor_tree(obj):
+    """The nested dicts of ``obj`` keeping only tensor values: what goes through DCP."""
+    if isinstance(obj, torch.Tensor):
+        return obj
+    if isinstance(obj, dict):
+        kept = {key: _tensor_tree(value) for key, value in obj.items()}
+        kept = {key: value for key, value in kept.items() if value is not None}
+        return kept or None
+    return None
+
+
+def _other_values(obj):
+    """``obj`` without the tensors of :func:`_tensor_tree`: what goes into the checkpoint's JSON."""
+    if isinstance(obj, dict):
+        return {key: _other_values(value) for key, value in obj.items() if not isinstance(value, torch.Tensor)}
+    return obj
+
+
+def _merge(target: dict, saved: dict) -> dict:
+    """``target`` (holding the loaded tensors) with the values of ``saved`` put back, dict by dict."""
+    merged = dict(target)
+    for key, value in saved.items():
+        merged[key] = _merge(target[key], value) if isinstance(value, dict) and isinstance(target.get(key), dict) else value
+    return merged
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Reads DCP's ``.metadata``, building only DCP's metadata classes and a few torch/pathlib value types."""
+
+    _VALUES = {("torch.serialization", "_get_layout"), ("collections", "OrderedDict"), ("copyreg", "_reconstructor"), ("builtins", "object")}
+    _PATHS = {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"}
+    _DCP_MODULES = {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem"}
+
+    def __init__(self, handle, source: Path):
+        super().__init__(handle)
+        self.source = source
+
+    def find_class(self, module: str, name: str):
+        """Return the class ``module.name`` if it is a DCP metadata type; refuse anything else."""
+        if module in self._DCP_MODULES:
+            found = getattr(importlib.import_module(module), name, None)
+            allowed = (dataclasses.is_dataclass(found) and isinstance(found, type)) or isinstance(found, enum.EnumMeta)
+        elif module == "torch":
+            allowed = name in ("Size", "device") or isinstance(getattr(torch, name, None), torch.dtype)
+        else:
+            allowed = (module, name) in self._VALUES or (module == "pathlib" and name in self._PATHS)
+        if not allowed:
+            raise CheckpointError(f"{self.source}: the checkpoint metadata refers to {module}.{name}, which is not a DCP metadata type; refusing to load it (it could run code).")
+        return super().find_class(module, name)
+
+
+def _reader(path: Path):
+    """A DCP ``FileSystemReader`` whose metadata is read with :class:`_MetadataUnpickler`."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class _SafeReader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            """DCP's metadata, unpickled with :class:`_MetadataUnpickler`."""
+            rank = kwargs.get("rank")
+            source = Path(self.path) / (_METADATA if rank is None else f"__{rank}{_METADATA}")
+            if not source.is_file():
+                raise CheckpointError(f"{source.parent} is not a complete sharded checkpoint: {source.name} is missing.")
+            with open(source, "rb") as handle:
+                metadata = _MetadataUnpickler(handle, source).load()
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    return _SafeReader(path)
+
+
+def _save_shards(writer, name: str, key: str, state: dict) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({key: _tensor_tree(state) or {}}, checkpoint_id=writer.directory / name)
+    writer.track(name)
+    if writer.is_main:
+        writer.save_state(name, _other_values(state))
+
+
+def _verify_shards(reader, name: str) -> None:
+    """Check the shard files against the checkpoint manifest (each process checksums its share, then all agree)."""
+    files = sorted(f for f in reader.files if f.startswith(f"{name}/"))
+    if not files:
+        raise CheckpointError(f"Checkpoint {reader.directory} lists no files under {name}/; it was not written by hasten's FSDP strategy.")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    problems = []
+    for file in files[rank::world]:
+        crc = 0
+        with open(Path(reader.directory) / file, "rb", buffering=0) as handle:
+            while chunk := handle.read(1 << 24):
+                crc = zlib.crc32(chunk, crc)
+        if f"{crc:08x}" != reader.files[file]["crc32"]:
+            problems.append(file)
+    if world > 1:
+        everyone = [None] * world
+        dist.all_gather_object(everyone, problems)
+        problems = [file for found in everyone for file in found]
+    if problems:
+        raise CheckpointError(f"{reader.directory / problems[0]} is corrupt: its checksum does not match the manifest. Restore it from a backup or use another checkpoint.")
+
+
+def _load_shards(reader, name: str, key: str, target: dict) -> dict:
+    import torch.distributed.checkpoint as dcp
+
+    _verify_shards(reader, name)
+    try:
+        dcp.load({key: _tensor_tree(target) or {}}, storage_reader=_reader(reader.directory / name))
+    except CheckpointError:
+        raise
+    except Exception as error:
+        raise CheckpointError(f"Could not load the sharded checkpoint {reader.directory / name} into the prepared object: {error}") from error
+    return _merge(target, reader.load_state(name))
+
+
+def _has_shards(reader, name: str) -> bool:
+    return (Path(reader.directory) / name / _METADATA).is_file()
+
+
+# ----------------------------------------------------------------------------------- checkpoints
+
+
+def save_model(writer, model, index: int, sharded: bool, get_state_dict) -> None:
+    """Write model ``index``: shards in ``pytorch_model_fsdp_<index>/``, or ``model[_<index>].safetensors`` from process 0."""
+    root = sharded_root(model)
+    if root is not None and sharded:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        _save_shards(writer, MODEL_SHARDS.format(index), "model", get_model_state_dict(root))
+        return
+    state = get_state_dict(model)
+    if writer.is_main:
+        writer.save_tensors(f"model{_suffix(index)}.safetensors", state)
+
+
+def load_model(reader, model, index: int) -> None:
+    """Restore model ``index`` from whichever form the checkpoint holds (shards or one file)."""
+    root = sharded_root(model)
+    name = MODEL_SHARDS.format(index)
+    if root is not None and _has_shards(reader, name):
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+        set_model_state_dict(root, _load_shards(reader, name, "model", get_model_state_dict(root)))
+        return
+    if _has_shards(reader, name):
+        raise CheckpointError(f"{reader.directory} holds model {index} as FSDP shards ({name}/), but that model is not sharded with FSDP now; load it with FSDP, or merge the shards with `hasten merge-weights`.")
+    file_name = f"model{_suffix(index)}.safetensors"
+    if root is None:
+        extract_model_from_parallel(model, keep_torch_compile=False).load_state_dict(reader.load_tensors(file_name))
+        return
+    load_full_model_state(root, reader.load_tensors(file_name) if _is_main() else {})
+
+
+def save_optimizer(writer, model, optimizer, index: int, sharded: bool) -> None:
+    """Write optimizer ``index``: shards in ``optimizer_fsdp_<index>/`` (+ JSON), or ``optimizer[_<index>]`` from process 0."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    optimizer = _unwrap_optimizer(optimizer)
+    root = sharded_root(model) if model is not None else None
+    if root is None:
+        if writer.is_main:
+            writer.save_state(f"optimizer{_suffix(index)}", optimizer.state_dict())
+        return
+    if sharded:
+        _save_shards(writer, OPTIMIZER_SHARDS.format(index), "optimizer", get_optimizer_state_dict(root, optimizer))
+        return
+    state = get_optimizer_state_dict(root, optimizer, options=_options(full_state_dict=True, cpu_offload=True))
+    if writer.is_main:
+        writer.save_state(f"optimizer{_suffix(index)}", state)
+
+
+def load_optimizer(reader, model, optimizer, index: int) -> None:
+    """Restore optimizer ``index`` from whichever form the checkpoint holds."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    optimizer = _unwrap_optimizer(optimizer)
+    root = sharded_root(model) if model is not None else None
+    name = OPTIMIZER_SHARDS.format(index)
+    if root is None:
+        optimizer.load_state_dict(reader.load_state(f"optimizer{_suffix(index)}"))
+    elif _has_shards(reader, name):
+        set_optimizer_state_dict(root, optimizer, _load_shards(reader, name, "optimizer", get_optimizer_state_dict(root, optimizer)))
+    else:
+        state = reader.load_state(f"optimizer{_suffix(index)}") if _is_main() else {}
+        set_optimizer_state_dict(root, optimizer, state, options=_options(full_state_dict=True, broadcast_from_rank0=True))
+
+
+def _unwrap_optimizer(optimizer):
+    from ..optimizer import AcceleratedOptimizer
+
+    while isinstance(optimizer, AcceleratedOptimizer):
+        optimizer = optimizer.optimizer
+    return optimizer
+
+
+# ----------------------------------------------------------------------------------- merging
+
+
+def _model_shards_folder(checkpoint_dir: Path) -> Path:
+    if (checkpoint_dir / _METADATA).is_file():
+        return checkpoint_dir
+    first = checkpoint_dir / MODEL_SHARDS.format(0)
+    if (first / _METADATA).is_file():
+        return first
+    raise CheckpointError(
+        f"{checkpoint_dir} holds no FSDP sharded model: expected a folder written by torch.distributed.checkpoint (with a {_METADATA} file), "
+        f"such as <checkpoint>/{MODEL_SHARDS.format(0)}, or a checkpoint folder containing {MODEL_SHARDS.format(0)}. "
+        "Save with state_dict_type='SHARDED_STATE_DICT'."
+    )
+
+
+def _model_entries(folder: Path) -> dict:
+    entries = _reader(folder).read_metadata().state_dict_metadata
+    if any(key.startswith("optimizer.") for key in entries):
+        raise CheckpointError(f"{folder} holds optimizer state, not model weights; pass the {MODEL_SHARDS.format('<i>')} folder instead.")
+    return entries
+
+
+def read_sharded_model(checkpoint_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """Read a sharded model checkpoint into one full state dict, in this process alone (no process group needed).
+
+    ``checkpoint_dir`` is the shards folder or a checkpoint folder holding ``pytorch_model_fsdp_0``.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    folder = _model_shards_folder(Path(checkpoint_dir))
+    entries = _model_entries(folder)
+    state = {key: torch.empty(meta.size, dtype=meta.properties.dtype) for key, meta in entries.items() if isinstance(meta, TensorStorageMetadata)}
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=_reader(folder), no_dist=True)
+    prefix = "model."
+    if state and all(key.startswith(prefix) for key in state):
+        state = {key[len(prefix):]: value for key, value in state.items()}
+    return state
+
+
+def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.PathLike, safe_serialization: bool = True, remove_checkpoint_dir: bool = False):
+    """Merge an FSDP sharded model checkpoint into one model file (``model.safetensors``, sharded with an index when large).
+
+    Args:
+        checkpoint_dir: the shards folder (``<checkpoint>/pytorch_model_fsdp_0``), or a checkpoint folder
+            written by ``save_state`` that holds one.
+        output_path: the folder to write the weights into (created if needed).
+        safe_serialization: write safetensors (default); False writes ``pytorch_model.bin``.
+        remove_checkpoint_dir: delete ``checkpoint_dir`` once the merged weights are written.
+
+    Returns:
+        The files written (on the main process; an empty list on the others).
+
+    Under a process group, call it on every process: all check the checkpoint, the main process merges
+    and the others wait for it.
+    """
+    from ..serialization import save_model_weights
+
+    _model_entries(_model_shards_folder(Path(checkpoint_dir)))
+    written: list[Path] = []
+    if _is_main():
+        written = save_model_weights(read_sharded_model(checkpoint_dir), output_path, safe_serialization=safe_serialization)
+        if remove_checkpoint_dir:
+            shutil.rmtree(checkpoint_dir)
+    if dist.is_initialized():
+        dist.barrier()
+    return written

@@ -1,0 +1,130 @@
+"""torch.compile: ``TorchDynamoPlugin`` settings, regional compilation, unwrapping compiled models, and a
+model compiled by ``Accelerator(dynamo_backend=...)`` that trains, saves and reloads with clean names."""
+
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from hasten import Accelerator
+from hasten.compilation import compile_model, compile_regions
+from hasten.enums import DynamoBackend
+from hasten.errors import ConfigError
+from hasten.plugins.dynamo import TorchDynamoPlugin, build_dynamo_plugin
+from hasten.wrappers import extract_model_from_parallel, has_compiled_regions, is_compiled_module
+
+from helpers import SCRIPTS
+
+sys.path.insert(0, str(SCRIPTS))
+from fsdp_model import batches, loss_fn, make_model  # noqa: E402
+
+
+# ----------------------------------------------------------------------------------- the plugin
+
+
+def test_plugin_defaults_and_environment(monkeypatch):
+    plugin = TorchDynamoPlugin()
+    assert (plugin.backend, plugin.mode, plugin.fullgraph, plugin.dynamic, plugin.use_regional_compilation) == (DynamoBackend.NO, "default", False, None, False)
+    assert not plugin.enabled and plugin.to_kwargs() == {}
+    monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "inductor")
+    monkeypatch.setenv("HASTEN_DYNAMO_MODE", "max-autotune")
+    monkeypatch.setenv("HASTEN_DYNAMO_USE_FULLGRAPH", "true")
+    monkeypatch.setenv("HASTEN_DYNAMO_USE_DYNAMIC", "false")
+    monkeypatch.setenv("HASTEN_DYNAMO_USE_REGIONAL_COMPILATION", "1")
+    plugin = TorchDynamoPlugin()
+    assert plugin.enabled and plugin.backend == DynamoBackend.INDUCTOR and plugin.use_regional_compilation
+    assert plugin.compile_kwargs() == {"backend": "inductor", "mode": "max-autotune", "fullgraph": True, "dynamic": False}
+    assert plugin.to_kwargs() == {"backend": "inductor", "mode": "max-autotune", "fullgraph": True, "dynamic": False, "use_regional_compilation": True}
+    assert TorchDynamoPlugin(backend="eager", disable=True).enabled is False
+
+
+def test_plugin_errors_name_the_setting():
+    with pytest.raises(ConfigError, match="backend='inductr' is not a known torch.compile backend.*Did you mean 'inductor'"):
+        TorchDynamoPlugin(backend="inductr")
+    with pytest.raises(ConfigError, match="mode='max_autotune'.*Did you mean 'max-autotune'"):
+        TorchDynamoPlugin(backend="eager", mode="max_autotune")
+    with pytest.raises(ConfigError, match="either a mode or options"):
+        TorchDynamoPlugin(backend="inductor", mode="reduce-overhead", options={"trace.enabled": True})
+    assert TorchDynamoPlugin(backend="inductor", options={"trace.enabled": False}).compile_kwargs()["options"] == {"trace.enabled": False}
+    with pytest.raises(ConfigError, match="either dynamo_backend or dynamo_plugin, not both"):
+        build_dynamo_plugin("eager", TorchDynamoPlugin())
+    assert build_dynamo_plugin("EAGER").backend == DynamoBackend.EAGER
+    with pytest.raises(ConfigError, match="is not available in this torch build"):
+        compile_model(make_model(), TorchDynamoPlugin(backend="tensorrt"))
+
+
+# ----------------------------------------------------------------------------------- unwrapping
+
+
+def test_compiled_models_unwrap_to_the_original():
+    model = make_model()
+    compiled = torch.compile(model, backend="eager")
+    assert extract_model_from_parallel(compiled) is compiled
+    assert extract_model_from_parallel(compiled, keep_torch_compile=False) is model
+    outer = torch.compile(torch.nn.DataParallel(model), backend="eager")
+    view = extract_model_from_parallel(outer)
+    assert is_compiled_module(view) and view._orig_mod is model and extract_model_from_parallel(outer) is view
+    assert isinstance(outer._orig_mod, torch.nn.DataParallel), "the training wrapper is left untouched"
+    assert list(extract_model_from_parallel(outer, keep_torch_compile=False).state_dict()) == list(model.state_dict())
+
+
+def test_regional_compilation_compiles_repeated_blocks_in_place():
+    model = make_model()
+    names = list(model.state_dict())
+    assert compile_regions(model, backend="eager") is model and has_compiled_regions(model)
+    assert all(layer._compiled_call_impl is not None for layer in model.layers) and model._compiled_call_impl is None
+    assert list(model.state_dict()) == names, "in-place compilation keeps parameter names"
+    tokens = batches(1)[0]
+    assert torch.allclose(loss_fn(model, tokens), loss_fn(make_model(), tokens))
+    flat = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    compile_regions(flat, backend="eager")
+    assert flat._compiled_call_impl is not None, "without repeated blocks the whole model is compiled in place"
+    assert compile_model(model, TorchDynamoPlugin(backend="eager")) is model, "a model with compiled regions is not compiled again"
+
+
+@pytest.mark.parametrize("regional", [False, True])
+def test_accelerator_compiles_trains_and_checkpoints_with_clean_names(tmp_path, regional):
+    acc = Accelerator(cpu=True, dynamo_plugin=TorchDynamoPlugin(backend="eager", use_regional_compilation=regional))
+    raw = make_model()
+    model, opt = acc.prepare(raw, torch.optim.SGD(raw.parameters(), lr=0.1))
+    assert (model is raw and has_compiled_regions(model)) if regional else is_compiled_module(model)
+    acc.backward(loss_fn(model, batches(1)[0]))
+    opt.step()
+    assert acc.unwrap_model(model, keep_torch_compile=False) is raw
+    state = acc.get_state_dict(model)
+    assert list(state) == list(raw.state_dict()), "no _orig_mod. prefixes"
+    acc.save_state(tmp_path / "ckpt")
+    assert not any("_orig_mod" in key for key in load_file(tmp_path / "ckpt" / "model.safetensors"))
+    with torch.no_grad():
+        raw.head.bias.zero_()
+    acc.load_state(tmp_path / "ckpt")
+    assert torch.equal(raw.head.bias, state["head.bias"])
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))
+
+
+@pytest.mark.slow
+def test_inductor_compiled_model_trains_like_eager(tmp_path):
+    acc = Accelerator(cpu=True, dynamo_backend="inductor")
+    raw, reference = _mlp(), _mlp()
+    model, opt = acc.prepare(raw, torch.optim.SGD(raw.parameters(), lr=0.1))
+    assert is_compiled_module(model) and acc.unwrap_model(model, keep_torch_compile=False) is raw
+    ref_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    data = torch.randn(3, 8, 6, generator=torch.Generator().manual_seed(0))
+    for x in data:
+        loss = model(x).pow(2).mean()
+        acc.backward(loss)
+        opt.step()
+        opt.zero_grad()
+        expected = reference(x).pow(2).mean()
+        expected.backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        assert abs(loss.item() - expected.item()) < 1e-5
+    acc.save_model(model, tmp_path)
+    saved = load_file(tmp_path / "model.safetensors")
+    assert list(saved) == list(reference.state_dict()) and all(torch.allclose(saved[k], v, atol=1e-5) for k, v in reference.state_dict().items())
