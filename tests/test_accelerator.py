@@ -220,3 +220,22 @@ def test_no_warnings_in_a_clean_loop():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         train(Accelerator(gradient_accumulation_steps=2), make_model(), 4)
+
+
+def test_compatibility_members_of_a_data_parallel_job():
+    from hasten import ParallelismConfig
+    from hasten.errors import NotSupportedError
+
+    acc = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=1))
+    assert acc.should_save_model and acc.deepspeed_plugin is None and acc.fp8_backend == "NO"
+    assert (acc.data_parallel_rank, acc.tensor_parallel_rank, acc.pipeline_parallel_rank, acc.context_parallel_rank) == (0, 0, 0, 0)
+    assert not acc.is_composable_parallelism_enabled and acc.torch_device_mesh is None
+    with acc.maybe_context_parallel():
+        pass
+    with pytest.raises(NotSupportedError, match="LOMO"):
+        acc.lomo_backward(torch.tensor(1.0), 0.1)
+    from hasten.state import reset_state
+
+    reset_state()
+    with pytest.raises(NotSupportedError, match="megatron_lm_plugin"):
+        Accelerator(megatron_lm_plugin=object())

@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from helpers import SCRIPTS, clean_env, torchrun
+from helpers import SCRIPTS, clean_env, hasten_launch, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -43,3 +43,22 @@ def test_debug_mode_names_a_rank_that_skipped_a_collective():
     assert time.monotonic() - start < 30
     assert "rank 0 has waited" in proc.stderr and "`hasten.operations.gather` (collective #2)" in proc.stderr
     assert "rank 1: last entered collective #1 `gather`, status: done" in proc.stderr
+
+
+def test_hasten_launch_debug_reports_shape_mismatch():
+    start = time.monotonic()
+    proc = hasten_launch(SCRIPTS / "check_debug_mode.py", "shapes", launch_args=("--debug", "--num_processes", "2"), check=False, timeout=60)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and time.monotonic() - start < 15, output
+    assert "Process 0: [1, 5]" in output and "Process 1: [1, 2, 5]" in output, output
+
+
+def test_hasten_launch_debug_summarises_the_stuck_rank():
+    proc = hasten_launch(
+        SCRIPTS / "check_debug_mode.py", "skip", launch_args=("--debug", "--num_processes", "2"), env=clean_env(HASTEN_HANG_TIMEOUT="3"), check=False, timeout=60
+    )
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output
+    assert "rank 0 has waited" in output, output
+    assert "debug mode: rank(s) 0 were stuck in a collective" in output, output
+    assert "in hasten.operations.gather (collective #2)" in output and "rank 1: last entered collective #1 `gather`" in output, output

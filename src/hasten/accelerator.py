@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from . import environment, operations
+from .accelerator_compat import AcceleratorCompatibility, refuse_unsupported_plugins
 from .compilation import compile_model
 from .data_loader import DataLoaderStateMixin, gather_for_metrics, prepare_data_loader, skip_first_batches
 from .enums import DistributedType, RNGType
@@ -59,7 +60,7 @@ def _is_scheduler(obj) -> bool:
     return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr"))
 
 
-class Accelerator(ProcessControl):
+class Accelerator(AcceleratorCompatibility, ProcessControl):
     """Adapts a training script to the current hardware and launch.
 
     Args:
@@ -105,6 +106,7 @@ class Accelerator(ProcessControl):
         deepspeed_plugins=None,
         parallelism_config=None,
     ):
+        refuse_unsupported_plugins(torch_tp_plugin, megatron_lm_plugin, parallelism_config)
         self._set_handlers(kwargs_handlers or [])
         self.project_configuration = project_config or ProjectConfiguration()
         if project_dir is not None:

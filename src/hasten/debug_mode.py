@@ -126,7 +126,7 @@ class _Monitor:
         print(message, file=sys.stderr, flush=True)
         report_dir = environment.get_str("HANG_REPORT_DIR")
         if report_dir:
-            record = {"rank": self.rank, "operation": name, "collective": seq, "waited_s": round(waited, 2), "stack": stack, "peers": peers}
+            record = {"rank": self.rank, "operation": f"hasten.operations.{name}", "collective": seq, "waited_s": round(waited, 2), "stack": stack, "peers": peers}
             with contextlib.suppress(OSError):
                 Path(report_dir, f"hang_rank{self.rank}.json").write_text(json.dumps(record, indent=1))
 

@@ -174,6 +174,29 @@ def get_choice(name: str, choices: list[str], default: str) -> str:
     return value.lower()
 
 
+# --------------------------------------------------------------- any variable (Accelerate's helpers)
+
+
+def parse_flag_from_env(key: str, default: bool = False) -> bool:
+    """Read an arbitrary environment variable as a boolean (Accelerate's helper; hasten's own settings use :func:`get_flag`)."""
+    value = os.environ.get(key)
+    return default if value is None else bool(str_to_bool(value))
+
+
+def parse_choice_from_env(key: str, default: str = "no") -> str:
+    """Read an arbitrary environment variable as a string, with a default."""
+    return os.environ.get(key, str(default))
+
+
+def get_int_from_env(env_keys: list[str], default: int) -> int:
+    """The first non-negative integer found among ``env_keys``, else ``default``."""
+    for key in env_keys:
+        value = int(os.environ.get(key, -1))
+        if value >= 0:
+            return value
+    return default
+
+
 # ----------------------------------------------------------------------------------- launch context
 
 

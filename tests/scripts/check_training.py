@@ -148,6 +148,27 @@ def check_oom_agreement():
     reset_state()
 
 
-for check in (check_split_batches_equivalence, check_accumulation, check_fp16_skip_and_scheduler, check_bf16_forward, check_clip_grad_norm, check_oom_agreement):
+def check_local_sgd():
+    from hasten.local_sgd import LocalSGD
+
+    acc = Accelerator()
+    raw = model_factory()
+    model, opt = acc.prepare(raw, torch.optim.SGD(raw.parameters(), lr=0.1))
+    rank = acc.process_index
+    snapshots = []
+    with LocalSGD(acc, model, local_sgd_steps=2) as local_sgd:
+        for step in range(2):
+            rows = slice(8 * rank + 16 * step, 8 * rank + 16 * step + 8)  # each rank its own data
+            acc.backward(torch.nn.functional.mse_loss(model(X[rows]), Y[rows]))
+            opt.step()
+            opt.zero_grad()
+            local_sgd.step()
+            snapshots.append(gather_object([[p.detach().clone() for p in model.parameters()]]))
+    differ = [not all(torch.equal(a, b) for a, b in zip(*snap)) for snap in snapshots]
+    assert differ == [True, False], f"parameters must differ between ranks until the averaging step: {differ}"
+    reset_state()
+
+
+for check in (check_local_sgd, check_split_batches_equivalence, check_accumulation, check_fp16_skip_and_scheduler, check_bf16_forward, check_clip_grad_norm, check_oom_agreement):
     check()
 print(f"rank {dist.get_rank()}: training checks passed")

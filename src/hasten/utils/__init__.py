@@ -96,7 +96,20 @@ _EXPORTS = {
     "notebook_launcher": "launchers",
     "debug_launcher": "launchers",
     "ParallelismConfig": "unsupported",
-    "is_rich_available": "unsupported",
+    # availability and small helpers
+    **dict.fromkeys(
+        ["compare_versions", "is_torch_version", "is_cuda_available", "is_mps_available", "is_xpu_available", "is_bf16_available",
+         "is_fp16_available", "is_fp8_available", "is_deepspeed_available", "is_tensorboard_available", "is_wandb_available",
+         "is_mlflow_available", "is_transformers_available", "is_datasets_available", "is_peft_available", "is_timm_available",
+         "is_torchao_available", "is_comet_ml_available", "is_aim_available", "is_clearml_available", "is_dvclive_available",
+         "is_bnb_available", "is_torchvision_available", "is_pandas_available", "is_tqdm_available", "is_rich_available",
+         "is_safetensors_available", "is_npu_available", "is_mlu_available", "is_sdaa_available", "is_musa_available",
+         "is_hpu_available", "is_torch_xla_available"],
+        "availability",
+    ),
+    **dict.fromkeys(["get_pretty_name", "merge_dicts", "is_port_in_use", "convert_bytes", "recursive_getattr"], "misc"),
+    **dict.fromkeys(["parse_flag_from_env", "parse_choice_from_env", "get_int_from_env"], "environment"),
+    "LocalSGD": "local_sgd",
     # state
     "wait_for_everyone": "utils._process",
 }

@@ -1,0 +1,98 @@
+"""The rarely used members of Accelerate's ``Accelerator`` that hasten keeps for compatibility.
+
+They live here so the facade stays about the training loop. Parallelism that hasten does not implement
+(tensor, context, sequence and pipeline parallelism, Megatron-LM, LOMO optimizers) answers with the
+values of a pure data-parallel job, or raises :class:`~hasten.errors.NotSupportedError` when asked to act.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from .errors import NotSupportedError
+
+
+def refuse_unsupported_plugins(torch_tp_plugin=None, megatron_lm_plugin=None, parallelism_config=None) -> None:
+    """Raise ``NotSupportedError`` for ``Accelerator`` arguments naming engines hasten does not support."""
+    if torch_tp_plugin is not None:
+        raise NotSupportedError("torch_tp_plugin (tensor parallelism) is not supported by hasten; use FSDP2 or DeepSpeed ZeRO to fit large models.")
+    if megatron_lm_plugin is not None:
+        raise NotSupportedError("megatron_lm_plugin is not supported by hasten; use FSDP2 or DeepSpeed ZeRO.")
+    if parallelism_config is not None and not hasattr(parallelism_config, "dp_shard_size"):
+        raise NotSupportedError(f"parallelism_config must be a hasten.ParallelismConfig, got {type(parallelism_config).__name__}.")
+
+
+class AcceleratorCompatibility:
+    """Accelerate's compatibility members, mixed into ``Accelerator`` (which provides ``state``, ``_strategy``)."""
+
+    @property
+    def should_save_model(self) -> bool:
+        """True on the process that writes a saved model (the main process); call ``save_model`` on every process."""
+        return self.is_main_process
+
+    @property
+    def deepspeed_plugin(self):
+        """The ``DeepSpeedPlugin`` in use (None without DeepSpeed)."""
+        return self.state.deepspeed_plugin
+
+    @property
+    def fsdp_plugin(self):
+        """The ``FullyShardedDataParallelPlugin`` in use (None without FSDP)."""
+        return self.state.fsdp_plugin
+
+    @property
+    def fp8_backend(self) -> str:
+        """``"AO"`` (torchao) when training in fp8, ``"NO"`` otherwise."""
+        return "AO" if self.mixed_precision == "fp8" else "NO"
+
+    @property
+    def parallelism_config(self):
+        """Always None: hasten lays out data parallelism through its strategies."""
+        return None
+
+    @property
+    def is_composable_parallelism_enabled(self) -> bool:
+        """Always False: tensor/context/sequence parallelism are not supported."""
+        return False
+
+    @property
+    def torch_device_mesh(self):
+        """The device mesh of the FSDP strategy (None for other strategies)."""
+        return getattr(self._strategy, "_mesh", None)
+
+    @property
+    def data_parallel_rank(self) -> int:
+        """This process's rank among the data-parallel replicas (its global rank)."""
+        return self.process_index
+
+    @property
+    def data_parallel_shard_rank(self) -> int:
+        """This process's rank in the sharding group (its global rank)."""
+        return self.process_index
+
+    @property
+    def tensor_parallel_rank(self) -> int:
+        """Always 0: no tensor parallelism."""
+        return 0
+
+    @property
+    def pipeline_parallel_rank(self) -> int:
+        """Always 0: no pipeline parallelism."""
+        return 0
+
+    @property
+    def context_parallel_rank(self) -> int:
+        """Always 0: no context parallelism."""
+        return 0
+
+    def maybe_context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+        """A no-op context manager: context parallelism is not enabled (and not supported) in hasten."""
+        return contextlib.nullcontext()
+
+    def lomo_backward(self, loss, learning_rate: float) -> None:
+        """LOMO/AdaLomo fused backward: not supported by hasten."""
+        raise NotSupportedError("lomo_backward (LOMO optimizers) is not supported by hasten; use accelerator.backward(loss) with a regular optimizer.")
+
+    def deepspeed_ulysses_dl_adapter(self, dl, model):
+        """DeepSpeed Ulysses sequence-parallel dataloader adapter: not supported by hasten."""
+        raise NotSupportedError("DeepSpeed Ulysses sequence parallelism is not supported by hasten.")
