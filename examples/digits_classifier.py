@@ -28,6 +28,7 @@ def datasets(seed: int):
 
 
 def evaluate(accelerator, model, loader) -> tuple[float, int]:
+    """Accuracy over the whole test set (gathered from every process) and the number of samples."""
     model.eval()
     correct = total = 0
     with torch.no_grad():
@@ -40,6 +41,7 @@ def evaluate(accelerator, model, loader) -> tuple[float, int]:
 
 
 def main() -> None:
+    """Train for ``--epochs`` epochs, evaluating after each."""
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch_size", type=int, default=32, help="per process")

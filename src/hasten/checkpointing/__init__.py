@@ -10,6 +10,20 @@ from .files import MANIFEST, CheckpointReader, CheckpointWriter, read_manifest
 from .naming import checkpoint_path, complete_checkpoints, latest_checkpoint, rotate
 
 
+def save_accelerator_state(*args, **kwargs):
+    """Accelerate's low-level saver; in hasten call ``accelerator.save_state(output_dir)`` instead."""
+    from ..errors import NotSupportedError
+
+    raise NotSupportedError("save_accelerator_state is internal to Accelerate; call accelerator.save_state(output_dir) instead (same contents, atomic, no pickle).")
+
+
+def load_accelerator_state(*args, **kwargs):
+    """Accelerate's low-level loader; in hasten call ``accelerator.load_state(input_dir)`` instead."""
+    from ..errors import NotSupportedError
+
+    raise NotSupportedError("load_accelerator_state is internal to Accelerate; call accelerator.load_state(input_dir) instead.")
+
+
 __all__ = [
     "MANIFEST",
     "CheckpointContents",
@@ -19,10 +33,12 @@ __all__ = [
     "checkpoint_path",
     "complete_checkpoints",
     "latest_checkpoint",
+    "load_accelerator_state",
     "load_custom_state",
     "load_state",
     "read_manifest",
     "rotate",
+    "save_accelerator_state",
     "save_custom_state",
     "save_state",
 ]
