@@ -438,11 +438,12 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
         last batch of the dataloader) and suppresses gradient reduction on the other micro-batches.
         """
         self._do_sync()
-        allow_sync = self.sync_gradients or (self.use_distributed and self.gradient_state.sync_each_batch)
+        if self.sync_gradients or not models or (self.gradient_state.sync_each_batch and self.use_distributed):
+            yield  # gradients are reduced in this backward: nothing to enter
+            return
         with contextlib.ExitStack() as stack:
-            if not allow_sync:
-                for model in models:
-                    stack.enter_context(self.no_sync(model))
+            for model in models:
+                stack.enter_context(self.no_sync(model))
             yield
 
     def no_sync(self, model: torch.nn.Module):

@@ -15,6 +15,7 @@ ends the process with exit code 1, so a job fails in seconds instead of timing o
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -34,11 +35,16 @@ _SHAPE_FREE = {"gather_object", "broadcast_object_list", "wait_for_everyone"}
 
 def active() -> bool:
     """True when collectives should be checked: debug mode is on and several processes run."""
-    from .state import PartialState
-
-    shared = PartialState._shared_state
+    shared = _partial_state_store()
     enabled = shared["debug"] if "debug" in shared else environment.get_flag("DEBUG_MODE")
     return enabled and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+@functools.cache
+def _partial_state_store() -> dict:
+    from .state import PartialState  # state imports operations, which imports this module
+
+    return PartialState._shared_state
 
 
 def _describe(name: str, args, kwargs):

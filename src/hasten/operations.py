@@ -50,26 +50,47 @@ def _path_key(key) -> str:
     return f"[{key!r}]"
 
 
-def _apply(func, data, path, test_type, error_on_other_type, args, kwargs):
+class _WrongLeaf(Exception):
+    """Raised inside :func:`_apply` at a leaf of the wrong type; the path is worked out only then."""
+
+
+def _apply(func, data, test_type, error_on_other_type, args, kwargs):
     if test_type(data):
         return func(data, *args, **kwargs)
     if isinstance(data, (tuple, list)):
-        return honor_type(
-            data,
-            (_apply(func, item, path + f"[{i}]", test_type, error_on_other_type, args, kwargs) for i, item in enumerate(data)),
-        )
+        return honor_type(data, (_apply(func, item, test_type, error_on_other_type, args, kwargs) for item in data))
     if isinstance(data, Mapping):
-        return type(data)(
-            {k: _apply(func, v, path + _path_key(k), test_type, error_on_other_type, args, kwargs) for k, v in data.items()}
-        )
+        return type(data)({k: _apply(func, v, test_type, error_on_other_type, args, kwargs) for k, v in data.items()})
     if error_on_other_type:
-        name = getattr(func, "__name__", "this operation")
-        raise TypeError(
-            f"{path} is a {type(data).__name__} ({data!r:.60}), but {name} needs tensors at every leaf of the structure "
-            "(nested lists, tuples, namedtuples and dicts of torch.Tensor). Convert it with torch.as_tensor, "
-            "or move it out of the structure."
-        )
+        raise _WrongLeaf
     return data
+
+
+def _wrong_leaf_error(func, data, test_type) -> TypeError:
+    """The ``TypeError`` naming the path of the first leaf of ``data`` that fails ``test_type``."""
+    path, leaf = _first_wrong_leaf(data, "data", test_type)
+    name = getattr(func, "__name__", "this operation")
+    return TypeError(
+        f"{path} is a {type(leaf).__name__} ({leaf!r:.60}), but {name} needs tensors at every leaf of the structure "
+        "(nested lists, tuples, namedtuples and dicts of torch.Tensor). Convert it with torch.as_tensor, "
+        "or move it out of the structure."
+    )
+
+
+def _first_wrong_leaf(data, path: str, test_type):
+    if test_type(data):
+        return None
+    if isinstance(data, (tuple, list)):
+        items = ((path + f"[{i}]", item) for i, item in enumerate(data))
+    elif isinstance(data, Mapping):
+        items = ((path + _path_key(k), v) for k, v in data.items())
+    else:
+        return path, data
+    for item_path, item in items:
+        found = _first_wrong_leaf(item, item_path, test_type)
+        if found is not None:
+            return found
+    return None
 
 
 def recursively_apply(func: Callable, data, *args, test_type=is_torch_tensor, error_on_other_type=False, **kwargs):
@@ -81,7 +102,18 @@ def recursively_apply(func: Callable, data, *args, test_type=is_torch_tensor, er
         test_type: predicate selecting the leaves to transform (default: tensors).
         error_on_other_type: raise ``TypeError`` naming the path of any other leaf instead of keeping it.
     """
-    return _apply(func, data, "data", test_type, error_on_other_type, args, kwargs)
+    if test_type is is_torch_tensor and not args and not kwargs:  # fast paths: a tensor, a flat tuple/list/dict of tensors
+        if isinstance(data, torch.Tensor):
+            return func(data)
+        kind = type(data)
+        if (kind is tuple or kind is list) and all(isinstance(t, torch.Tensor) for t in data):
+            return kind([func(t) for t in data])
+        if kind is dict and all(isinstance(t, torch.Tensor) for t in data.values()):
+            return {k: func(t) for k, t in data.items()}
+    try:
+        return _apply(func, data, test_type, error_on_other_type, args, kwargs)
+    except _WrongLeaf:
+        raise _wrong_leaf_error(func, data, test_type) from None
 
 
 def _leaves(data, test_type=is_torch_tensor):
@@ -96,6 +128,8 @@ def _leaves(data, test_type=is_torch_tensor):
 
 
 def _require_tensors(data, operation: str) -> None:
+    if isinstance(data, torch.Tensor) or (type(data) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in data)):
+        return  # the common case, checked without walking the structure
     recursively_apply(lambda t: t, data, error_on_other_type=True)
 
 
@@ -169,9 +203,17 @@ def listify(data):
     return recursively_apply(lambda t: t.tolist() if t.ndim else t.item(), data)
 
 
+def _is_half(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.dtype in (torch.float16, torch.bfloat16)
+
+
+def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float()
+
+
 def convert_to_fp32(tensor):
     """Cast every fp16/bf16 tensor of a nested structure to fp32."""
-    return recursively_apply(lambda t: t.float(), tensor, test_type=lambda t: isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16))
+    return recursively_apply(_to_fp32, tensor, test_type=_is_half)
 
 
 class ConvertOutputsToFp32:
@@ -234,7 +276,7 @@ def _collective(name: str):
     def decorate(function):
         @functools.wraps(function)
         def wrapper(*args, **kwargs):
-            if debug_mode.active():
+            if _world()[0] > 1 and debug_mode.active():  # one process has nothing to check (the cheap test first)
                 with debug_mode.checked(name, function, args, kwargs):
                     return function(*args, **kwargs)
             return function(*args, **kwargs)
@@ -273,12 +315,17 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
 def gather(tensor):
     """Gather tensors from every process and concatenate them on the first dimension.
 
-    0-dimensional tensors become 1-dimensional. Every process gets the result.
+    0-dimensional tensors become 1-dimensional. Every process gets the result. On one process the
+    tensors come back as they are (no copy), as in Accelerate.
     """
     _require_tensors(tensor, "gather")
     if _world()[0] == 1:
-        return recursively_apply(lambda t: t[None].clone() if t.ndim == 0 else t.clone(), tensor)
+        return recursively_apply(_as_batch, tensor)
     return recursively_apply(_gather_one, tensor)
+
+
+def _as_batch(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor[None] if tensor.ndim == 0 else tensor
 
 
 @_collective("gather_object")

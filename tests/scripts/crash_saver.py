@@ -1,9 +1,11 @@
 """Kill ``save_state`` with SIGKILL at random moments; after each kill the latest checkpoint must load whole.
 
-Usage: crash_saver.py PROJECT_DIR ATTEMPTS. One driver process (one thread of torch, so forking is safe)
+Usage: crash_saver.py PROJECT_DIR KILLS. One driver process (one thread of torch, so forking is safe)
 forks a child per attempt that fills the weights with the next checkpoint number and saves; the driver
-kills it after a random delay (the first save completes), then loads the latest checkpoint and checks
-that every weight holds that checkpoint's number. Prints one summary line.
+kills it after a random delay within the duration of a save (the first save completes), then loads the
+latest checkpoint and checks that every weight holds that checkpoint's number. Attempts go on until
+KILLS kills have landed while a save was running (the child reports when its save returned). Prints
+one summary line.
 """
 
 import os
@@ -22,7 +24,7 @@ from hasten.checkpointing import complete_checkpoints  # noqa: E402
 from hasten.state import reset_state  # noqa: E402
 from hasten.utils import ProjectConfiguration  # noqa: E402
 
-project, attempts = sys.argv[1], int(sys.argv[2])
+project, wanted_kills = sys.argv[1], int(sys.argv[2])
 
 
 def accelerator_and_model():
@@ -42,32 +44,36 @@ def save_in_child(ready_write) -> None:
             p.fill_(acc.save_iteration)
     os.write(ready_write, b"s")
     acc.save_state()
+    os.write(ready_write, b"d")
     os._exit(0)
 
 
 rng = random.Random(0)
 completed = killed_mid_save = 0
 save_seconds = 0.0
-for attempt in range(attempts):
+attempt = 0
+while killed_mid_save < wanted_kills and attempt < 4 * wanted_kills:
+    attempt += 1
     ready_read, ready_write = os.pipe()
     pid = os.fork()
     if pid == 0:
         save_in_child(ready_write)
     os.read(ready_read, 1)
     started = time.monotonic()
-    if attempt > 0:  # kill at a random moment of the save (the shortest save seen bounds the moment)
+    if attempt > 1:  # kill at a random moment of the save (the shortest save seen bounds the moment)
         time.sleep(rng.uniform(0, save_seconds))
         os.kill(pid, signal.SIGKILL)
     _, status = os.waitpid(pid, 0)
-    if os.WIFEXITED(status):
-        elapsed = time.monotonic() - started
-        save_seconds = elapsed if attempt == 0 else min(save_seconds, elapsed)
-    os.close(ready_read)
     os.close(ready_write)
-    if os.WIFSIGNALED(status):
-        killed_mid_save += 1
-    else:
+    finished = os.read(ready_read, 1) == b"d"
+    if finished:
+        elapsed = time.monotonic() - started
+        save_seconds = elapsed if attempt == 1 else min(save_seconds, elapsed)
+    os.close(ready_read)
+    if finished:
         completed += 1
+    else:
+        killed_mid_save += 1
     acc, model = accelerator_and_model()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -77,7 +83,7 @@ for attempt in range(attempts):
         sys.exit(f"attempt {attempt}: checkpoint {path} holds mixed content")
     # Rotation runs after the new checkpoint is published: a kill in between leaves one extra, which the
     # next completed save removes.
-    limit = 2 if os.WIFEXITED(status) else 3
+    limit = 2 if finished else 3
     if len(complete_checkpoints(project)) > limit:
         sys.exit(f"attempt {attempt}: more than {limit} checkpoints kept with total_limit=2: {complete_checkpoints(project)}")
-print(f"crash test: one save takes {save_seconds:.2f} s; {attempts} attempts, {killed_mid_save} killed during the save, {completed} completed, every load whole")
+print(f"crash test: one save takes {save_seconds:.2f} s; {attempt} attempts, {killed_mid_save} killed during the save, {completed} completed, every load whole")
