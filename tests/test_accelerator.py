@@ -1,9 +1,12 @@
 """The Accelerator in a single process: prepare, training loop, precision, misuse warnings, state."""
 
+import subprocess
+import sys
 import warnings
 
 import pytest
 import torch
+from helpers import clean_env
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, DistributedDataParallelKwargs, GradScalerKwargs, PartialState
@@ -239,3 +242,36 @@ def test_compatibility_members_of_a_data_parallel_job():
     reset_state()
     with pytest.raises(NotSupportedError, match="megatron_lm_plugin"):
         Accelerator(megatron_lm_plugin=object())
+
+
+_EXIT_PROBE = """
+import atexit, sys, torch.distributed as dist
+atexit.register(lambda: print("group alive at exit:", dist.is_initialized(), flush=True))
+from hasten import Accelerator
+Accelerator(cpu=True).state.ensure_process_group()
+if sys.argv[1] == "crash":
+    raise RuntimeError("user code failed")
+"""
+
+
+@pytest.mark.parametrize("how, alive", [("clean", False), ("crash", True)])
+def test_process_group_is_torn_down_at_exit_unless_the_script_crashed(how, alive):
+    # Left alive into interpreter shutdown, gloo's threads can abort a successful run; after a crash the
+    # teardown is skipped because other ranks could be stuck in a collective it would wait on.
+    proc = subprocess.run([sys.executable, "-c", _EXIT_PROBE, how], capture_output=True, text=True, env=clean_env(), timeout=120)
+    assert f"group alive at exit: {alive}" in proc.stdout, proc.stdout + proc.stderr
+    assert (proc.returncode != 0) == (how == "crash")
+
+
+def test_optimizer_state_that_exists_before_prepare_is_kept_exactly():
+    # prepare re-homes existing optimizer state onto the parameters' devices; nothing may change on the way.
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    torch.nn.functional.mse_loss(model(X), Y).backward()
+    opt.step()
+    before = {i: {k: v.clone() for k, v in state.items()} for i, state in enumerate(opt.state.values())}
+    model, opt = Accelerator().prepare(model, opt)
+    after = list(opt.state.values())
+    assert [set(s) for s in after] == [set(s) for s in before.values()]
+    assert all(torch.equal(after[i][k], v) for i, state in before.items() for k, v in state.items())
+    assert all(p in opt.state for p in model.parameters())

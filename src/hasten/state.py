@@ -9,9 +9,12 @@ tests and notebooks call to start over; ``_reset_state`` is kept for downstream 
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
+import sys
+import time
 import warnings
 from datetime import timedelta
 from typing import Any, Callable
@@ -28,6 +31,33 @@ _GPU_TYPES = {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XP
 
 class _NotInitialized(AttributeError):
     pass
+
+
+_exit_hook_registered = False
+_EXIT_DRAIN_SECONDS = 0.1
+
+
+def _finish_process_group_at_exit() -> None:
+    # A collective's worker thread (gloo's, NCCL's watchdog) drops its last reference to the collective's
+    # tensors just after the caller's wait() returned, and that drop takes the GIL. Once interpreter
+    # finalization has begun, a thread asking for the GIL is terminated, which aborts the whole process
+    # (SIGABRT, "terminate called without an active exception") after a script that succeeded. So: tear
+    # the group down while the interpreter is whole, then sleep, which hands the GIL to any such thread.
+    # After an uncaught exception (``sys.last_value`` is set before atexit runs) the teardown is skipped:
+    # other ranks may sit in a collective it would wait on.
+    if not dist.is_initialized():
+        return
+    if getattr(sys, "last_value", None) is None:
+        dist.destroy_process_group()
+    time.sleep(_EXIT_DRAIN_SECONDS)
+
+
+def _register_exit_teardown() -> None:
+    """Finish the process group hasten created when the interpreter exits (registered once per process)."""
+    global _exit_hook_registered
+    if not _exit_hook_registered:
+        atexit.register(_finish_process_group_at_exit)
+        _exit_hook_registered = True
 
 
 class ProcessControl:
@@ -168,7 +198,6 @@ class PartialState(ProcessControl):
         self.debug = environment.get_flag("DEBUG_MODE")
         self.fork_launched = os.environ.get("FORK_LAUNCHED") == "1"
         self.device = environment.select_device(cpu, launch.local_rank)
-        self._cpu = cpu
         self.backend = None
         self._owns_process_group = False
         if self.device.type in ("cuda", "xpu"):
@@ -212,6 +241,7 @@ class PartialState(ProcessControl):
         )
         self.backend = backend
         self._owns_process_group = True
+        _register_exit_teardown()
 
     def _distributed_type(self) -> DistributedType:
         if self.num_processes <= 1:
@@ -269,6 +299,7 @@ class PartialState(ProcessControl):
         self.backend = "nccl" if self.device.type == "cuda" else "gloo"
         dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1)
         self._owns_process_group = True
+        _register_exit_teardown()
 
     def set_device(self) -> None:
         """Make this process's device the current one of its family (CUDA/XPU)."""

@@ -3,6 +3,9 @@
 Run by tests/test_distributed.py; exits non-zero at the first failure.
 """
 
+import atexit
+import os
+
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
@@ -11,6 +14,16 @@ from hasten import Accelerator, find_executable_batch_size
 from hasten.state import reset_state
 from hasten.utils import gather_object
 
+
+
+def _process_group_must_be_gone():
+    # Registered before hasten's own exit hook, so it runs after it (atexit is last-in, first-out).
+    if dist.is_initialized():
+        print(f"rank {dist.get_rank()}: the process group outlived the script; gloo may abort at exit", flush=True)
+        os._exit(3)
+
+
+atexit.register(_process_group_must_be_gone)
 torch.manual_seed(0)
 X, Y = torch.randn(64, 6), torch.randn(64, 2)
 
