@@ -194,3 +194,12 @@ def test_exact_resume_across_two_processes(tmp_path):
     full = torchrun(SCRIPTS / "check_resume.py", "full", str(tmp_path)).stdout
     resumed = torchrun(SCRIPTS / "check_resume.py", "resume", str(tmp_path)).stdout
     assert "rank 0: resume matches" in resumed and "rank 1: resume matches" in resumed, full + resumed
+
+
+def test_accelerate_only_keyword_arguments_are_named_not_silently_dropped(tmp_path):
+    acc = Accelerator()
+    build(acc)
+    with pytest.warns(UserWarning, match=r"save_state\(\) ignores \{'save_model_func_kwargs': \['max_shard_size'\]\}"):
+        acc.save_state(tmp_path / "k", max_shard_size="1GB")
+    with pytest.warns(UserWarning, match=r"load_state\(\) ignores .*'load_kwargs': \['map_location'\].*'load_model_func_kwargs': \['strict'\]"):
+        acc.load_state(tmp_path / "k", load_kwargs={"map_location": "cpu"}, strict=False)

@@ -68,3 +68,15 @@ def test_real_cuda_out_of_memory_is_retried_at_a_smaller_batch():
 
     assert allocate() == 32 and tried == [128, 64, 32], tried
 
+
+
+def test_optimizer_state_follows_the_model_to_the_gpu():
+    model = small_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()  # the state exists, on the CPU, before prepare moves the model
+    acc = Accelerator()
+    model, opt = acc.prepare(model, opt)
+    assert all(s["exp_avg"].device.type == "cuda" for s in opt.state.values())
+    acc.backward(model(torch.randn(4, 64, device=acc.device)).sum())
+    opt.step()

@@ -56,6 +56,17 @@ _HANDLERS = {
 }
 
 
+def _warn_ignored(method: str, **groups: dict) -> None:
+    """Warn (once) about Accelerate keyword arguments that hasten's checkpoint format has no use for."""
+    given = {name: sorted(values) for name, values in groups.items() if values}
+    if given:
+        warn_once(
+            f"{method}-ignored-kwargs",
+            f"{method}() ignores {given}: hasten writes and reads checkpoints itself (safetensors + JSON, no "
+            "torch.save/torch.load, strict loading), so these Accelerate options do not apply.",
+        )
+
+
 def _is_scheduler(obj) -> bool:
     return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr"))
 
@@ -585,10 +596,12 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
         ``<project_dir>/checkpoints/checkpoint_<i>`` and old checkpoints beyond ``total_limit`` are deleted once
         the new one is complete. Call it on every process. Returns the checkpoint's path.
 
-        hasten checkpoints hold no pickles (safetensors + JSON); ``safe_serialization=False`` is ignored.
+        hasten checkpoints hold no pickles (safetensors + JSON); ``safe_serialization=False`` and Accelerate's
+        ``save_model_func_kwargs`` are ignored, with a warning.
         """
         from .checkpointing import save_state
 
+        _warn_ignored("save_state", save_model_func_kwargs=save_model_func_kwargs)
         return str(save_state(self._checkpoint_contents(), self.project_configuration, output_dir, safe_serialization))
 
     def load_state(self, input_dir: str | None = None, load_kwargs: dict | None = None, **load_model_func_kwargs) -> str:
@@ -597,9 +610,12 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
         ``input_dir`` defaults to the latest complete automatic checkpoint (interrupted saves are ignored
         and reported). Each prepared dataloader resumes mid-epoch where it was. Raises
         :class:`~hasten.errors.CheckpointError` naming any missing or corrupt file. Returns the path loaded.
+        Accelerate's ``load_kwargs`` / ``load_model_func_kwargs`` (``torch.load`` / ``load_state_dict`` options) do
+        not apply to hasten's format and are ignored, with a warning.
         """
         from .checkpointing import load_state
 
+        _warn_ignored("load_state", load_kwargs=load_kwargs or {}, load_model_func_kwargs=load_model_func_kwargs)
         path, self.step = load_state(self._checkpoint_contents(), self.project_configuration, input_dir)
         return str(path)
 

@@ -127,7 +127,7 @@ def _leaves(data, test_type=is_torch_tensor):
             yield from _leaves(item, test_type)
 
 
-def _require_tensors(data, operation: str) -> None:
+def _require_tensors(data) -> None:
     if isinstance(data, torch.Tensor) or (type(data) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in data)):
         return  # the common case, checked without walking the structure
     recursively_apply(lambda t: t, data, error_on_other_type=True)
@@ -318,7 +318,7 @@ def gather(tensor):
     0-dimensional tensors become 1-dimensional. Every process gets the result. On one process the
     tensors come back as they are (no copy), as in Accelerate.
     """
-    _require_tensors(tensor, "gather")
+    _require_tensors(tensor)
     if _world()[0] == 1:
         return recursively_apply(_as_batch, tensor)
     return recursively_apply(_gather_one, tensor)
@@ -348,7 +348,7 @@ def gather_object(object: Any) -> list:
 @_collective("broadcast")
 def broadcast(tensor, from_process: int = 0):
     """Copy every tensor of ``tensor`` from process ``from_process`` to all others, in place; returns it."""
-    _require_tensors(tensor, "broadcast")
+    _require_tensors(tensor)
     if _world()[0] == 1:
         return tensor
 
@@ -381,7 +381,7 @@ def reduce(tensor, reduction: str = "mean", scale: float = 1.0):
     """
     if reduction not in (*_REDUCE_OPS, "none"):
         raise ValueError(f"reduce(reduction={reduction!r}): choose one of 'sum', 'mean', 'max', 'min', 'none'.")
-    _require_tensors(tensor, "reduce")
+    _require_tensors(tensor)
     world, _ = _world()
 
     def _one(t):
@@ -424,7 +424,7 @@ def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bo
         pad_index: the value used for padding.
         pad_first: pad at the beginning instead of the end.
     """
-    _require_tensors(tensor, "pad_across_processes")
+    _require_tensors(tensor)
     if _world()[0] == 1:
         return tensor
 

@@ -24,7 +24,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     Args:
         optimizer: the optimizer to wrap.
-        device_placement: move state loaded with ``load_state_dict`` to the parameters' device.
+        device_placement: put optimizer state that already exists (an optimizer that stepped, or loaded a
+            state dict, before ``prepare`` moved the model) on its parameters' devices.
         scaler: the fp16 ``GradScaler``, if any.
     """
 
@@ -32,6 +33,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.optimizer = optimizer
         self.scaler = scaler
         self.device_placement = device_placement
+        engine_owned = strategy is not None and strategy.handles_optimizer_step  # e.g. DeepSpeed places its own state
+        if device_placement and optimizer.state and not engine_owned:
+            # torch's load_state_dict re-homes each state tensor on its parameter's device (and dtype rules).
+            optimizer.load_state_dict(optimizer.state_dict())
         self.gradient_state = GradientState()
         self._strategy = strategy
         self._is_overflow = False

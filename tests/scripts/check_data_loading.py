@@ -106,6 +106,16 @@ def check_dispatch_and_iterable():
         assert not set(everyone[0]) - set(range(23)), "iterable shard returned unknown samples"
         assert torch.cat(gathered).tolist() == list(range(23)), f"dispatch={dispatch}: {torch.cat(gathered).tolist()}"
     acc = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    calls = []
+
+    def take_rows(batch, rows, process_index, num_processes):
+        calls.append((rows.start, rows.stop, process_index, num_processes))
+        return batch[rows]
+
+    loader = acc.prepare_data_loader(DataLoader(Stream(8), batch_size=2), slice_fn_for_dispatch=take_rows)
+    got = [b.tolist() for b in loader]
+    assert got == ([[0, 1], [4, 5]] if RANK == 0 else [[2, 3], [6, 7]]), f"slice_fn_for_dispatch: {got}"
+    assert calls == [(2 * RANK, 2 * RANK + 2, RANK, 2)] * 2, f"slice_fn_for_dispatch calls: {calls}"
     strings = [{"x": torch.tensor([i]), "name": f"n{i}"} for i in range(8)]
     loader = acc.prepare(DataLoader(strings, batch_size=2))
     names = [n for batch in loader for n in batch["name"]]

@@ -309,6 +309,8 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
             main process reads ``num_processes`` batches per step.
         even_batches: complete the last global batch with rows from the first one.
         device: where batches are placed.
+        slice_fn: ``slice_fn(batch, rows, process_index, num_processes)`` returning this process's part of
+            a global batch (``rows`` is a ``slice``); by default every tensor and list is cut on its first dimension.
     """
 
     def __init__(self, dataset, split_batches: bool = False, even_batches: bool = True, device=None, _non_blocking: bool = False, slice_fn=None, _batch_size: int = 1, _drop_last: bool = False, **kwargs):
@@ -412,7 +414,8 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
                     break
                 batch, sizes, final, is_last = item
                 start = sum(sizes[: self._rank])
-                local = _slice_rows(batch, start, start + sizes[self._rank])
+                rows = slice(start, start + sizes[self._rank])
+                local = self._slice_fn(batch, rows, self._rank, self._world) if self._slice_fn else _slice_rows(batch, rows.start, rows.stop)
                 if is_last:
                     self._final, self.end_of_dataloader = final, True
                 self._yielded += 1
@@ -604,6 +607,10 @@ def prepare_data_loader(
         device: where batches go when ``put_on_device``.
         num_processes, process_index: default to the current process state.
         rng_types: generators synchronised at each epoch start (``"torch"``, ``"cuda"``, ``"generator"``).
+        slice_fn_for_dispatch: with ``dispatch_batches``, how a global batch is cut for each process
+            (see :class:`DataLoaderDispatcher`).
+        use_stateful_dataloader, torch_device_mesh: accepted for compatibility: every prepared loader records
+            its position, and hasten's loaders shard by data-parallel rank only.
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}.")
