@@ -245,21 +245,27 @@ def test_compatibility_members_of_a_data_parallel_job():
 
 
 _EXIT_PROBE = """
-import atexit, sys, torch.distributed as dist
-atexit.register(lambda: print("group alive at exit:", dist.is_initialized(), flush=True))
+import atexit, sys, time, torch.distributed as dist
+atexit.register(lambda: print("group alive at exit:", dist.is_initialized(), "handed over for", time.monotonic() - end, flush=True))
 from hasten import Accelerator
-Accelerator(cpu=True).state.ensure_process_group()
+state = Accelerator(cpu=True).state
+state.ensure_process_group()
+if sys.argv[1] == "destroyed":
+    state.destroy_process_group()
+end = time.monotonic()
 if sys.argv[1] == "crash":
     raise RuntimeError("user code failed")
 """
 
 
-@pytest.mark.parametrize("how, alive", [("clean", False), ("crash", True)])
+@pytest.mark.parametrize("how, alive", [("clean", False), ("destroyed", False), ("crash", True)])
 def test_process_group_is_torn_down_at_exit_unless_the_script_crashed(how, alive):
-    # Left alive into interpreter shutdown, gloo's threads can abort a successful run; after a crash the
-    # teardown is skipped because other ranks could be stuck in a collective it would wait on.
+    # Left alive into interpreter shutdown, a collective's worker thread can abort a successful run. hasten
+    # destroys its group at exit (not after a crash: other ranks could be stuck in a collective the teardown
+    # would wait on) and, in every case, sleeps so that such a thread gets the GIL before shutdown begins.
     proc = subprocess.run([sys.executable, "-c", _EXIT_PROBE, how], capture_output=True, text=True, env=clean_env(), timeout=120)
     assert f"group alive at exit: {alive}" in proc.stdout, proc.stdout + proc.stderr
+    assert float(proc.stdout.split("handed over for")[1]) >= 0.1
     assert (proc.returncode != 0) == (how == "crash")
 
 

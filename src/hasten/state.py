@@ -44,10 +44,9 @@ def _finish_process_group_at_exit() -> None:
     # (SIGABRT, "terminate called without an active exception") after a script that succeeded. So: tear
     # the group down while the interpreter is whole, then sleep, which hands the GIL to any such thread.
     # After an uncaught exception (``sys.last_value`` is set before atexit runs) the teardown is skipped:
-    # other ranks may sit in a collective it would wait on.
-    if not dist.is_initialized():
-        return
-    if getattr(sys, "last_value", None) is None:
+    # other ranks may sit in a collective it would wait on. The sleep happens even when the script
+    # destroyed the group itself: its threads live on while a DDP or FSDP module still references it.
+    if dist.is_initialized() and getattr(sys, "last_value", None) is None:
         dist.destroy_process_group()
     time.sleep(_EXIT_DRAIN_SECONDS)
 
