@@ -51,7 +51,8 @@ def explain_deepspeed_failure(exitcode: int, offload_optimizer_device: str | Non
 
 
 class _EngineScheduler:
-    """The scheduler the engine steps itself: ``step()`` does nothing, state and LRs pass through."""
+    """The scheduler the engine steps itself: ``step()`` does nothing, everything else (``get_last_lr``,
+    ``state_dict``, ``load_state_dict``, ...) is the wrapped scheduler's."""
 
     def __init__(self, scheduler):
         self.scheduler = scheduler
@@ -60,18 +61,6 @@ class _EngineScheduler:
 
     def step(self, *args, **kwargs) -> None:
         """No-op: the DeepSpeed engine steps the scheduler after each real optimizer step."""
-
-    def get_last_lr(self):
-        """The wrapped scheduler's last learning rates."""
-        return self.scheduler.get_last_lr()
-
-    def state_dict(self) -> dict:
-        """The wrapped scheduler's state."""
-        return self.scheduler.state_dict()
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        """Load the wrapped scheduler's state."""
-        self.scheduler.load_state_dict(state_dict)
 
     def __getattr__(self, name):
         if name == "scheduler":
