@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -45,6 +46,27 @@ def test_both_launchers_run_two_processes_from_a_plain_python_process(tmp_path):
             seen = json.loads((tmp_path / f"{tag}_rank{rank}.json").read_text())
             expected = {"rank": rank, "world": 2, "type": "MULTI_CPU", "sum": 3.0, "precision": precision, "use_cpu": use_cpu, "fork": "1"}
             assert seen == expected
+
+
+def _lambda_schedule(path, factor):
+    from hasten import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lambda n: 1 - n / factor)
+    model, optimizer, scheduler = accelerator.prepare(model, optimizer, scheduler)
+    optimizer.step()
+    scheduler.step()
+    Path(f"{path}.{accelerator.process_index}").write_text(json.dumps(scheduler.get_last_lr()))
+
+
+@pytest.mark.slow
+def test_debug_launcher_runs_a_functools_partial_with_a_lambda_scheduler(tmp_path):
+    # Accelerate's scheduler tests launch functools.partial objects; torch elastic reads the entrypoint's __name__.
+    launchers.debug_launcher(functools.partial(_lambda_schedule, str(tmp_path / "lr"), factor=10), num_processes=2)
+    for rank in (0, 1):  # one real optimizer step advances the schedule once per process
+        assert json.loads((tmp_path / f"lr.{rank}").read_text()) == [0.8]
 
 
 @pytest.mark.slow

@@ -210,13 +210,29 @@ def _launch(
     )
     with environment.patch_environment(**env):
         try:
-            elastic_launch(config, entrypoint=function)(*args)
+            elastic_launch(config, entrypoint=_named(function))(*args)
         except ChildFailedError as exc:
             rank, failure = exc.get_first_failure()
             raise HastenError(
                 f"Process {rank} of {nproc * nodes} failed (exit code {failure.exitcode}) while running "
                 f"{getattr(function, '__qualname__', function)}:\n{_failure_detail(failure)}"
             ) from exc
+
+
+class _NamedEntrypoint:
+    """A callable with the ``__name__``/``__qualname__`` torch elastic reads, around one without (``functools.partial``)."""
+
+    def __init__(self, function: Callable):
+        self.function = function
+        self.__name__ = getattr(getattr(function, "func", None), "__name__", type(function).__name__)
+        self.__qualname__ = self.__name__
+
+    def __call__(self, *args, **kwargs):
+        return self.function(*args, **kwargs)
+
+
+def _named(function: Callable) -> Callable:
+    return function if hasattr(function, "__name__") else _NamedEntrypoint(function)
 
 
 def _failure_detail(failure: Any) -> str:
