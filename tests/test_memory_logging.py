@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from hasten import Accelerator, find_executable_batch_size
+from hasten.errors import DistributedSetupError
 from hasten.logging import get_logger
 from hasten.memory import BatchSizeExhaustedError, release_memory, should_reduce_batch_size
 from hasten.utils import tqdm
@@ -68,6 +69,13 @@ def test_logger_before_state_is_a_clear_error():
     logger = get_logger("early")
     with pytest.raises(RuntimeError, match="Create the Accelerator"):
         logger.warning("too early")
+
+
+def test_logger_before_state_raises_even_when_its_level_is_disabled():
+    logger = get_logger("early-quiet")
+    logger.logger.setLevel(logging.ERROR)
+    with pytest.raises(DistributedSetupError, match="before the process state exists"):
+        logger.debug("too early, and below the level")
 
 
 def test_logger_levels(monkeypatch, caplog):

@@ -9,13 +9,15 @@ from __future__ import annotations
 import logging
 
 from . import environment
+from .errors import DistributedSetupError
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):
     """A logger adapter whose calls take ``main_process_only`` and ``in_order``.
 
-    Calling it before the process state exists is an error: create the ``Accelerator`` (or a
-    ``PartialState``) first, so the adapter knows which process it is on.
+    Calling it before the process state exists is an error whatever the level (as in Accelerate, so a
+    misplaced call fails the same way in development and in production): create the ``Accelerator``
+    (or a ``PartialState``) first, so the adapter knows which process it is on.
     """
 
     @staticmethod
@@ -23,7 +25,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         from .state import PartialState
 
         if not PartialState._shared_state.get("initialized"):
-            raise RuntimeError(
+            raise DistributedSetupError(
                 "hasten's logger was used before the process state exists. Create the Accelerator (or "
                 "hasten.PartialState()) before logging, e.g. move `accelerator = Accelerator()` above the first log call."
             )
@@ -34,9 +36,9 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         main_process_only = kwargs.pop("main_process_only", True)
         in_order = kwargs.pop("in_order", False)
         kwargs.setdefault("stacklevel", 2)
+        state = self._state()
         if not self.isEnabledFor(level):
             return
-        state = self._state()
         if main_process_only:
             if state.is_main_process:
                 msg, kwargs = self.process(msg, kwargs)
