@@ -281,3 +281,12 @@ def test_optimizer_state_that_exists_before_prepare_is_kept_exactly():
     assert [set(s) for s in after] == [set(s) for s in before.values()]
     assert all(torch.equal(after[i][k], v) for i, state in before.items() for k, v in state.items())
     assert all(p in opt.state for p in model.parameters())
+
+
+def test_profile_writes_accelerates_trace_file_name(tmp_path):
+    from hasten import ProfileKwargs
+
+    accelerator = Accelerator(cpu=True)
+    with accelerator.profile(ProfileKwargs(activities=["cpu"], output_trace_dir=str(tmp_path))):
+        torch.ones(4).sum()
+    assert [p.name for p in tmp_path.iterdir()] == ["profile_0.json"]

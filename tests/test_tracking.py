@@ -314,8 +314,10 @@ def test_missing_package_is_an_error_with_the_pip_command(tmp_path, no_optional_
 
 
 def test_all_means_every_installed_tracker(tmp_path, no_optional_trackers):
-    assert get_available_trackers() == [LoggerType.TENSORBOARD, LoggerType.JSONL]
+    # As in Accelerate: only its own trackers, so neither hasten's jsonl nor a registered custom tracker.
+    assert get_available_trackers() == [LoggerType.TENSORBOARD]
     custom = RecordingTracker()
+    assert filter_trackers([custom, "all"], tmp_path) == [custom, LoggerType.TENSORBOARD]
     assert filter_trackers([custom, "all", "jsonl"], tmp_path) == [custom, LoggerType.TENSORBOARD, LoggerType.JSONL]
     with pytest.raises(ConfigError, match=r"The 'tensorboard' tracker \(log_with='all'\) writes files and needs a logging directory"):
         filter_trackers("all")
@@ -367,7 +369,7 @@ def test_custom_tracker_instance_and_registration(tmp_path, restore_registry):
         name = "registered"
 
     assert register_tracker_class(Registered) is Registered
-    assert "registered" in get_available_trackers()
+    assert "registered" not in get_available_trackers() and "registered" not in filter_trackers("all", tmp_path)
     hub = TrackerHub(["registered"], tmp_path)
     hub.init("proj", init_kwargs={"registered": {"color": "blue"}})
     made = hub.get("registered")

@@ -568,7 +568,7 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
             import os
 
             os.makedirs(handler.output_trace_dir, exist_ok=True)
-            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"trace_rank{self.process_index}.json"))
+            profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
 
     # ----------------------------------------------------------------------------- checkpoints
 

@@ -29,23 +29,26 @@ _NOT_BUILT_IN = {
 
 LogWith = str | LoggerType | GeneralTracker
 
+# What Accelerate's ``log_with="all"`` may select: its own trackers (not hasten's ``jsonl``).
+_ACCELERATE_TRACKERS = set(LoggerType.list()) - {LoggerType.ALL.value, LoggerType.JSONL.value}
+
 
 def _installed(tracker_class: type[GeneralTracker]) -> bool:
     package = tracker_class._package
     return package is None or importlib.util.find_spec(package) is not None
 
 
-def get_available_trackers() -> list[LoggerType | str]:
-    """Names of the trackers that can run here: built-ins whose package is installed, plus registered ones.
+def get_available_trackers() -> list[LoggerType]:
+    """Accelerate's trackers that can run here (their package is installed), as :class:`~hasten.enums.LoggerType` members.
 
-    ``log_with="all"`` means this list. Built-in names are returned as :class:`~hasten.enums.LoggerType`
-    members, registered names as strings.
+    ``log_with="all"`` means this list, as in Accelerate: it does not add hasten's ``jsonl`` tracker nor
+    registered custom trackers (name those explicitly).
     """
-    available = []
-    for name, tracker_class in LOGGER_TYPE_TO_CLASS.items():
-        if _installed(tracker_class):
-            available.append(LoggerType(name) if name in LoggerType.list() else name)
-    return available
+    return [
+        LoggerType(name)
+        for name in LoggerType.list()
+        if name in _ACCELERATE_TRACKERS and name in LOGGER_TYPE_TO_CLASS and _installed(LOGGER_TYPE_TO_CLASS[name])
+    ]
 
 
 def register_tracker_class(tracker_class: type[GeneralTracker]) -> type[GeneralTracker]:
