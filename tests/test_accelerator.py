@@ -290,3 +290,21 @@ def test_profile_writes_accelerates_trace_file_name(tmp_path):
     with accelerator.profile(ProfileKwargs(activities=["cpu"], output_trace_dir=str(tmp_path))):
         torch.ones(4).sum()
     assert [p.name for p in tmp_path.iterdir()] == ["profile_0.json"]
+
+
+def test_prepared_objects_carry_accelerates_flag_and_are_not_prepared_twice():
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    loader = DataLoader(TensorDataset(torch.arange(8.0)), batch_size=2)
+    prepared = accelerator.prepare(model, optimizer, scheduler, loader)
+    assert all(getattr(obj, "_is_accelerate_prepared", False) for obj in prepared)
+    again = accelerator.prepare(*prepared)
+    assert all(a is b for a, b in zip(again, prepared))
+    assert [len(x) for x in (accelerator._models, accelerator._optimizers, accelerator._schedulers, accelerator._dataloaders)] == [1, 1, 1, 1]
+    accelerator.free_memory()
+    # As in Accelerate, an object prepared before is tracked again, not wrapped a second time.
+    assert accelerator.prepare_data_loader(prepared[3]) is prepared[3] and accelerator.prepare_optimizer(prepared[1]) is prepared[1]
+    assert accelerator.prepare(prepared[0], prepared[2]) == (prepared[0], prepared[2])
+    assert (accelerator._models, accelerator._optimizers, accelerator._schedulers, accelerator._dataloaders) == ([prepared[0]], [prepared[1]], [prepared[2]], [prepared[3]])

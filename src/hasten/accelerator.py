@@ -67,6 +67,12 @@ def _warn_ignored(method: str, **groups: dict) -> None:
         )
 
 
+def _mark_prepared(obj):
+    """Set Accelerate's ``_is_accelerate_prepared`` flag (libraries check it to avoid preparing twice); returns ``obj``."""
+    obj._is_accelerate_prepared = True
+    return obj
+
+
 def _is_scheduler(obj) -> bool:
     return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr"))
 
@@ -286,6 +292,9 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
             raise ConfigError(f"prepare got {len(args)} objects but {len(device_placement)} device_placement values; give one per object.")
         result = list(args)
         kinds = [self._kind(obj) for obj in args]
+        for obj, kind in zip(args, kinds):
+            if kind == "prepared":
+                self._adopt(obj)
         for i, kind in enumerate(kinds):
             if kind == "dataloader":
                 result[i] = self.prepare_data_loader(args[i], device_placement=device_placement[i])
@@ -306,10 +315,12 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
             result[i] = self._wrap_optimizer(optimizer, device_placement[i], raw)
         for i, scheduler in zip(sched_idx, schedulers):
             result[i] = self._wrap_scheduler(scheduler)
+        for i in model_idx:
+            _mark_prepared(result[i])
         return result[0] if len(result) == 1 else tuple(result)
 
     def _kind(self, obj) -> str:
-        if isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler, DataLoaderStateMixin)) or any(obj is m for m in self._models):
+        if getattr(obj, "_is_accelerate_prepared", False) or isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler, DataLoaderStateMixin)) or any(obj is m for m in self._models):
             return "prepared"
         if isinstance(obj, torch.nn.Module):
             return "model"
@@ -320,6 +331,21 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
         if _is_scheduler(obj):
             return "scheduler"
         return "other"
+
+    def _adopt(self, prepared) -> None:
+        """Track an object prepared earlier (by this Accelerator before ``free_memory``, or by another one), as Accelerate does."""
+        if isinstance(prepared, AcceleratedOptimizer):
+            registry = self._optimizers
+        elif isinstance(prepared, AcceleratedScheduler):
+            registry = self._schedulers
+        elif isinstance(prepared, DataLoaderStateMixin):
+            registry = self._dataloaders
+        elif isinstance(prepared, torch.nn.Module):
+            registry = self._models
+        else:
+            return
+        if not any(prepared is known for known in registry):
+            registry.append(prepared)
 
     def _check_model(self, model: torch.nn.Module) -> None:
         if self.verify_device_map(model) and not environment.get_flag("BYPASS_DEVICE_MAP"):
@@ -333,26 +359,30 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
         wrapped = AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.scaler, strategy=self._strategy)
         wrapped._original = original if original is not None else optimizer
         self._optimizers.append(wrapped)
-        return wrapped
+        return _mark_prepared(wrapped)
 
     def _wrap_scheduler(self, scheduler) -> AcceleratedScheduler:
         target = getattr(scheduler, "optimizer", None)
         followed = [o for o in self._optimizers if target is o or target is o.optimizer or target is getattr(o, "_original", None)]
         wrapped = AcceleratedScheduler(scheduler, followed or self._optimizers, step_with_optimizer=self.step_scheduler_with_optimizer, split_batches=self.split_batches)
         self._schedulers.append(wrapped)
-        return wrapped
+        return _mark_prepared(wrapped)
 
     def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
         """Prepare one model; with ``evaluation_mode`` it is placed and cast but not wrapped for training."""
+        if getattr(model, "_is_accelerate_prepared", False):
+            self._adopt(model)
+            return model
         self._check_model(model)
         place = self.device_placement if device_placement is None else device_placement
         prepared = compile_model(self._strategy.setup_model(model, place, evaluation_mode=evaluation_mode), self.state.dynamo_plugin)
         self._models.append(prepared)
-        return prepared
+        return _mark_prepared(prepared)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
         """Wrap one optimizer (prepare its model first)."""
-        if isinstance(optimizer, AcceleratedOptimizer):
+        if isinstance(optimizer, AcceleratedOptimizer) or getattr(optimizer, "_is_accelerate_prepared", False):
+            self._adopt(optimizer)
             return optimizer
         place = self.device_placement if device_placement is None else device_placement
         rebound = self._strategy.setup_optimizer(optimizer, self._models, self._models)
@@ -360,11 +390,15 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
 
     def prepare_scheduler(self, scheduler) -> AcceleratedScheduler:
         """Wrap one learning rate scheduler (prepare its optimizer first)."""
-        return scheduler if isinstance(scheduler, AcceleratedScheduler) else self._wrap_scheduler(scheduler)
+        if isinstance(scheduler, AcceleratedScheduler) or getattr(scheduler, "_is_accelerate_prepared", False):
+            self._adopt(scheduler)
+            return scheduler
+        return self._wrap_scheduler(scheduler)
 
     def prepare_data_loader(self, data_loader, device_placement: bool | None = None, slice_fn_for_dispatch: Callable | None = None):
         """Shard one dataloader between processes (see :func:`hasten.data_loader.prepare_data_loader`)."""
-        if isinstance(data_loader, DataLoaderStateMixin):
+        if isinstance(data_loader, DataLoaderStateMixin) or getattr(data_loader, "_is_accelerate_prepared", False):
+            self._adopt(data_loader)
             return data_loader
         config = self.dataloader_config
         prepared = prepare_data_loader(
@@ -383,7 +417,7 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
             non_blocking=config.non_blocking,
         )
         self._dataloaders.append(prepared)
-        return prepared
+        return _mark_prepared(prepared)
 
     def skip_first_batches(self, dataloader, num_batches: int = 0):
         """A view of ``dataloader`` whose next iteration starts at batch ``num_batches`` of the current epoch."""
