@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
-from hasten import Accelerator
+from hasten import Accelerator, DataLoaderConfiguration
 from hasten.utils import ProjectConfiguration, set_seed, tqdm
 
 CORPUS_MODULES = ("textwrap", "string", "fnmatch", "glob", "shlex", "queue", "bisect", "heapq", "colorsys", "contextlib", "calendar", "pprint", "functools", "dataclasses")
@@ -168,7 +168,11 @@ def main() -> None:
     args = parse_args()
     project = ProjectConfiguration(project_dir=args.output_dir, automatic_checkpoint_naming=True, total_limit=args.keep_checkpoints)
     accelerator = Accelerator(
-        mixed_precision=args.mixed_precision, gradient_accumulation_steps=args.gradient_accumulation_steps, log_with="tensorboard", project_config=project
+        mixed_precision=args.mixed_precision,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        log_with="tensorboard",
+        project_config=project,
+        dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),  # load_state restores the loader's position
     )
     set_seed(args.seed)
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Accelerator
+from hasten import Accelerator, DataLoaderConfiguration
 from hasten.checkpointing import MANIFEST, complete_checkpoints
 from hasten.errors import CheckpointError, ConfigError
 from hasten.state import reset_state
@@ -59,7 +59,8 @@ def train(acc, model, opt, dl, sched, epochs, save_at=None, path=None):
 
 
 def test_round_trip_resumes_exactly_with_fp16_and_custom_objects(tmp_path):
-    acc = Accelerator(mixed_precision="fp16")
+    stateful = DataLoaderConfiguration(use_stateful_dataloader=True)
+    acc = Accelerator(mixed_precision="fp16", dataloader_config=stateful)
     counter = Counter()
     acc.register_for_checkpointing(counter)
     objects = build(acc)
@@ -68,7 +69,7 @@ def test_round_trip_resumes_exactly_with_fp16_and_custom_objects(tmp_path):
     final = [p.detach().clone() for p in objects[0].parameters()]
     scale = acc.scaler.get_scale()
     reset_state()
-    acc = Accelerator(mixed_precision="fp16")
+    acc = Accelerator(mixed_precision="fp16", dataloader_config=stateful)
     restored = Counter()
     acc.register_for_checkpointing(restored)
     objects = build(acc)

@@ -270,7 +270,7 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
 
     @property
     def use_stateful_dataloader(self) -> bool:
-        """Accepted for compatibility: every prepared loader records its position."""
+        """Whether ``load_state`` moves prepared dataloaders to their saved position (``DataLoaderConfiguration``)."""
         return self.dataloader_config.use_stateful_dataloader
 
     # --------------------------------------------------------------------------------- preparing
@@ -620,6 +620,7 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
             step=self.step,
             save_hooks=list(self._save_hooks.values()),
             load_hooks=list(self._load_hooks.values()),
+            restore_dataloader_positions=self.dataloader_config.use_stateful_dataloader,
         )
 
     def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **save_model_func_kwargs) -> str:
@@ -642,7 +643,9 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
         """Restore everything :meth:`save_state` wrote, verifying the checkpoint first.
 
         ``input_dir`` defaults to the latest complete automatic checkpoint (interrupted saves are ignored
-        and reported). Each prepared dataloader resumes mid-epoch where it was. Raises
+        and reported). Prepared dataloaders get their saved epoch and shuffling seed back; their position inside
+        the epoch only with ``DataLoaderConfiguration(use_stateful_dataloader=True)``, as in Accelerate
+        (otherwise skip the trained batches yourself: :meth:`skip_first_batches`, or ``continue``). Raises
         :class:`~hasten.errors.CheckpointError` naming any missing or corrupt file. Returns the path loaded.
         Accelerate's ``load_kwargs`` / ``load_model_func_kwargs`` (``torch.load`` / ``load_state_dict`` options) do
         not apply to hasten's format and are ignored, with a warning.

@@ -1,5 +1,7 @@
 """Exact resume on 2 processes: ``full DIR`` trains 3 epochs (saving mid-epoch 1), ``resume DIR`` resumes and compares.
 
+The loaders resume at their saved position (``use_stateful_dataloader=True``), so the loop needs no skipping.
+
 Shuffling and dropout are on; the resumed run must reproduce the losses after the save and end with
 bitwise-equal weights.
 """
@@ -11,7 +13,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Accelerator
+from hasten import Accelerator, DataLoaderConfiguration
 from hasten.utils import set_seed
 
 mode, folder = sys.argv[1], Path(sys.argv[2])
@@ -28,7 +30,7 @@ class Progress:
         self.epoch = state["epoch"]
 
 
-accelerator = Accelerator()
+accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
 rank = accelerator.process_index
 set_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 1))

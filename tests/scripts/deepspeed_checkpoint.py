@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Accelerator
+from hasten import Accelerator, DataLoaderConfiguration
 from hasten.errors import CheckpointError, ConfigError
 from hasten.plugins.deepspeed import DeepSpeedPlugin
 from hasten.state import reset_state
@@ -40,7 +40,7 @@ def run(model, optimizer, iterator, accelerator, steps):
 
 
 def check_resume_and_merge():
-    accelerator = Accelerator()
+    accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
     plugin = accelerator.state.deepspeed_plugin
     assert (plugin.zero_stage, plugin.zero3_init_flag, plugin.zero3_save_16bit_model) == (3, True, True), "the launch flags did not reach the plugin"
     with plugin.zero3_init_context_manager(enable=True):

@@ -5,7 +5,9 @@ A checkpoint holds, besides the manifest:
 * what the strategy writes for the models and optimizers (``model.safetensors``, ``optimizer.*``,
   ``model_1.safetensors``, ... or an engine's sharded files);
 * ``scheduler.*``, ``scaler.*`` and ``custom_checkpoint_<i>.*`` (JSON structure + safetensors tensors);
-* ``dataloaders.json``: each prepared dataloader's epoch and batches consumed;
+* ``dataloaders.json``: each prepared dataloader's epoch, batches consumed and shuffling seed (``load_state``
+  restores the position only with ``DataLoaderConfiguration(use_stateful_dataloader=True)``, as
+  Accelerate does; otherwise the epoch and seed, so that a loop skipping its first batches resumes exactly);
 * ``random_states_<rank>.*``: every process's python / numpy / torch / CUDA generator states.
 """
 
@@ -37,6 +39,7 @@ class CheckpointContents:
     step: int = 0
     save_hooks: list[Callable] = field(default_factory=list)
     load_hooks: list[Callable] = field(default_factory=list)
+    restore_dataloader_positions: bool = False
 
 
 def check_checkpointable(objects) -> None:
@@ -175,7 +178,10 @@ def load_state(contents: CheckpointContents, project, input_dir=None) -> tuple[P
             raise CheckpointError(f"Checkpoint {source} has no fp16 scaler state, but this run uses fp16: it was saved with another mixed precision setting.")
         contents.scaler.load_state_dict(reader.load_state("scaler"))
     for loader, position in zip(contents.dataloaders, reader.load_json("dataloaders.json")):
-        loader.load_state_dict(position)
+        if contents.restore_dataloader_positions:
+            loader.load_state_dict(position)
+        else:  # as Accelerate: the loop skips what it trained on (diffusers' scripts, skip_first_batches)
+            loader.restore_epoch(position)
     for i, obj in enumerate(contents.custom_objects):
         obj.load_state_dict(reader.load_state(f"custom_checkpoint_{i}"))
     _restore_rng(reader, state)

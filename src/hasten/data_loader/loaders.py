@@ -101,8 +101,19 @@ class DataLoaderStateMixin:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Resume at the position saved by :meth:`state_dict`: the next iteration continues that epoch."""
-        self.iteration = int(state["epoch"])
+        self.restore_epoch(state)
         self._resume_at = int(state.get("batches_yielded", 0))
+
+    def restore_epoch(self, state: Mapping[str, Any]) -> None:
+        """Restore the epoch and the shuffling seed saved by :meth:`state_dict`, not the position in the epoch.
+
+        The next iteration runs the saved epoch from its first batch, in the saved order, so a loop that
+        skips the batches it already trained on (``if step < resume_step: continue``, or
+        :func:`skip_first_batches`) sees the same data as the interrupted run. This is what ``load_state``
+        does unless ``DataLoaderConfiguration(use_stateful_dataloader=True)``.
+        """
+        self.iteration = int(state["epoch"])
+        self._resume_at = 0
         sampler = get_sampler(self)
         if "seed" in state and isinstance(sampler, SeedableRandomSampler):
             sampler.initial_seed = int(state["seed"])
@@ -610,7 +621,8 @@ def prepare_data_loader(
         slice_fn_for_dispatch: with ``dispatch_batches``, how a global batch is cut for each process
             (see :class:`DataLoaderDispatcher`).
         use_stateful_dataloader, torch_device_mesh: accepted for compatibility: every prepared loader records
-            its position, and hasten's loaders shard by data-parallel rank only.
+            its position (whether ``load_state`` restores it is the Accelerator's ``use_stateful_dataloader``),
+            and hasten's loaders shard by data-parallel rank only.
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}.")

@@ -58,7 +58,9 @@ class DataLoaderConfiguration(KwargsHandler):
         use_seedable_sampler: shuffle with a sampler seeded by ``data_seed`` + epoch.
         data_seed: seed of the seedable sampler.
         non_blocking: copy batches to the device asynchronously (needs ``pin_memory=True``).
-        use_stateful_dataloader: accepted for compatibility: every prepared loader already saves its position.
+        use_stateful_dataloader: ``load_state`` also moves prepared dataloaders to their saved position in the
+            epoch (every prepared loader records it). Off by default, as in Accelerate: ``load_state``
+            restores the epoch and shuffling seed, and the loop skips the batches it already trained on.
     """
 
     split_batches: bool = False
