@@ -191,6 +191,20 @@ def _run_script(script, *args) -> str:
 
 
 @pytest.mark.slow
+def test_main_only_save_under_ddp_and_manual_skip_resume_on_two_processes(tmp_path):
+    # diffusers: `if accelerator.is_main_process: accelerator.save_state(path)`, then a resume that skips by hand.
+    torchrun(SCRIPTS / "check_main_only_save.py", "full", str(tmp_path), timeout=300)
+    resumed = torchrun(SCRIPTS / "check_main_only_save.py", "resume", str(tmp_path), timeout=300).stdout
+    assert "rank 0: resume matches with both skips" in resumed and "rank 1: resume matches with both skips" in resumed
+
+
+@pytest.mark.slow
+def test_main_only_save_under_fsdp_is_a_clear_error_on_two_processes(tmp_path):
+    out = torchrun(SCRIPTS / "check_main_only_save.py", "sharded", str(tmp_path), timeout=300).stdout
+    assert "rank 0: sharded refusal and save done" in out and "rank 1: sharded refusal and save done" in out
+
+
+@pytest.mark.slow
 def test_exact_resume_across_two_processes(tmp_path):
     full = torchrun(SCRIPTS / "check_resume.py", "full", str(tmp_path)).stdout
     resumed = torchrun(SCRIPTS / "check_resume.py", "resume", str(tmp_path)).stdout

@@ -13,6 +13,7 @@ A checkpoint holds, besides the manifest:
 
 from __future__ import annotations
 
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ from typing import Any, Callable
 from ..errors import CheckpointError, ConfigError
 from ..rng import capture_rng_states, restore_rng_states
 from ..state import PartialState, warn_once
+from . import participants
 from .files import CheckpointReader, CheckpointWriter
 from .naming import _NAME, checkpoint_path, latest_checkpoint, rotate
 
@@ -56,7 +58,7 @@ def _suffix(index: int) -> str:
     return "" if index == 0 else f"_{index}"
 
 
-def _target(project, output_dir) -> Path:
+def _target(project, output_dir, check_free: bool = True) -> Path:
     if output_dir is not None:
         return Path(output_dir)
     if not project.automatic_checkpoint_naming:
@@ -64,7 +66,7 @@ def _target(project, output_dir) -> Path:
     if project.project_dir is None:
         raise ConfigError("automatic_checkpoint_naming needs a project_dir: Accelerator(project_dir=...) or ProjectConfiguration(project_dir=...).")
     path = checkpoint_path(project.project_dir, project.iteration)
-    if path.exists():
+    if check_free and path.exists():
         raise CheckpointError(
             f"Checkpoint folder {path} already exists (iteration {project.iteration}). Load it with load_state() to "
             "continue the numbering, or set accelerator.project_configuration.iteration to the next free number."
@@ -73,25 +75,34 @@ def _target(project, output_dir) -> Path:
 
 
 def save_state(contents: CheckpointContents, project, output_dir=None, safe_serialization: bool = True) -> Path:
-    """Write the training state to ``output_dir`` (or the next automatic checkpoint) and return its path."""
+    """Write the training state to ``output_dir`` (or the next automatic checkpoint) and return its path.
+
+    Under a replicated engine (one process, DDP) it works whether every process calls it or the main
+    process alone, and enters no collective; under a sharded engine every process must call it (see
+    :mod:`.participants`).
+    """
     state = PartialState()
     if not safe_serialization:
         warn_once("unsafe-serialization", "save_state(safe_serialization=False) is ignored: hasten checkpoints always store tensors in safetensors and structure in JSON (no pickle).")
-    target = _target(project, output_dir)
     on_each_node = project.save_on_each_node
-    writer = CheckpointWriter(
-        target,
-        is_main=state.is_local_main_process if on_each_node else state.is_main_process,
-        rank=state.process_index,
-        group=state.launch.node_rank if on_each_node else 0,
-    )
+    is_writer = state.is_local_main_process if on_each_node else state.is_main_process
+    sharded = contents.strategy.save_needs_every_process and state.num_processes > 1
+    started = time.monotonic()
+    target = _target(project, output_dir, check_free=is_writer or sharded)
+    if sharded:
+        participants.check_attendance(target.absolute(), contents.step, state.process_index, state.num_processes, type(contents.strategy).__name__)
+    writer = CheckpointWriter(target, is_main=is_writer, rank=state.process_index, group=state.launch.node_rank if on_each_node else 0, solo=not sharded)
+    if not sharded and not is_writer:
+        _hand_over(writer, contents, state)
+        _count_iteration(project, output_dir)
+        return writer.final
     writer.begin()
     saved_models = _run_save_hooks(writer, contents)
     contents.strategy.save_checkpoint(writer, contents.models if saved_models is None else [], contents.optimizers)
     if writer.is_main:
         _save_main_process_files(writer, contents)
-    meta, tensors = capture_rng_states()
-    writer.save_state(f"random_states_{state.process_index}", {"meta": meta, "tensors": tensors})
+    writer.save_state(f"random_states_{state.process_index}", _rng_states())
+    joined = [] if sharded else _collect_other_rng_states(writer, contents, state, started + participants.JOIN_GRACE_S, on_each_node)
     info = {
         "world_size": state.num_processes,
         "step": contents.step,
@@ -99,11 +110,55 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
         "contents": {"models": len(contents.models) if saved_models is None else saved_models, "optimizers": len(contents.optimizers), "schedulers": len(contents.schedulers), "dataloaders": len(contents.dataloaders), "custom_objects": len(contents.custom_objects), "scaler": contents.scaler is not None},
     }
     path = writer.finalize(info)
-    if project.automatic_checkpoint_naming and output_dir is None:
-        if writer.is_main:
-            rotate(project.project_dir, project.total_limit)
-        project.iteration += 1
+    if sharded:
+        participants.leave(writer.final, contents.step, state.process_index)
+    elif joined:
+        participants.announce_published(writer.final, contents.step, joined)
+    if project.automatic_checkpoint_naming and output_dir is None and writer.is_main:
+        rotate(project.project_dir, project.total_limit)
+    _count_iteration(project, output_dir)
     return path
+
+
+def _rng_states() -> dict:
+    meta, tensors = capture_rng_states()
+    return {"meta": meta, "tensors": tensors}
+
+
+def _count_iteration(project, output_dir) -> None:
+    if project.automatic_checkpoint_naming and output_dir is None:
+        project.iteration += 1
+
+
+def _hand_over(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState) -> None:
+    """Replicated save on a process that writes nothing: run the hooks, give the writer this process's random states."""
+    _run_save_hooks(writer, contents)
+    if not participants.hand_over(writer.final, contents.step, state.process_index, _rng_states()):
+        warn_once(
+            "late-save",
+            f"save_state({str(writer.final)!r}) on process {state.process_index} came after the main process had "
+            "written the checkpoint; this process's random number generator states are not in it.",
+        )
+
+
+def _collect_other_rng_states(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, deadline: float, on_each_node: bool) -> list[int]:
+    """Replicated save: write the random states the other processes of this folder handed over; returns their ranks."""
+    per_node = max(state.launch.local_world_size, 1)
+    others = [r for r in range(state.num_processes) if r != state.process_index and (not on_each_node or r // per_node == writer.group)]
+    if not others:
+        return []
+    states, missing = participants.collect(writer.final, contents.step, others, deadline)
+    for rank, rng in sorted(states.items()):
+        writer.save_state(f"random_states_{rank}", rng)
+    if missing:
+        warn_once(
+            "main-only-save",
+            f"save_state({str(writer.final)!r}) ran on process {state.process_index} without process(es) {missing} "
+            f"(they did not call it within {participants.JOIN_GRACE_S:.0f} s): the checkpoint holds the models, optimizers "
+            f"and every shared state, but not the random number generator states of process(es) {missing}, which keep "
+            "their current states on load_state. Call save_state on every process to include them.",
+        )
+    return sorted(states)
 
 
 def _run_save_hooks(writer: CheckpointWriter, contents: CheckpointContents) -> int | None:

@@ -136,9 +136,12 @@ class CheckpointWriter:
         rank: this process's global rank.
         group: the key of the processes whose files end up in the same folder (the machine's index with
             ``save_on_each_node``, 0 otherwise).
+        solo: the writing process writes every file and no other process takes part (no collective;
+            see :mod:`hasten.checkpointing.participants`).
     """
 
-    def __init__(self, final_dir: str | os.PathLike, *, is_main: bool, rank: int, group: int = 0):
+    def __init__(self, final_dir: str | os.PathLike, *, is_main: bool, rank: int, group: int = 0, solo: bool = False):
+        self.solo = solo
         self.final = Path(final_dir).absolute()
         self.directory = self.final.parent / f".{self.final.name}.partial"
         self.is_main = is_main
@@ -158,7 +161,8 @@ class CheckpointWriter:
             if self.directory.exists():
                 shutil.rmtree(self.directory)
             self.directory.mkdir(parents=True)
-        barrier()
+        if not self.solo:
+            barrier()
         self.directory.mkdir(parents=True, exist_ok=True)
 
     def _write(self, name: str, fill) -> None:
@@ -229,7 +233,7 @@ class CheckpointWriter:
         self._crc_queue.close()
         for name, crc in self._crcs.items():
             records[name]["crc32"] = f"{crc.value:08x}"
-        everyone = gather_object([(self.group, self.rank, records)])
+        everyone = [(self.group, self.rank, records)] if self.solo else gather_object([(self.group, self.rank, records)])
         if self.is_main:
             files: dict[str, dict[str, Any]] = {}
             for group, _, recs in everyone:
@@ -241,7 +245,8 @@ class CheckpointWriter:
                 fsync_directory(folder)
             atomic_write(self.directory / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1)))
             _publish(self.directory, self.final)
-        barrier()
+        if not self.solo:
+            barrier()
         return self.final
 
     def _check_visible(self, files: dict, everyone: list) -> None:

@@ -135,6 +135,15 @@ class Strategy(ABC):
         """
         return True
 
+    @property
+    def save_needs_every_process(self) -> bool:
+        """True when every process writes part of a checkpoint (sharded engines), so ``save_state`` must run on all.
+
+        Replicated engines answer False: the main process holds everything, so a save the main process
+        makes alone (``if accelerator.is_main_process: accelerator.save_state(...)``) works too.
+        """
+        return False
+
     def save_checkpoint(self, writer, models: list, optimizers: list) -> None:
         """Write the state of the prepared models and optimizers into a checkpoint being written.
 

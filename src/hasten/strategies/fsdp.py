@@ -256,6 +256,11 @@ class FSDPStrategy(Strategy):
         """False: the engine writes its own (sharded) files into checkpoints."""
         return False
 
+    @property
+    def save_needs_every_process(self) -> bool:
+        """True: every process writes its shards (or takes part in gathering them), so all must call ``save_state``."""
+        return True
+
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full state dict gathered on process 0, on the CPU (an empty dict on other processes).
 

@@ -1,0 +1,138 @@
+"""Which processes take part in one ``save_state``, found out without a collective.
+
+Scripts call ``save_state`` in two ways: on every process (the documented way), or on the main
+process alone (``if accelerator.is_main_process: accelerator.save_state(path)``, the pattern of
+diffusers' training scripts). While the main process saves alone, the other processes are already in
+the next step, inside the engine's collectives: any collective the save entered would pair with theirs
+and hang or corrupt the run. So the save talks to the other processes only through the launch's
+key-value store (the one the process group was set up with), which is no collective.
+
+* **Replicated engines** (one process, DDP): the main process writes the whole checkpoint; every other
+  process that calls ``save_state`` hands its random number generator states over through the store
+  (a few kilobytes) and waits until the checkpoint is published. The main process waits for those
+  states at most :data:`JOIN_GRACE_S` seconds counted from its own call (its writing time counts), then
+  closes the door: a process that was not there (a main-only save) is reported once, and its random
+  states are not in the checkpoint. The door is closed atomically (``compare_set``), so a late process
+  learns it was left out instead of waiting for ever.
+* **Sharded engines** (FSDP, DeepSpeed): every process writes its shards, so every process must call
+  ``save_state``. Each process registers, then waits at most :data:`ATTENDANCE_TIMEOUT_S` seconds for
+  the others before any collective; a process that does not come is a clear :class:`CheckpointError`
+  on the processes that did, instead of a hang.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import time
+from typing import Any
+
+from ..errors import CheckpointError
+from .state_io import decode, encode
+
+JOIN_GRACE_S = 10.0
+ATTENDANCE_TIMEOUT_S = 60.0
+_CLOSED = b"closed"
+_POLL_S = 0.02
+
+
+def _store():
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    return _get_default_store()
+
+
+def _prefix(target, step: int) -> str:
+    digest = hashlib.sha1(str(target).encode("utf-8")).hexdigest()[:16]
+    return f"hasten/save/{digest}/{step}"
+
+
+def _pack(obj: Any) -> bytes:
+    from safetensors.torch import save
+
+    tree, tensors = encode(obj, "random_states")
+    header = json.dumps(tree).encode("utf-8")
+    return len(header).to_bytes(8, "little") + header + save(tensors)
+
+
+def _unpack(blob: bytes) -> Any:
+    from safetensors.torch import load
+
+    size = int.from_bytes(blob[:8], "little")
+    return decode(json.loads(blob[8 : 8 + size]), load(blob[8 + size :]))
+
+
+def hand_over(target, step: int, rank: int, states: Any) -> bool:
+    """On a non-writing process of a replicated save: give ``states`` to the writer and wait for the publish.
+
+    Returns False when the writer had already stopped waiting (the states are not in the checkpoint).
+    """
+    store = _store()
+    key = f"{_prefix(target, step)}/rng/{rank}"
+    blob = _pack(states)
+    if store.compare_set(key, "", blob) != blob:
+        return False
+    store.wait([f"{key}/published"])  # the store's own timeout bounds it (the writer is alive and writing)
+    store.delete_key(f"{key}/published")
+    return True
+
+
+def collect(target, step: int, ranks: list[int], deadline: float) -> tuple[dict[int, Any], list[int]]:
+    """On the writing process: the states handed over by ``ranks`` until ``deadline`` (``time.monotonic()``).
+
+    Returns ``(states by rank, ranks that did not come)``; the door is closed for the latter.
+    """
+    store = _store()
+    prefix = _prefix(target, step)
+    pending = {rank: f"{prefix}/rng/{rank}" for rank in ranks}
+    while pending and time.monotonic() < deadline and not all(store.check([key]) for key in pending.values()):
+        time.sleep(_POLL_S)
+    states, missing = {}, []
+    for rank, key in pending.items():
+        value = store.compare_set(key, "", _CLOSED)
+        if value == _CLOSED:
+            missing.append(rank)
+        else:
+            states[rank] = _unpack(value)
+            store.delete_key(key)
+    return states, missing
+
+
+def announce_published(target, step: int, ranks) -> None:
+    """Tell the processes whose states were collected that the checkpoint is published."""
+    store = _store()
+    for rank in ranks:
+        store.set(f"{_prefix(target, step)}/rng/{rank}/published", "1")
+
+
+def check_attendance(target, step: int, rank: int, world: int, what: str) -> None:
+    """Before a sharded save: wait (boundedly) until every process called ``save_state`` for ``target``."""
+    store = _store()
+    if store is None or world == 1:
+        return
+    prefix = _prefix(target, step)
+    store.set(f"{prefix}/here/{rank}", "1")
+    keys = [f"{prefix}/here/{r}" for r in range(world)]
+    try:
+        store.wait(keys, datetime.timedelta(seconds=ATTENDANCE_TIMEOUT_S))
+    except RuntimeError:
+        absent = [r for r, key in enumerate(keys) if not store.check([key])]
+        store.delete_key(f"{prefix}/here/{rank}")
+        raise CheckpointError(
+            f"save_state({str(target)!r}) was called by process(es) {[r for r in range(world) if r not in absent]} but "
+            f"process(es) {absent} did not call it within {ATTENDANCE_TIMEOUT_S:.0f} s. Under {what} every process "
+            "writes its own shards, so call save_state on every process: remove the `if accelerator.is_main_process:` "
+            "around it (hasten writes shared files from the main process only)."
+        ) from None
+
+
+def leave(target, step: int, rank: int) -> None:
+    """After a sharded save everyone finished: forget this process's registration."""
+    store = _store()
+    if store is not None:
+        store.delete_key(f"{_prefix(target, step)}/here/{rank}")
