@@ -1,9 +1,11 @@
 """Sharding layouts computed in one process for every rank."""
 
+import numpy as np
 import pytest
-from torch.utils.data import BatchSampler, SequentialSampler
+import torch
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from hasten.data_loader import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler
+from hasten.data_loader import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler, prepare_data_loader
 from hasten.errors import ConfigError
 
 
@@ -56,8 +58,11 @@ def test_split_batches():
 
 
 def test_split_batches_needs_a_divisible_batch_size():
-    with pytest.raises(ConfigError, match="batch size 3 for 2 processes"):
+    with pytest.raises(ConfigError, match="batch_size divisible by 2; got batch_size=3 from BatchSampler"):
         shards(10, 3, split_batches=True)
+    # A batch sampler without a batch size cannot be split either (Accelerate's condition).
+    with pytest.raises(ConfigError, match="got batch_size=None from list"):
+        BatchSamplerShard([[0, 1], [2, 3]], 2, 0, split_batches=True)
 
 
 def test_four_processes_cover_everything_exactly_once_when_uneven():
@@ -88,3 +93,74 @@ def test_skip_batch_sampler():
     base = BatchSampler(SequentialSampler(range(10)), 3, False)
     skip = SkipBatchSampler(base, 2)
     assert list(skip) == [[6, 7, 8], [9]] and len(skip) == 2
+
+
+class _CustomBatchSampler:
+    """Not a torch BatchSampler: shuffles with numpy, like Accelerate's own custom-sampler check."""
+
+    def __init__(self, length, batch_size):
+        self.batch_size, self.length, self.epoch = batch_size, length, 0
+
+    def __iter__(self):
+        order = np.random.default_rng(self.epoch).permutation(self.length)
+        yield from (order[i : i + self.batch_size].tolist() for i in range(0, self.length, self.batch_size))
+
+    def __len__(self):
+        return -(-self.length // self.batch_size)
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+
+class _MyRandomSampler(RandomSampler):
+    """A user's shuffling sampler: a subclass of RandomSampler that prepare must not replace."""
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_custom_samplers_and_batch_samplers_are_kept(world):
+    custom = _CustomBatchSampler(16, 4)
+    prepared = [prepare_data_loader(DataLoader(list(range(16)), batch_sampler=custom), num_processes=world, process_index=r) for r in range(world)]
+    assert all(p.batch_sampler.batch_sampler is custom for p in prepared), "Accelerate's check: dl.batch_sampler.batch_sampler is the user's"
+    assert sorted(x for p in prepared for batch in p for x in batch.tolist()) == list(range(16))
+    samplers = [_MyRandomSampler(range(16)) for _ in range(world)]
+    # data_seed stands for the seed rank 0 shares with every rank in a real launch
+    loaders = [prepare_data_loader(DataLoader(list(range(16)), sampler=samplers[r], batch_size=4), num_processes=world, process_index=r, data_seed=5) for r in range(world)]
+    assert all(loader.batch_sampler.batch_sampler.sampler is sampler for loader, sampler in zip(loaders, samplers))
+    # every rank shuffles the same way (a generator seeded with the shared seed), so the shards cover the data once
+    assert sorted(x for loader in loaders for batch in loader for x in batch.tolist()) == list(range(16))
+
+
+def test_set_epoch_reaches_a_custom_batch_sampler_at_once():
+    custom = _CustomBatchSampler(16, 4)
+    loader = prepare_data_loader(DataLoader(list(range(16)), batch_sampler=custom), num_processes=2, process_index=0)
+    loader.set_epoch(3)
+    assert custom.epoch == 3
+    first = [b.tolist() for b in loader]
+    loader.set_epoch(3)
+    assert [b.tolist() for b in loader] == first
+
+
+def test_iterable_shard_with_no_batch_size_deals_whole_batches():
+    dataset = _Batches()
+    assert [t.tolist() for t in IterableDatasetShard(dataset, batch_size=None, num_processes=2, process_index=1)] == [[1, 1], [3, 3], [0, 0]]
+    for rank, expected in ((0, [[0, 0], [2, 2], [4, 4]]), (1, [[1, 1], [3, 3], [0, 0]])):
+        loader = prepare_data_loader(DataLoader(dataset, batch_size=None), num_processes=2, process_index=rank, dispatch_batches=False)
+        assert [t.tolist() for t in loader] == expected  # each element stays a batch: no collation, no extra dimension
+    alone = prepare_data_loader(DataLoader(dataset, batch_size=None))
+    assert [t.tolist() for t in alone] == [[i, i] for i in range(5)]  # one process: nothing duplicated
+    with pytest.raises(ConfigError, match="needs a batch_size divisible by 2; got None"):
+        IterableDatasetShard(dataset, batch_size=None, num_processes=2, split_batches=True)
+
+
+def test_split_batches_refuses_batches_that_do_not_divide_before_sharding():
+    with pytest.raises(ConfigError, match=r"cuts each batch of 3 into 2 pieces.*Use a batch size of 2 or 4"):
+        prepare_data_loader(DataLoader(list(range(12)), batch_size=3), num_processes=2, process_index=0, split_batches=True)
+    with pytest.raises(ConfigError, match="has batch_size=None and its batch sampler \\(list\\) has no `batch_size`"):
+        prepare_data_loader(DataLoader(list(range(4)), batch_sampler=[[0, 1], [2, 3]]), num_processes=2, process_index=0, split_batches=True)
+    with pytest.raises(ConfigError, match="cuts each batch of 3 into 2 pieces"):
+        prepare_data_loader(DataLoader(_Batches(), batch_size=3), num_processes=2, process_index=0, split_batches=True, dispatch_batches=False)
+
+
+class _Batches(IterableDataset):
+    def __iter__(self):
+        yield from (torch.tensor([i, i]) for i in range(5))

@@ -80,12 +80,17 @@ class DataLoaderStateMixin:
         self.gradient_state._remove_dataloader(self)
 
     def set_epoch(self, epoch: int) -> None:
-        """Start the next iteration at epoch ``epoch`` (reshuffles samplers and datasets that support it)."""
+        """Start the next iteration at epoch ``epoch``; tells the batch sampler, sampler and dataset that have ``set_epoch``."""
         self.iteration = epoch
+        self._propagate_epoch()
 
     def _propagate_epoch(self) -> None:
-        for target in (get_sampler(self), getattr(self, "dataset", None)):
-            if hasattr(target, "set_epoch"):
+        batch_sampler = getattr(self, "batch_sampler", None)
+        own = batch_sampler.batch_sampler if isinstance(batch_sampler, BatchSamplerShard) else batch_sampler
+        seen: set[int] = set()
+        for target in (own, get_sampler(self), getattr(self, "dataset", None)):
+            if hasattr(target, "set_epoch") and id(target) not in seen:
+                seen.add(id(target))
                 target.set_epoch(self.iteration)
 
     def state_dict(self) -> dict[str, Any]:
@@ -128,37 +133,6 @@ def _safe_len(loader) -> float:
         return len(loader)
     except TypeError:
         return math.inf
-
-
-class _ResumableBatchSampler(BatchSampler):
-    """Skips ``skip`` batches once (without loading them), then behaves like the wrapped batch sampler."""
-
-    def __init__(self, inner):
-        self.inner = inner
-        self.skip = 0
-
-    @property
-    def sampler(self):
-        return getattr(self.inner, "sampler", None)
-
-    @property
-    def batch_size(self):
-        return getattr(self.inner, "batch_size", None)
-
-    @property
-    def drop_last(self):
-        return getattr(self.inner, "drop_last", False)
-
-    def __len__(self) -> int:
-        return len(self.inner)
-
-    def __iter__(self):
-        skip, self.skip = self.skip, 0
-        iterator = iter(self.inner)
-        for _ in range(skip):
-            if next(iterator, None) is None:
-                return
-        yield from iterator
 
 
 class _EmptyAwareCollate:
@@ -270,8 +244,8 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         if self._loader_seed is not None:
             self.generator.manual_seed(self._loader_seed + self.iteration)
         skip, self._resume_at = self._resume_at, 0
-        if isinstance(self.batch_sampler, _ResumableBatchSampler):
-            self.batch_sampler.skip = skip
+        if isinstance(self.batch_sampler, BatchSamplerShard):
+            self.batch_sampler.skip_next_iteration(skip)
             iterator = super().__iter__()
         else:
             iterator = super().__iter__()
@@ -570,10 +544,20 @@ def _shared_seed(data_seed: int | None, generator) -> int:
 
 
 def _seeded_batch_sampler(dataloader: DataLoader, data_seed: int):
-    """The loader's batch sampler, with a plain ``RandomSampler`` replaced by a seeded one shared by all ranks."""
+    """The loader's batch sampler, with a plain ``RandomSampler`` replaced by a seeded one shared by all ranks.
+
+    Custom samplers (subclasses included) and custom batch samplers are kept, as in Accelerate; a custom
+    sampler with an unset ``generator`` gets one seeded with the shared seed, so every rank draws the
+    same order.
+    """
     batch_sampler = dataloader.batch_sampler
     sampler = get_sampler(dataloader)
-    if not isinstance(sampler, RandomSampler) or isinstance(sampler, SeedableRandomSampler):
+    if isinstance(sampler, SeedableRandomSampler):
+        return batch_sampler, None
+    if type(sampler) is not RandomSampler:
+        if hasattr(sampler, "generator") and sampler.generator is None:
+            sampler.generator = torch.Generator().manual_seed(data_seed)
+            return batch_sampler, None
         return batch_sampler, getattr(sampler, "generator", None)
     if sampler.generator is not None:  # the user seeded shuffling with their own generator: derive from it
         data_seed = int(torch.randint(0, 2**62, (1,), generator=sampler.generator).item()) ^ data_seed
@@ -629,6 +613,8 @@ def prepare_data_loader(
     state = PartialState()
     world = num_processes if num_processes is not None else state.num_processes
     rank = process_index if process_index is not None else state.process_index
+    if split_batches:
+        _check_split_batches(dataloader, world)
     device = device if put_on_device else None
     dataset = dataloader.dataset
     iterable = isinstance(dataset, IterableDataset)
@@ -643,23 +629,23 @@ def prepare_data_loader(
         dispatch_batches = iterable and world > 1
     if dispatch_batches and world > 1:
         return _dispatcher(dataloader, split_batches, even_batches, device, non_blocking, slice_fn_for_dispatch, data_seed, kwargs)
-    if iterable:
-        shard = IterableDatasetShard(dataset, batch_size=dataloader.batch_size or 1, drop_last=dataloader.drop_last, num_processes=world, process_index=rank, split_batches=split_batches, even_batches=even_batches)
-        local = (dataloader.batch_size or 1) // (world if split_batches else 1)
+    if iterable:  # batch_size=None: the dataset yields whole batches, dealt to the processes in turn
+        shard = IterableDatasetShard(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, num_processes=world, process_index=rank, split_batches=split_batches, even_batches=even_batches)
+        local = _per_process(dataloader.batch_size, world, split_batches)
         return DataLoaderShard(shard, device=device, rng_types=rng_types, batch_size=local, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _sharder=shard, _num_processes=world, **kwargs)
     if dataloader.batch_sampler is None:
         raise ConfigError("prepare() supports map-style DataLoaders with automatic batching (batch_size set or a batch_sampler); this one has batch_size=None.")
     seed = _shared_seed(data_seed, None)
     batch_sampler, generator = _seeded_batch_sampler(dataloader, seed)
-    sharder = BatchSamplerShard(batch_sampler, world, rank, split_batches, even_batches) if world > 1 else None
-    if sharder is not None and not even_batches:
+    sharder = BatchSamplerShard(batch_sampler, world, rank, split_batches, even_batches)  # also alone: it resumes mid-epoch
+    if world > 1 and not even_batches:
         kwargs["collate_fn"] = _EmptyAwareCollate(kwargs["collate_fn"], dataset)
     return DataLoaderShard(
         dataset,
         device=device,
         rng_types=rng_types,
         synchronized_generator=generator,
-        batch_sampler=_ResumableBatchSampler(sharder or batch_sampler),
+        batch_sampler=sharder,
         _non_blocking=non_blocking,
         _sharder=sharder,
         _loader_seed=seed if kwargs.get("generator") is None else None,
@@ -667,6 +653,23 @@ def prepare_data_loader(
         _num_processes=world,
         **kwargs,
     )
+
+
+def _check_split_batches(dataloader: DataLoader, world: int) -> None:
+    """Accelerate's check: with ``split_batches`` the loader's batch size must be known and, above 1, divisible."""
+    size = _batch_size_of(dataloader)
+    if size is None:
+        raise ConfigError(
+            f"split_batches=True needs to know the batch size to cut it: this DataLoader has batch_size=None and its "
+            f"batch sampler ({type(dataloader.batch_sampler).__name__}) has no `batch_size` attribute. Give the batch "
+            "sampler a batch_size, or use split_batches=False."
+        )
+    if size > 1 and size % world != 0:
+        raise ConfigError(
+            f"split_batches=True cuts each batch of {size} into {world} pieces, so the batch size must be a multiple of "
+            f"the number of processes ({world}). Use a batch size of {world * max(size // world, 1)} or "
+            f"{world * (size // world + 1)}, or split_batches=False (each process then loads whole batches of {size})."
+        )
 
 
 def _batch_size_of(dataloader: DataLoader) -> int | None:

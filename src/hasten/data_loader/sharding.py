@@ -99,13 +99,19 @@ class BatchSamplerShard(BatchSampler):
         self.even_batches = even_batches
         self.batch_size = getattr(batch_sampler, "batch_size", None)
         self.drop_last = getattr(batch_sampler, "drop_last", False)
-        if split_batches and self.batch_size is not None and self.batch_size % num_processes != 0:
+        if split_batches and (self.batch_size is None or self.batch_size % num_processes != 0):
             raise ConfigError(
-                f"split_batches=True needs a batch size divisible by the number of processes, got batch size "
-                f"{self.batch_size} for {num_processes} processes. Use a batch size that is a multiple of {num_processes}."
+                f"split_batches=True cuts each batch into {num_processes} pieces, so it needs a batch sampler with a "
+                f"batch_size divisible by {num_processes}; got batch_size={self.batch_size} from "
+                f"{type(batch_sampler).__name__}. Use a batch size that is a multiple of {num_processes}, or split_batches=False."
             )
         self.final_round: FinalRound | None = None
         self._last_round: list[list[int]] = []
+        self._skip = 0
+
+    def skip_next_iteration(self, num_batches: int) -> None:
+        """Make the next iteration start at this process's batch ``num_batches`` (index lists only: no data is loaded)."""
+        self._skip = int(num_batches)
 
     @property
     def sampler(self):
@@ -128,10 +134,9 @@ class BatchSamplerShard(BatchSampler):
     def __iter__(self) -> Iterator[list[int]]:
         self.final_round = None
         self._last_round = []
-        if self.split_batches:
-            yield from self._iter_split()
-        else:
-            yield from self._iter_rounds()
+        skip, self._skip = self._skip, 0
+        batches = self._iter_split() if self.split_batches else self._iter_rounds()
+        yield from itertools.islice(batches, skip, None)
 
     def _iter_rounds(self) -> Iterator[list[int]]:
         n, rank = self.num_processes, self.process_index
@@ -155,7 +160,7 @@ class BatchSamplerShard(BatchSampler):
     def _finish_round(self, round_: list[list[int]], first: list[int]) -> list[int]:
         n = self.num_processes
         leftover = [i for batch in round_ for i in batch]
-        if self.even_batches:
+        if self.even_batches and n > 1:
             size = self.batch_size or max(len(b) for b in round_)
             full = leftover + _cycle(first, n * size - len(leftover))
             chunks = [full[k * size : (k + 1) * size] for k in range(n)]
@@ -179,7 +184,7 @@ class BatchSamplerShard(BatchSampler):
                 last = batch
                 yield batch[rank * piece : (rank + 1) * piece]
                 continue
-            if self.even_batches:
+            if self.even_batches and n > 1:
                 target = math.ceil(max(full_size, len(batch)) / n) * n
                 padded = batch + _cycle(first, target - len(batch))
                 piece = target // n
@@ -202,11 +207,19 @@ class IterableDatasetShard(IterableDataset):
     ``split_batches``); each process keeps its slice. The last buffer is completed with samples from
     the start (``even_batches``, the default) or split as evenly as possible; when fewer samples than
     processes remain, it is completed in both modes so no process runs one batch short.
+
+    ``batch_size=None`` is for datasets that yield whole batches (a ``DataLoader(batch_size=None)``):
+    each element goes to one process, in turn. With ``split_batches`` the batch size must be a multiple
+    of ``num_processes``; unlike Accelerate, a batch size of 1 (which would give every process nothing)
+    and ``None`` are refused too.
     """
 
-    def __init__(self, dataset, batch_size: int = 1, drop_last: bool = False, num_processes: int = 1, process_index: int = 0, split_batches: bool = False, even_batches: bool = True):
-        if split_batches and batch_size % num_processes != 0:
-            raise ConfigError(f"split_batches=True needs a batch size divisible by {num_processes}, got {batch_size}.")
+    def __init__(self, dataset, batch_size: int | None = 1, drop_last: bool = False, num_processes: int = 1, process_index: int = 0, split_batches: bool = False, even_batches: bool = True):
+        if split_batches and (batch_size is None or batch_size % num_processes != 0):
+            raise ConfigError(
+                f"split_batches=True cuts each batch into {num_processes} pieces, so IterableDatasetShard needs a batch_size "
+                f"divisible by {num_processes}; got {batch_size}. Use a multiple of {num_processes}, or split_batches=False."
+            )
         self.dataset = dataset
         self.batch_size = batch_size
         self.drop_last = drop_last
@@ -221,17 +234,21 @@ class IterableDatasetShard(IterableDataset):
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
+    @property
+    def _size(self) -> int:
+        return 1 if self.batch_size is None else self.batch_size
+
     def __len__(self) -> int:
         total = len(self.dataset)
-        per_round = self.batch_size if self.split_batches else self.batch_size * self.num_processes
+        per_round = self._size if self.split_batches else self._size * self.num_processes
         rounds = total // per_round if self.drop_last else math.ceil(total / per_round)
-        local = self.batch_size // self.num_processes if self.split_batches else self.batch_size
+        local = self._size // self.num_processes if self.split_batches else self._size
         return rounds * local
 
     def __iter__(self):
         self.final_round = None
         n, rank = self.num_processes, self.process_index
-        per_round = self.batch_size if self.split_batches else self.batch_size * n
+        per_round = self._size if self.split_batches else self._size * n
         local = per_round // n
         first: list = []
         buffer: list = []
@@ -246,7 +263,7 @@ class IterableDatasetShard(IterableDataset):
             if not buffer:
                 self.final_round = FinalRound(per_round, (local,) * n, padded=False) if first else None
             return
-        if self.even_batches or len(buffer) < n:
+        if n > 1 and (self.even_batches or len(buffer) < n):
             real = len(buffer)
             buffer = buffer + _cycle(first, per_round - len(buffer))
             self.final_round = FinalRound(real, (local,) * n, padded=True)
