@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from hasten.enums import LoggerType
-from hasten.errors import ConfigError, HastenError, MissingDependencyError, NotSupportedError
+from hasten.errors import ConfigError, HastenError, MissingDependencyError
 from hasten.tracking import (
     LOGGER_TYPE_TO_CLASS,
     BlankTracker,
@@ -329,7 +329,7 @@ def test_log_with_errors():
         filter_trackers("jsonl")
     with pytest.raises(ConfigError, match=r"log_with='tensorbord' is not a known tracker; .* Did you mean 'tensorboard'\?"):
         filter_trackers("tensorbord")
-    with pytest.raises(NotSupportedError, match=r"log_with='comet_ml': hasten has no built-in 'comet_ml' tracker"):
+    with pytest.raises(MissingDependencyError, match=r"The 'comet_ml' tracker \(log_with='comet_ml'\) needs the package 'comet_ml'.*pip install comet_ml"):
         filter_trackers(["comet_ml"])
     with pytest.raises(ConfigError, match=r"log_with got the class RecordingTracker; pass an instance"):
         filter_trackers(RecordingTracker)

@@ -112,6 +112,8 @@ def __getattr__(attribute: str):
         "is_aim_available": "aim",
         "is_clearml_available": "clearml",
         "is_dvclive_available": "dvclive",
+        "is_swanlab_available": "swanlab",
+        "is_trackio_available": "trackio",
         "is_bnb_available": "bitsandbytes",
         "is_torchvision_available": "torchvision",
         "is_pandas_available": "pandas",

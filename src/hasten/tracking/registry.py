@@ -6,11 +6,17 @@ import importlib.util
 import os
 
 from ..enums import LoggerType
-from ..errors import ConfigError, NotSupportedError, did_you_mean, require
+from ..errors import ConfigError, did_you_mean, require
+from .aim_tracker import AimTracker
 from .base import GeneralTracker
+from .clearml_tracker import ClearMLTracker
+from .comet_tracker import CometMLTracker
+from .dvclive_tracker import DVCLiveTracker
 from .jsonl_tracker import JSONLTracker
 from .mlflow_tracker import MLflowTracker
+from .swanlab_tracker import SwanLabTracker
 from .tensorboard_tracker import TensorBoardTracker
+from .trackio_tracker import TrackioTracker
 from .wandb_tracker import WandBTracker
 
 # Name -> class of every tracker usable by name in ``log_with``; register_tracker_class adds to it.
@@ -19,12 +25,12 @@ LOGGER_TYPE_TO_CLASS: dict[str, type[GeneralTracker]] = {
     "wandb": WandBTracker,
     "mlflow": MLflowTracker,
     "jsonl": JSONLTracker,
-}
-
-# Accelerate trackers that hasten does not ship.
-_NOT_BUILT_IN = {
-    member.value
-    for member in (LoggerType.AIM, LoggerType.TRACKIO, LoggerType.COMETML, LoggerType.CLEARML, LoggerType.DVCLIVE, LoggerType.SWANLAB)
+    "aim": AimTracker,
+    "comet_ml": CometMLTracker,
+    "clearml": ClearMLTracker,
+    "dvclive": DVCLiveTracker,
+    "trackio": TrackioTracker,
+    "swanlab": SwanLabTracker,
 }
 
 LogWith = str | LoggerType | GeneralTracker
@@ -91,11 +97,6 @@ def _resolve_name(entry: str) -> str:
         return text
     if text.lower() in LOGGER_TYPE_TO_CLASS or text.lower() == LoggerType.ALL:
         return text.lower()
-    if text.lower() in _NOT_BUILT_IN:
-        raise NotSupportedError(
-            f"log_with={text!r}: hasten has no built-in {text!r} tracker. Built in: {', '.join(sorted(LOGGER_TYPE_TO_CLASS))}. "
-            "Write a small GeneralTracker subclass for it and pass an instance in log_with (see docs/tracking.md)."
-        )
     known = [*LOGGER_TYPE_TO_CLASS, LoggerType.ALL.value]
     raise ConfigError(f"log_with={text!r} is not a known tracker; choose from {', '.join(known)}.{did_you_mean(text, known)}")
 
@@ -134,7 +135,6 @@ def filter_trackers(log_with, logging_dir: str | os.PathLike | None = None) -> l
     Raises:
         MissingDependencyError: a requested tracker's package is not installed.
         ConfigError: an unknown name, or a file-writing tracker without ``logging_dir``.
-        NotSupportedError: an Accelerate tracker hasten does not ship (aim, comet_ml, ...).
     """
     if log_with is None:
         return []

@@ -102,6 +102,7 @@ _EXPORTS = {
          "is_fp16_available", "is_fp8_available", "is_deepspeed_available", "is_tensorboard_available", "is_wandb_available",
          "is_mlflow_available", "is_transformers_available", "is_datasets_available", "is_peft_available", "is_timm_available",
          "is_torchao_available", "is_comet_ml_available", "is_aim_available", "is_clearml_available", "is_dvclive_available",
+         "is_swanlab_available", "is_trackio_available",
          "is_bnb_available", "is_torchvision_available", "is_pandas_available", "is_tqdm_available", "is_rich_available",
          "is_safetensors_available", "is_npu_available", "is_mlu_available", "is_sdaa_available", "is_musa_available",
          "is_hpu_available", "is_torch_xla_available"],

@@ -1,0 +1,66 @@
+"""SwanLab (needs ``pip install swanlab``): runs made with ``swanlab.init``."""
+
+from __future__ import annotations
+
+from ._common import as_step
+from .base import GeneralTracker, on_main_process
+from .values import tensors_to_numbers
+
+
+class SwanLabTracker(GeneralTracker):
+    """Logs to a run made with ``swanlab.init(project=run_name, **kwargs)``.
+
+    Note:
+        One run is made, by the main process (see :class:`~hasten.tracking.WandBTracker`).
+
+    Args:
+        run_name: the project name given to ``init_trackers``.
+        **kwargs: passed to ``swanlab.init`` (``experiment_name``, ``mode``, ``logdir``, ...).
+    """
+
+    name = "swanlab"
+    requires_logging_directory = False
+    _package = "swanlab"
+
+    def __init__(self, run_name: str, **kwargs):
+        super().__init__()
+        self.run_name = run_name
+        self.init_kwargs = kwargs
+        self.run = None
+
+    @property
+    def tracker(self):
+        """The SwanLab run (``None`` before ``start``)."""
+        return self.run
+
+    @on_main_process
+    def start(self) -> None:
+        """Create the run."""
+        import swanlab
+
+        self.run = swanlab.init(project=self.run_name, **self.init_kwargs)
+
+    @on_main_process
+    def store_init_configuration(self, values: dict) -> None:
+        """Add ``values`` to the run's config."""
+        import swanlab
+
+        swanlab.config.update(values, allow_val_change=True)
+
+    @on_main_process
+    def log(self, values: dict, step: int | None = None, **kwargs) -> None:
+        """Log ``values`` with ``run.log`` (``kwargs`` go along, e.g. ``print_to_console``)."""
+        self.run.log(tensors_to_numbers(values), step=as_step(step), **kwargs)
+
+    @on_main_process
+    def log_images(self, values: dict, step: int | None = None, **kwargs) -> None:
+        """Log lists of images: name -> list of arrays / PIL images (each wrapped in ``swanlab.Image``)."""
+        import swanlab
+
+        self.run.log({key: [swanlab.Image(image) for image in batch] for key, batch in values.items()}, step=as_step(step), **kwargs)
+
+    @on_main_process
+    def finish(self) -> None:
+        """Finish the run."""
+        if self.run is not None:
+            self.run.finish()
