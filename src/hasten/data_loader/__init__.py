@@ -8,10 +8,10 @@ from .loaders import (
     DataLoaderShard,
     DataLoaderStateMixin,
     SkipDataLoader,
-    prepare_data_loader,
     skip_first_batches,
 )
 from .metrics import gather_for_metrics
+from .prepare import prepare_data_loader
 from .sharding import (
     BatchSamplerShard,
     FinalRound,
