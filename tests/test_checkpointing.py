@@ -58,6 +58,31 @@ def train(acc, model, opt, dl, sched, epochs, save_at=None, path=None):
     return losses
 
 
+def test_default_load_state_lets_the_loop_skip_what_it_trained_on(tmp_path):
+    # diffusers' resume: `if step < resume_step: continue`. load_state must not also move the loader (Accelerate).
+    acc = Accelerator()
+    objects = build(acc)
+    expected = train(acc, *objects, epochs=2, save_at=(1, 5), path=tmp_path / "ckpt")
+    final = [p.detach().clone() for p in objects[0].parameters()]
+    reset_state()
+    acc = Accelerator()
+    model, opt, dl, sched = build(acc)
+    acc.load_state(tmp_path / "ckpt")
+    assert dl.iteration == 1, "the saved epoch (and its shuffling order) comes back"
+    losses = []
+    for step, (x, y) in enumerate(dl):
+        if step <= 5:
+            continue
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        acc.backward(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    assert losses == expected and len(losses) == 4
+    assert all(torch.equal(a, b) for a, b in zip(final, model.parameters()))
+
+
 def test_round_trip_resumes_exactly_with_fp16_and_custom_objects(tmp_path):
     stateful = DataLoaderConfiguration(use_stateful_dataloader=True)
     acc = Accelerator(mixed_precision="fp16", dataloader_config=stateful)
