@@ -16,6 +16,7 @@ import importlib.metadata
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -71,9 +72,9 @@ def _require(*packages: str) -> None:
             pytest.skip(f"{package} is not installed (`make setup` installs it)")
 
 
-def _launch(script: str, out, *args: str, timeout: float) -> str:
+def _launch(script, *args, timeout: float) -> str:
     """Run ``script`` under ``hasten launch`` (its own process group, killed whole on timeout); returns its output."""
-    cmd = [sys.executable, "-m", "hasten.commands.main", "launch", *LAUNCH, "--main_process_port", str(free_port()), str(SCRIPTS / script), str(out), *args]
+    cmd = [sys.executable, "-m", "hasten.commands.main", "launch", *LAUNCH, "--main_process_port", str(free_port()), str(script), *map(str, args)]
     with subprocess.Popen(cmd, env=clean_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True) as proc:
         try:
             output, _ = proc.communicate(timeout=timeout)
@@ -123,7 +124,7 @@ def test_ecosystem_packages_have_their_requirements_but_accelerate_is_not_instal
 def transformers_run(tmp_path_factory):
     _require("transformers", "peft")
     out = tmp_path_factory.mktemp("eco_transformers")
-    return out, _launch("eco_transformers.py", out, "trainer", "device_map", "peft", timeout=420)
+    return out, _launch(SCRIPTS / "eco_transformers.py", out, "trainer", "device_map", "peft", timeout=420)
 
 
 @pytest.mark.slow
@@ -166,10 +167,26 @@ def test_peft_lora_trains_the_adapter_only_and_in_sync(transformers_run):
 )
 def test_diffusers_style_main_only_save_and_manual_skip_resume(tmp_path):
     _require("diffusers")
-    output = _launch("eco_diffusers.py", tmp_path, timeout=240)
+    output = _launch(SCRIPTS / "eco_diffusers.py", tmp_path, timeout=240)
     for result in _results(tmp_path, output, "diffusers"):
         assert (result["interrupted_steps"], result["resumed_from"]) == (7, 5)
         assert result["resumed_trained"] == 7 and result["global_step"] == result["straight_global_step"] == 12
         assert result["checkpoint_has_ema"]  # the hooks registered for accelerate >= 0.16.0 ran
         assert result["weights_equal"] and result["ema_max_abs_diff"] == 0.0
         assert result["moved_from_start"] > 0
+
+
+@pytest.mark.slow
+@_needs(*_TRAINER)
+def test_transformers_trainer_example_trains_evaluates_and_resumes(tmp_path):
+    example = ROOT / "examples" / "transformers_trainer.py"
+    first = _launch(example, "--output_dir", tmp_path, timeout=420)
+    assert "Trainer runs on hasten (accelerate 1.15.0), 2 process(es)" in first, first[-6000:]
+    losses = {int(s): float(v) for s, v in re.findall(r"^step (\d+): loss ([0-9.]+)$", first, re.M)}
+    evals = {int(s): float(v) for s, v in re.findall(r"^step (\d+): eval_loss ([0-9.]+)$", first, re.M)}
+    assert sorted(losses) == [10, 20, 30, 40] and sorted(evals) == [20, 40], first[-6000:]
+    assert losses[40] < losses[10] - 1.0 and evals[40] < 2.8, (losses, evals)  # from ln(256) = 5.5
+    second = _launch(example, "--output_dir", tmp_path, "--resume", "--max_steps", "60", timeout=420)
+    resumed = {int(s) for s in re.findall(r"^step (\d+): loss ", second, re.M)}
+    assert resumed == {50, 60} and "resumed, now at step 60" in second, second[-6000:]
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-60"]  # save_total_limit=1
