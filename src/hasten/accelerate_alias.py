@@ -75,7 +75,7 @@ def install_as_accelerate() -> None:
             "(transformers, peft and diffusers do), or launch with `hasten launch --as_accelerate`, or uninstall "
             "accelerate (pip uninstall accelerate)."
         )
-    if not any(isinstance(finder, _AliasFinder) for finder in sys.meta_path):
+    if not is_installed():
         sys.meta_path.insert(0, _AliasFinder())
     if current is not None and getattr(current, _SHIM_MARK, False):
         # The launcher's shim package replaces itself: the import machinery returns what sys.modules holds.
