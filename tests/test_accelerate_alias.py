@@ -55,7 +55,9 @@ def test_install_maps_every_submodule_to_hasten_and_reports_the_api_version():
         from hasten.accelerate_alias import _AliasFinder
         hasten.install_as_accelerate()
         hasten.install_as_accelerate()
-        import accelerate, accelerate.utils, accelerate.state, accelerate.commands.launch
+        import accelerate
+        set_seed = accelerate.utils.set_seed  # Accelerate imports its submodules at `import accelerate`
+        import accelerate.utils, accelerate.state, accelerate.commands.launch
         from accelerate import Accelerator
         from accelerate.data_loader import skip_first_batches
         import hasten.utils, hasten.state, hasten.data_loader, hasten.commands.launch
@@ -64,7 +66,7 @@ def test_install_maps_every_submodule_to_hasten_and_reports_the_api_version():
             "version": accelerate.__version__, "hasten_version": hasten.__version__, "own": accelerate.__hasten_version__,
             "same": [accelerate.utils is hasten.utils, accelerate.state is hasten.state,
                      accelerate.commands.launch is hasten.commands.launch, Accelerator is hasten.Accelerator,
-                     skip_first_batches is hasten.data_loader.skip_first_batches],
+                     skip_first_batches is hasten.data_loader.skip_first_batches, set_seed is hasten.utils.set_seed],
             "specs": [hasten.utils.__spec__.name, hasten.commands.launch.__spec__.name],
             "dir": "Accelerator" in dir(accelerate), "all": accelerate.__all__ == hasten.__all__,
             "distribution": importlib.metadata.version("accelerate"),
@@ -105,6 +107,8 @@ def test_a_module_hasten_lacks_is_a_clear_module_not_found_error():
     proc = _python("import hasten; hasten.install_as_accelerate(); import accelerate.no_such_module", check=False)
     assert "ModuleNotFoundError: No module named 'accelerate.no_such_module'" in proc.stderr
     assert "hasten has no module 'hasten.no_such_module'" in proc.stderr
+    proc = _python("import hasten; hasten.install_as_accelerate(); import accelerate; accelerate.no_such_name", check=False)
+    assert "AttributeError: module 'accelerate' (hasten) has no attribute 'no_such_name'" in proc.stderr
 
 
 def test_refuses_when_the_real_accelerate_is_already_imported(tmp_path):

@@ -111,7 +111,11 @@ def _top_level_module() -> types.ModuleType:
         try:
             return getattr(hasten, name)
         except AttributeError:
-            raise AttributeError(f"module 'accelerate' (hasten) has no attribute {name!r}") from None
+            pass
+        # Accelerate's __init__ imports its submodules, so `import accelerate; accelerate.utils.x` works there.
+        if not name.startswith("_") and importlib.util.find_spec(f"hasten.{name}") is not None:
+            return importlib.import_module(f"{_NAME}.{name}")
+        raise AttributeError(f"module 'accelerate' (hasten) has no attribute {name!r}")
 
     def __dir__():
         return sorted(set(dir(hasten)) | {"__version__"})
