@@ -10,10 +10,15 @@ PIP := $(PY) -m pip --disable-pip-version-check -q
 TORCH_STAMP := $(VENV)/.torch-spec
 PKG_STAMP := $(VENV)/.hasten-installed
 DS_OPS_STAMP := $(VENV)/.deepspeed-ops
+# Libraries built on Accelerate that the ecosystem tests run on hasten. They require the accelerate
+# distribution, which must not be installed (hasten answers under its name), hence --no-deps; their
+# other requirements come with transformers (the dev extra); tests/test_ecosystem.py checks them.
+ECOSYSTEM_NO_DEPS ?= peft==0.21.2
+ECO_STAMP := $(VENV)/.ecosystem
 
 .PHONY: setup demo test test-fast bench torch-check clean
 
-setup: $(PKG_STAMP) $(DS_OPS_STAMP)
+setup: $(PKG_STAMP) $(DS_OPS_STAMP) $(ECO_STAMP)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -33,6 +38,10 @@ $(PKG_STAMP): pyproject.toml | torch-check
 # into torch's extension cache, instead of inside the first test that needs them.
 $(DS_OPS_STAMP): $(PKG_STAMP)
 	$(PY) -c "from deepspeed.ops.op_builder import CPUAdamBuilder; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; CPUAdamBuilder().load(); ShareMemCommBuilder().load()"
+	@touch $@
+
+$(ECO_STAMP): $(PKG_STAMP) Makefile
+	$(PIP) install --no-deps $(ECOSYSTEM_NO_DEPS)
 	@touch $@
 
 demo: setup

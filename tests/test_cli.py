@@ -30,7 +30,7 @@ CPU = Hardware("cpu", 0)
 
 # The launch flags, frozen: adding or removing one must be a deliberate change of this list.
 FROZEN_LAUNCH_FLAGS = """
---config_file --quiet --module --no_python --debug --cpu --multi_gpu --tpu --mixed_precision --num_processes
+--config_file --quiet --module --no_python --debug --as_accelerate --cpu --multi_gpu --tpu --mixed_precision --num_processes
 --num_machines --num_cpu_threads_per_process --enable_cpu_affinity --dynamo_backend --dynamo_mode
 --dynamo_use_fullgraph --dynamo_use_dynamic --dynamo_use_regional_compilation --use_deepspeed --use_fsdp
 --use_megatron_lm --gpu_ids --same_network --machine_rank --main_process_ip --main_process_port --tee --log_dir

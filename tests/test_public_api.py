@@ -11,8 +11,9 @@ TOP_LEVEL = {
     "DistributedDataParallelKwargs", "DistributedType", "FullyShardedDataParallelPlugin", "GradScalerKwargs",
     "InitProcessGroupKwargs", "ParallelismConfig", "PartialState", "ProfileKwargs", "TorchDynamoPlugin", "cpu_offload",
     "cpu_offload_with_hook", "debug_launcher", "disk_offload", "dispatch_model", "find_executable_batch_size",
-    "infer_auto_device_map", "init_empty_weights", "init_on_device", "is_rich_available", "load_checkpoint_and_dispatch",
-    "load_checkpoint_in_model", "notebook_launcher", "prepare_pippy", "skip_first_batches", "synchronize_rng_states",
+    "infer_auto_device_map", "init_empty_weights", "init_on_device", "install_as_accelerate", "is_rich_available",
+    "load_checkpoint_and_dispatch", "load_checkpoint_in_model", "notebook_launcher", "prepare_pippy", "skip_first_batches",
+    "synchronize_rng_states",
 }
 
 

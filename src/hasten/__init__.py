@@ -42,6 +42,7 @@ _EXPORTS = {
     "ParallelismConfig": "unsupported",
     "prepare_pippy": "unsupported",
     "is_rich_available": "unsupported",
+    "install_as_accelerate": "accelerate_alias",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
@@ -61,6 +62,7 @@ def __dir__():
 
 
 if TYPE_CHECKING:  # pragma: no cover
+    from .accelerate_alias import install_as_accelerate
     from .accelerator import Accelerator
     from .big_modeling import (
         cpu_offload,

@@ -80,6 +80,7 @@ SETTINGS: dict[str, str] = {
     "HOME": "folder of the default launch config file",
     "LAUNCHED": "set by `hasten launch` in the processes it starts",
     "LAUNCH_SOURCES": "JSON of where each launch setting came from (set by `hasten launch`)",
+    "AS_ACCELERATE": "`hasten launch` makes its processes import hasten as `accelerate` (as --as_accelerate)",
     "ENABLE_RICH": "accepted for compatibility; has no effect",
     "CPU_AFFINITY": "pin each process to the CPUs of its NUMA node",
 }

@@ -101,6 +101,7 @@ def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -
     plan = LaunchPlan(args=args, settings=settings, loaded=loaded, nproc_per_node=nproc, command=_command(args), env=env)
     plan.warnings += settings.overridden + _unused_settings(settings)
     _add_process_environment(plan, hardware_once)
+    _add_accelerate_alias(plan)
     if config.debug:
         _prepare_hang_reports(plan)
     if loaded is not None and loaded.notes:
@@ -285,6 +286,21 @@ def _add_process_environment(plan: LaunchPlan, hardware) -> None:
     if ids is not None and str(ids).lower() != "all" and not config.use_cpu:
         variable = "ZE_AFFINITY_MASK" if hardware().kind == "xpu" else "CUDA_VISIBLE_DEVICES"
         plan.env[variable] = str(ids)
+
+
+def _add_accelerate_alias(plan: LaunchPlan) -> None:
+    """``--as_accelerate``: hasten's ``accelerate`` shim first on the processes' ``PYTHONPATH``."""
+    if plan.args.as_accelerate:
+        plan.launch_sources["as_accelerate"] = Source("flag", "--as_accelerate")
+    elif environment.get_flag("AS_ACCELERATE"):
+        plan.launch_sources["as_accelerate"] = Source("environment", environment.setting_source("AS_ACCELERATE"))
+        plan.args.as_accelerate = True
+    else:
+        return
+    from ..accelerate_alias import shim_pythonpath
+
+    plan.env["PYTHONPATH"] = shim_pythonpath(os.environ.get("PYTHONPATH"))
+    plan.env["HASTEN_AS_ACCELERATE"] = "1"
 
 
 def _physical_cores() -> int:

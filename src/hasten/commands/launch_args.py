@@ -51,6 +51,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("module", _GENERAL, "Run the training script as a module (python -m).", switch=True, short="-m"),
     Flag("no_python", _GENERAL, "Run the training script as an executable, without `python`.", switch=True),
     Flag("debug", _GENERAL, "Check the inputs of every collective across processes, and report stuck ranks.", "debug", switch=True),
+    Flag(
+        "as_accelerate",
+        _GENERAL,
+        "Let every process import hasten as `accelerate` (for transformers, peft, diffusers, trl); also HASTEN_AS_ACCELERATE=1.",
+        switch=True,
+    ),
     Flag("cpu", _HARDWARE, "Train on the CPU even when GPUs are present.", "use_cpu", switch=True),
     Flag("multi_gpu", _HARDWARE, "Distributed training on several GPUs.", "distributed_type", switch=True, const="MULTI_GPU"),
     Flag("tpu", _HARDWARE, "TPU training (not supported by hasten).", "distributed_type", switch=True, const="XLA"),

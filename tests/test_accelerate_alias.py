@@ -1,0 +1,204 @@
+"""``hasten.install_as_accelerate()``, the shim folder and ``hasten launch --as_accelerate``.
+
+Each check runs in a fresh Python process: the alias changes ``sys.meta_path`` and ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from hasten.accelerate_alias import ACCELERATE_API_VERSION, SHIM_DIR
+from hasten.commands.launch import prepare_launch
+from hasten.commands.main import build_parser
+from hasten.config import Hardware
+from helpers import ROOT, SCRIPTS, clean_env, hasten_launch
+
+SRC = ROOT / "src"
+
+
+def _python(code: str, *path: Path | str, check: bool = True) -> subprocess.CompletedProcess:
+    env = clean_env(PYTHONPATH=os.pathsep.join(map(str, [*path, SRC])))
+    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120)
+    if check and proc.returncode != 0:
+        raise AssertionError(proc.stderr[-4000:])
+    return proc
+
+
+def _json(code: str, *path) -> dict:
+    return json.loads(_python(code, *path).stdout.strip().splitlines()[-1])
+
+
+def _fake_accelerate(folder: Path, version: str = "0.27.0") -> Path:
+    """A stand-in for the real Accelerate, installed in ``folder`` (package + dist-info)."""
+    (folder / "accelerate").mkdir(parents=True)
+    (folder / "accelerate" / "__init__.py").write_text(f"__version__ = {version!r}\nREAL = True\n")
+    info = folder / f"accelerate-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: accelerate\nVersion: {version}\n")
+    return folder
+
+
+def test_install_maps_every_submodule_to_hasten_and_reports_the_api_version():
+    result = _json(
+        """
+        import importlib.metadata, json, sys
+        import hasten
+        from hasten.accelerate_alias import _AliasFinder
+        hasten.install_as_accelerate()
+        hasten.install_as_accelerate()
+        import accelerate
+        set_seed = accelerate.utils.set_seed  # Accelerate imports its submodules at `import accelerate`
+        import accelerate.utils, accelerate.state, accelerate.commands.launch
+        from accelerate import Accelerator
+        from accelerate.data_loader import skip_first_batches
+        import hasten.utils, hasten.state, hasten.data_loader, hasten.commands.launch
+        print(json.dumps({
+            "finders": sum(isinstance(f, _AliasFinder) for f in sys.meta_path),
+            "version": accelerate.__version__, "hasten_version": hasten.__version__, "own": accelerate.__hasten_version__,
+            "same": [accelerate.utils is hasten.utils, accelerate.state is hasten.state,
+                     accelerate.commands.launch is hasten.commands.launch, Accelerator is hasten.Accelerator,
+                     skip_first_batches is hasten.data_loader.skip_first_batches, set_seed is hasten.utils.set_seed],
+            "specs": [hasten.utils.__spec__.name, hasten.commands.launch.__spec__.name],
+            "dir": "Accelerator" in dir(accelerate), "all": accelerate.__all__ == hasten.__all__,
+            "distribution": importlib.metadata.version("accelerate"),
+        }))
+        """
+    )
+    assert result["finders"] == 1  # idempotent
+    assert result["version"] == result["distribution"] == ACCELERATE_API_VERSION == "1.15.0"
+    assert result["hasten_version"] == result["own"] != ACCELERATE_API_VERSION
+    assert all(result["same"]) and result["dir"] and result["all"]
+    assert result["specs"] == ["hasten.utils", "hasten.commands.launch"]  # hasten's modules keep their own spec
+
+
+def test_metadata_satisfies_the_version_checks_of_transformers_and_the_backport():
+    pytest.importorskip("transformers")
+    result = _json(
+        """
+        import importlib.metadata, importlib.util, json
+        import hasten
+        hasten.install_as_accelerate()
+        from transformers.utils.import_utils import is_accelerate_available
+        out = {"spec": importlib.util.find_spec("accelerate") is not None,
+               "name": importlib.metadata.distribution("accelerate").metadata["Name"],
+               "top_level": importlib.metadata.packages_distributions()["accelerate"],
+               "transformers": is_accelerate_available("1.1.0")}
+        if importlib.util.find_spec("importlib_metadata"):
+            import importlib_metadata
+            out["backport"] = importlib_metadata.version("accelerate")
+        print(json.dumps(out))
+        """
+    )
+    assert result["spec"] and result["name"] == "accelerate" and result["top_level"] == ["accelerate"]
+    assert result["transformers"] is True
+    assert result.get("backport", ACCELERATE_API_VERSION) == ACCELERATE_API_VERSION
+
+
+def test_a_module_hasten_lacks_is_a_clear_module_not_found_error():
+    proc = _python("import hasten; hasten.install_as_accelerate(); import accelerate.no_such_module", check=False)
+    assert "ModuleNotFoundError: No module named 'accelerate.no_such_module'" in proc.stderr
+    assert "hasten has no module 'hasten.no_such_module'" in proc.stderr
+    proc = _python("import hasten; hasten.install_as_accelerate(); import accelerate; accelerate.no_such_name", check=False)
+    assert "AttributeError: module 'accelerate' (hasten) has no attribute 'no_such_name'" in proc.stderr
+
+
+def test_refuses_when_the_real_accelerate_is_already_imported(tmp_path):
+    site = _fake_accelerate(tmp_path / "site")
+    proc = _python("import accelerate\nimport hasten\nhasten.install_as_accelerate()", site, check=False)
+    assert "AliasConflictError" in proc.stderr and "the real Accelerate is already imported" in proc.stderr
+    assert str(site / "accelerate" / "__init__.py") in proc.stderr
+
+
+def test_an_installed_accelerate_not_yet_imported_is_shadowed(tmp_path):
+    site = _fake_accelerate(tmp_path / "site")
+    result = _json(
+        """
+        import importlib.metadata, json
+        import hasten
+        hasten.install_as_accelerate()
+        import accelerate
+        print(json.dumps([accelerate.__version__, importlib.metadata.version("accelerate"), hasattr(accelerate, "REAL")]))
+        """,
+        site,
+    )
+    assert result == [ACCELERATE_API_VERSION, ACCELERATE_API_VERSION, False]
+
+
+def test_shim_folder_on_the_path_answers_before_any_hasten_code_runs():
+    result = _json(
+        """
+        import importlib.metadata, importlib.util, json, sys
+        before = [importlib.util.find_spec("accelerate") is not None, importlib.metadata.version("accelerate"), "hasten" in sys.modules]
+        import accelerate.utils
+        import hasten.utils
+        names = [d.metadata["Name"] for d in importlib.metadata.distributions() if d.metadata["Name"] == "accelerate"]
+        print(json.dumps({"before": before, "version": accelerate.__version__, "alias": accelerate.__hasten_alias__,
+                          "utils": accelerate.utils is hasten.utils, "distributions": len(names)}))
+        """,
+        SHIM_DIR,
+    )
+    assert result == {"before": [True, ACCELERATE_API_VERSION, False], "version": ACCELERATE_API_VERSION, "alias": True, "utils": True, "distributions": 1}
+
+
+def test_module_run_prints_the_shim_folder_whose_metadata_matches():
+    assert _python("import runpy; runpy.run_module('hasten.accelerate_alias', run_name='__main__')").stdout.strip() == str(SHIM_DIR)
+    metadata = (SHIM_DIR / f"accelerate-{ACCELERATE_API_VERSION}.dist-info" / "METADATA").read_text()
+    assert f"Version: {ACCELERATE_API_VERSION}\n" in metadata and "Name: accelerate\n" in metadata
+
+
+def test_the_shim_is_packaged():
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["hasten"]
+    hasten_dir = SRC / "hasten"
+    files = [p.relative_to(hasten_dir).as_posix() for p in SHIM_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    assert len(files) == 3
+    assert all(any(fnmatch.fnmatch(f, pattern) for pattern in package_data) for f in files), (files, package_data)
+
+
+# ------------------------------------------------------------------------------ hasten launch
+
+
+@pytest.fixture
+def _home(monkeypatch, tmp_path):
+    monkeypatch.setenv("HASTEN_HOME", str(tmp_path / "home"))
+
+
+def _plan(*flags: str):
+    args = build_parser(["launch"]).parse_args(["launch", *flags, "--num_processes", "2", str(SCRIPTS / "eco_alias_probe.py")])
+    return prepare_launch(args, hardware=Hardware("cpu", 0))
+
+
+def test_launch_flag_puts_the_shim_first_on_the_workers_path(_home, monkeypatch):
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/somewhere", str(SHIM_DIR)]))
+    plan = _plan("--as_accelerate")
+    assert plan.env["PYTHONPATH"] == os.pathsep.join([str(SHIM_DIR), "/somewhere"])
+    assert plan.env["HASTEN_AS_ACCELERATE"] == "1" and str(plan.launch_sources["as_accelerate"]) == "flag --as_accelerate"
+
+
+def test_launch_environment_setting_does_the_same(_home, monkeypatch):
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    monkeypatch.setenv("HASTEN_AS_ACCELERATE", "1")
+    plan = _plan()
+    assert plan.env["PYTHONPATH"] == str(SHIM_DIR) and plan.args.as_accelerate
+    assert str(plan.launch_sources["as_accelerate"]) == "environment HASTEN_AS_ACCELERATE"
+    monkeypatch.setenv("HASTEN_AS_ACCELERATE", "0")
+    assert "PYTHONPATH" not in _plan().env
+
+
+@pytest.mark.slow
+def test_launched_workers_and_the_processes_they_start_import_hasten_as_accelerate():
+    proc = hasten_launch(SCRIPTS / "eco_alias_probe.py", launch_args=("--as_accelerate", "--cpu", "--num_processes", "2", "-q"))
+    reports = sorted((json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("ALIAS ")), key=lambda r: r["rank"])
+    assert [r["rank"] for r in reports] == [0, 1], proc.stdout
+    for report in reports:
+        assert report["version"] == report["distribution"] == ACCELERATE_API_VERSION
+        assert report["accelerator"] == "hasten.accelerator"
+        assert report["child"] == [ACCELERATE_API_VERSION, ACCELERATE_API_VERSION, "hasten.accelerator"]
