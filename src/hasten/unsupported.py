@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .errors import NotSupportedError
 
@@ -21,9 +22,9 @@ class ParallelismConfig:
     dp_shard_size: int | None = None
     tp_size: int | None = None
     cp_size: int | None = None
-    cp_backend: str = "torch"
+    cp_backend: str | None = None
     sp_size: int | None = None
-    sp_backend: str = "deepspeed"
+    sp_backend: str | None = None
     tp_handler: object = None
     cp_handler: object = None
     sp_handler: object = None
@@ -35,6 +36,13 @@ class ParallelismConfig:
                 f"ParallelismConfig({', '.join(f'{k}={v}' for k, v in unsupported.items())}): tensor, context and sequence "
                 "parallelism are not supported by hasten. Use FSDP2 (FullyShardedDataParallelPlugin) or DeepSpeed ZeRO."
             )
+
+
+def _refuse_parallelism(name: str) -> NotSupportedError:
+    return NotSupportedError(
+        f"{name}: tensor, context and sequence parallelism are not supported by hasten. Use FSDP2 "
+        "(FullyShardedDataParallelPlugin) or DeepSpeed ZeRO (DeepSpeedPlugin) to fit a large model."
+    )
 
 
 def prepare_pippy(model, split_points="auto", no_split_module_classes=None, example_args=(), example_kwargs=None, num_chunks=None, gather_output=False):
@@ -50,3 +58,51 @@ def is_rich_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("rich") is not None
+
+
+@dataclass
+class TorchTensorParallelConfig:
+    """Accelerate's TorchTensorParallelConfig (tensor/context/sequence parallelism); not supported by hasten (creating one raises NotSupportedError)."""
+
+    enable_async_tp: Any = False
+
+    def __post_init__(self):
+        raise _refuse_parallelism("TorchTensorParallelConfig")
+
+
+@dataclass
+class TorchContextParallelConfig:
+    """Accelerate's TorchContextParallelConfig (tensor/context/sequence parallelism); not supported by hasten (creating one raises NotSupportedError)."""
+
+    cp_comm_strategy: Any = None
+
+    def __post_init__(self):
+        raise _refuse_parallelism("TorchContextParallelConfig")
+
+
+@dataclass
+class TorchTensorParallelPlugin:
+    """Accelerate's TorchTensorParallelPlugin (tensor/context/sequence parallelism); not supported by hasten (creating one raises NotSupportedError)."""
+
+    tp_size: Any = 1
+    torch_device_mesh: Any = None
+
+    def __post_init__(self):
+        raise _refuse_parallelism("TorchTensorParallelPlugin")
+
+
+@dataclass
+class DeepSpeedSequenceParallelConfig:
+    """Accelerate's DeepSpeedSequenceParallelConfig (tensor/context/sequence parallelism); not supported by hasten (creating one raises NotSupportedError)."""
+
+    sp_seq_length: Any = None
+    sp_seq_length_is_variable: Any = None
+    sp_attn_implementation: Any = None
+
+    def __post_init__(self):
+        raise _refuse_parallelism("DeepSpeedSequenceParallelConfig")
+
+
+def install_xla(upgrade=False):
+    """Installing torch_xla (TPU support): not supported by hasten; raises NotSupportedError."""
+    raise NotSupportedError("install_xla: TPUs (torch_xla) are not supported by hasten; it runs on CPUs and CUDA/XPU GPUs.")

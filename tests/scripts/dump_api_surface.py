@@ -1,0 +1,171 @@
+"""Dump a package's public API as JSON: modules, names, kinds and call signatures.
+
+``python dump_api_surface.py accelerate`` walks the installed ``accelerate`` package (the reference copy), reads
+each module's source to find the names it defines (and, for packages, the names it re-exports), and prints
+``{module: {name: description}}``. ``python dump_api_surface.py hasten < reference.json`` describes, for every
+``(module, name)`` of a reference dump, the object ``hasten`` has at the same path (``accelerate`` replaced by
+``hasten``), or says that it is missing. The test that compares the two lives in tests/test_accelerate_surface.py.
+"""
+
+from __future__ import annotations
+
+import ast
+import enum
+import importlib
+import inspect
+import json
+import pkgutil
+import sys
+import types
+import warnings
+
+# Parts of the reference package that are not compared, each with why.
+SKIPPED_MODULES = {
+    "accelerate.test_utils": "Accelerate's own test-suite helpers and scripts, not a library API",
+    "accelerate.commands": "CLI internals; the command line is `hasten`, with Accelerate's flags (see INCLUDED_COMMANDS)",
+}
+# The command modules whose helpers libraries do import (transformers, trl), compared name by name.
+INCLUDED_COMMANDS = {
+    "accelerate.commands.config": ("default_config_file", "load_config_from_file"),
+    "accelerate.commands.launch": ("launch_command_parser", "launch_command"),
+}
+_PRIMITIVES = (str, int, float, bool, type(None))
+
+
+def _describe_default(value) -> str | None:
+    if value is inspect.Parameter.empty:
+        return None
+    if isinstance(value, enum.Enum):
+        return f"{type(value).__name__}.{value.name}"
+    if _is_plain(value):
+        return repr(value)
+    return f"<{type(value).__name__}>"
+
+
+def _is_plain(value) -> bool:
+    if isinstance(value, _PRIMITIVES):
+        return True
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return all(_is_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(_is_plain(k) and _is_plain(v) for k, v in value.items())
+    return False
+
+
+def _plain_value(value):
+    if isinstance(value, (set, frozenset)):
+        return sorted(_plain_value(item) for item in value)
+    if isinstance(value, (list, tuple)):
+        return [_plain_value(item) for item in value]
+    if isinstance(value, dict):
+        return {str(k): _plain_value(v) for k, v in value.items()}
+    return value
+
+
+def _signature(obj) -> list | None:
+    try:
+        signature = inspect.signature(obj)
+    except (TypeError, ValueError):
+        return None
+    return [[p.name, p.kind.name, _describe_default(p.default)] for p in signature.parameters.values()]
+
+
+def describe(obj) -> dict:
+    """Kind and signature of a class or function; kind and (plain) value of anything else."""
+    if isinstance(obj, type):
+        return {"kind": "class", "signature": _signature(obj)}
+    if callable(obj):
+        return {"kind": "function", "signature": _signature(obj)}
+    if _is_plain(obj):
+        return {"kind": "value", "value": _plain_value(obj)}
+    return {"kind": "value"}
+
+
+def _top_level_names(tree: ast.Module, is_package: bool) -> list[str]:
+    names: list[str] = []
+
+    def visit(statements):
+        for node in statements:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.append(node.name)
+            elif isinstance(node, ast.Assign):
+                names.extend(t.id for t in node.targets if isinstance(t, ast.Name))
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                names.append(node.target.id)
+            elif isinstance(node, ast.ImportFrom) and is_package and (node.level > 0 or (node.module or "").startswith("accelerate")):
+                names.extend(alias.asname or alias.name for alias in node.names if alias.name != "*")
+            elif isinstance(node, ast.If):
+                visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, ast.Try):
+                visit(node.body)
+                for handler in node.handlers:
+                    visit(handler.body)
+                visit(node.orelse)
+
+    visit(tree.body)
+    return [name for name in dict.fromkeys(names) if not name.startswith("_")]
+
+
+def _skipped(module_name: str) -> bool:
+    if module_name in INCLUDED_COMMANDS:
+        return False
+    return any(module_name == prefix or module_name.startswith(prefix + ".") for prefix in SKIPPED_MODULES)
+
+
+def dump_reference(package_name: str) -> dict:
+    package = importlib.import_module(package_name)
+    modules = [package_name] + [info.name for info in pkgutil.walk_packages(package.__path__, package_name + ".")]
+    modules += [name for name in INCLUDED_COMMANDS if name not in modules]
+    surface = {}
+    for module_name in sorted(set(modules)):
+        if _skipped(module_name):
+            continue
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            surface[module_name] = {"__import_error__": f"{type(exc).__name__}: {exc}"}
+            continue
+        with open(module.__file__, encoding="utf-8") as handle:
+            tree = ast.parse(handle.read())
+        names = INCLUDED_COMMANDS.get(module_name) or _top_level_names(tree, module.__file__.endswith("__init__.py"))
+        entries = {}
+        for name in names:
+            if not hasattr(module, name) or isinstance(getattr(module, name), types.ModuleType):
+                continue
+            entries[name] = describe(getattr(module, name))
+        surface[module_name] = entries
+    return surface
+
+
+def dump_mirror(reference: dict, source: str, target: str) -> dict:
+    surface = {}
+    for module_name, entries in reference.items():
+        mirrored = target + module_name[len(source):]
+        try:
+            module = importlib.import_module(mirrored)
+        except ImportError as exc:
+            surface[module_name] = {"__import_error__": f"{type(exc).__name__}: {exc}"}
+            continue
+        described = {}
+        for name in entries:
+            try:
+                described[name] = describe(getattr(module, name))
+            except (AttributeError, ImportError):
+                described[name] = {"kind": "missing"}
+        surface[module_name] = described
+    return surface
+
+
+def main() -> None:
+    warnings.simplefilter("ignore")
+    package = sys.argv[1]
+    if package == "accelerate":
+        result = dump_reference(package)
+    else:
+        result = dump_mirror(json.load(sys.stdin), "accelerate", package)
+    json.dump(result, sys.stdout, indent=1, sort_keys=True)
+
+
+if __name__ == "__main__":
+    main()
