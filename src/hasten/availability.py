@@ -248,7 +248,6 @@ _PACKAGES = {
     "is_torchvision_available": "torchvision",
     "is_pandas_available": "pandas",
     "is_tqdm_available": "tqdm",
-    "is_rich_available": "rich",
     "is_safetensors_available": "safetensors",
     "is_schedulefree_available": "schedulefree",
     "is_amdsmi_available": "amdsmi",
@@ -268,11 +267,16 @@ _PACKAGES = {
 }
 
 
+@functools.cache
+def _torch_version() -> Version:
+    import torch
+
+    return Version(torch.__version__)
+
+
 def __getattr__(attribute: str):
     if attribute in _PACKAGES:
         return _package_check(_PACKAGES[attribute])
     if attribute == "torch_version":
-        import torch
-
-        return Version(torch.__version__)
+        return _torch_version()
     raise AttributeError(f"module 'hasten.availability' has no attribute {attribute!r}")

@@ -219,26 +219,31 @@ def prepare_scheduler(accelerator, optimizer, scheduler):
     raise _refuse("prepare_scheduler")
 
 
+@add_model_config_to_megatron_parser("megatron-bert")
 def parse_bert_config(megatron_lm_plugin, model, batch_data):
     """Not supported by hasten (Megatron-LM); raises NotSupportedError."""
     raise _refuse("parse_bert_config")
 
 
+@add_model_config_to_megatron_parser("glm4_moe")
 def parse_glm4_moe_config(megatron_lm_plugin, model, batch_data):
     """Not supported by hasten (Megatron-LM); raises NotSupportedError."""
     raise _refuse("parse_glm4_moe_config")
 
 
+@add_model_config_to_megatron_parser("gpt2")
 def parse_gpt2_config(megatron_lm_plugin, model, batch_data):
     """Not supported by hasten (Megatron-LM); raises NotSupportedError."""
     raise _refuse("parse_gpt2_config")
 
 
+@add_model_config_to_megatron_parser("llama")
 def parse_llama_config(megatron_lm_plugin, model, batch_data):
     """Not supported by hasten (Megatron-LM); raises NotSupportedError."""
     raise _refuse("parse_llama_config")
 
 
+@add_model_config_to_megatron_parser("t5")
 def parse_t5_config(megatron_lm_plugin, model, batch_data):
     """Not supported by hasten (Megatron-LM); raises NotSupportedError."""
     raise _refuse("parse_t5_config")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import sys
 import warnings
 from typing import Mapping
 
@@ -145,15 +146,14 @@ def get_module_class_from_name(module: nn.Module, name: str) -> type | None:
 
 
 def is_peft_model(model) -> bool:
-    """Whether ``model``, once hasten's and torch's wrappers are removed, is a peft ``PeftModel``."""
-    from .availability import is_peft_available
+    """Whether ``model``, once hasten's and torch's wrappers are removed, is a peft ``PeftModel``.
+
+    peft is not imported here: a ``PeftModel`` can only exist once peft is imported, so without it the answer is False.
+    """
     from .wrappers import extract_model_from_parallel
 
-    if not is_peft_available():
-        return False
-    from peft import PeftModel
-
-    return isinstance(extract_model_from_parallel(model), PeftModel)
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(extract_model_from_parallel(model), peft.PeftModel)
 
 
 def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -> list:

@@ -12,6 +12,7 @@ Reading is in :mod:`hasten.checkpoint_loading`; :func:`load_checkpoint_in_model`
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -231,6 +232,7 @@ def save(obj, f, save_on_each_node: bool = False, safe_serialization: bool = Fal
     atomic_write(f, lambda temporary: _write_safetensors_file(temporary, tensors, metadata))
 
 
+@functools.cache
 def _safe_numpy_globals() -> list:
     """What numpy arrays (e.g. RNG states) need to load under ``weights_only=True``: array reconstruction and
     dtypes, no code (Accelerate's ``TORCH_SAFE_GLOBALS``)."""

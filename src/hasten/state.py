@@ -14,6 +14,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 import time
 import warnings
 from datetime import timedelta
@@ -546,3 +547,25 @@ def warn_once(key: str, message: str, category=UserWarning) -> None:
 
 
 _warned: set[str] = set()
+
+
+def do_nothing(*args, **kwargs):
+    """Accept any arguments and do nothing (what a process-filtered call becomes on the other processes)."""
+    return None
+
+
+class ThreadLocalSharedDict(threading.local):
+    """A class-level dict descriptor whose contents are per thread (Accelerate's shared-state holder for TPU
+    threads). hasten's states are per process, so :data:`SharedDict` is a plain ``dict``."""
+
+    def __init__(self, thread_local: bool = False):
+        self._storage = {}
+
+    def __get__(self, obj, objtype=None):
+        return self._storage
+
+    def __set__(self, obj, value):
+        self._storage = value
+
+
+SharedDict = dict

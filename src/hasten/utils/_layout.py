@@ -103,22 +103,25 @@ LAYOUT: dict[str, dict[str, str]] = {
             "fsdp2_switch_optimizer_parameters",
         ),
     },
-    "imports": _names(
-        "availability",
-        "USE_TORCH_XLA deepspeed_required torchao_required is_4bit_bnb_available is_8bit_bnb_available is_aim_available "
-        "is_amdsmi_available is_bf16_available is_bitsandbytes_multi_backend_available is_bnb_available is_boto3_available "
-        "is_clearml_available is_comet_ml_available is_cuda_available is_datasets_available is_deepspeed_available "
-        "is_dvclive_available is_fp16_available is_fp8_available is_habana_gaudi1 is_hpu_available is_import_timer_available "
-        "is_lomo_available is_matplotlib_available is_megatron_lm_available is_mlflow_available is_mlu_available "
-        "is_mps_available is_msamp_available is_musa_available is_neuron_available is_npu_available is_numpy_available "
-        "is_pandas_available is_peft_available is_pippy_available is_pynvml_available is_pytest_available is_rich_available "
-        "is_rocm_available is_sagemaker_available is_schedulefree_available is_sdaa_available "
-        "is_tensorboard_available is_timm_available is_torch_distributed_available is_torch_xla_available "
-        "is_torchao_available is_torchdata_available is_torchdata_stateful_dataloader_available is_torchvision_available "
-        "is_tqdm_available is_transformer_engine_available is_transformer_engine_mxfp8_available "
-        "is_transformers_available is_triton_available is_wandb_available is_weights_only_available is_xccl_available "
-        "is_xpu_available is_safetensors_available",
-    ),
+    "imports": {
+        "is_rich_available": "unsupported",
+        **_names(
+            "availability",
+            "USE_TORCH_XLA deepspeed_required torchao_required is_4bit_bnb_available is_8bit_bnb_available is_aim_available "
+            "is_amdsmi_available is_bf16_available is_bitsandbytes_multi_backend_available is_bnb_available is_boto3_available "
+            "is_clearml_available is_comet_ml_available is_cuda_available is_datasets_available is_deepspeed_available "
+            "is_dvclive_available is_fp16_available is_fp8_available is_habana_gaudi1 is_hpu_available is_import_timer_available "
+            "is_lomo_available is_matplotlib_available is_megatron_lm_available is_mlflow_available is_mlu_available "
+            "is_mps_available is_msamp_available is_musa_available is_neuron_available is_npu_available is_numpy_available "
+            "is_pandas_available is_peft_available is_pippy_available is_pynvml_available is_pytest_available "
+            "is_rocm_available is_sagemaker_available is_schedulefree_available is_sdaa_available "
+            "is_tensorboard_available is_timm_available is_torch_distributed_available is_torch_xla_available "
+            "is_torchao_available is_torchdata_available is_torchdata_stateful_dataloader_available is_torchvision_available "
+            "is_tqdm_available is_transformer_engine_available is_transformer_engine_mxfp8_available "
+            "is_transformers_available is_triton_available is_wandb_available is_weights_only_available is_xccl_available "
+            "is_xpu_available is_safetensors_available",
+        ),
+    },
     "launch": _names(
         "launch_env",
         "PrepareForLaunch env_var_path_add prepare_deepspeed_cmd_env prepare_extend_env_parallelism_config "
@@ -201,7 +204,6 @@ FLAT_ONLY: dict[str, str] = {
     "LocalSGD": "local_sgd",
     "ParallelismConfig": "unsupported",
     "merge_deepspeed_weights": "strategies.deepspeed_checkpoint",
-    "is_rich_available": "unsupported",
 }
 
 
