@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import hasten.utils
+import hasten.errors
 from hasten.errors import NotSupportedError
 
 from helpers import ROOT, clean_env, free_port
@@ -319,3 +320,69 @@ def test_importing_every_utils_submodule_stays_cheap():
     )
     out = subprocess.run([sys.executable, "-c", code], env=clean_env(PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_hf_deepspeed_config_navigation_as_transformers_uses_it():
+    from hasten.utils.deepspeed import HfDeepSpeedConfig
+
+    config = HfDeepSpeedConfig._unregistered(
+        {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "optimizer": {"params": {"lr": "auto"}}}
+    )
+    assert config.is_zero2() and not config.is_zero3() and (config._stage, config._offload) == (2, True)
+    node, key = config.find_config_node("optimizer.params.lr")
+    node[key] = 0.1  # what transformers' fill_match does
+    assert config.get_value("optimizer.params.lr") == 0.1
+    assert config.find_config_node("scheduler.params.warmup") == (None, "warmup")
+    config.del_config_sub_tree("optimizer")
+    assert "optimizer" not in config.config
+    config.del_config_sub_tree("scheduler.params")
+    with pytest.raises(hasten.errors.ConfigError, match="scheduler"):
+        config.del_config_sub_tree("scheduler", must_exist=True)
+
+
+def test_ddp_kwargs_to_dict_leaves_out_the_hook_settings():
+    from hasten.utils import DistributedDataParallelKwargs
+
+    handler = DistributedDataParallelKwargs(find_unused_parameters=True)
+    assert "comm_hook" not in handler.to_dict() and handler.to_dict()["find_unused_parameters"] is True
+    assert "comm_hook" in handler.to_dict(ignore_keys=())
+    assert handler.to_kwargs() == {"find_unused_parameters": True}
+
+
+def test_accelerator_state_names_its_deepspeed_plugins():
+    from hasten.state import AcceleratorState
+    from hasten.utils import DeepSpeedPlugin
+
+    first, second = DeepSpeedPlugin(zero_stage=2), DeepSpeedPlugin(zero_stage=3)
+    state = AcceleratorState(cpu=True, deepspeed_plugin={"student": first, "teacher": second})
+    assert state.get_deepspeed_plugin("teacher") is second
+    with pytest.raises(hasten.errors.ConfigError, match="'teacher', .*'student'|'student', 'teacher'"):
+        state.get_deepspeed_plugin("critic")
+    state.select_deepspeed_plugin("student")
+    assert first.selected
+
+
+def test_parallelism_config_mesh_and_json():
+    import json
+
+    from hasten.parallelism_config import ParallelismConfig
+
+    config = ParallelismConfig(dp_shard_size=1)
+    assert json.loads(config.to_json())["dp_shard_size"] == 1
+    assert config.build_device_mesh("cpu") is None
+    with pytest.raises(hasten.errors.ConfigError, match="device_type"):
+        config.get_device_mesh()
+
+
+def test_set_deepspeed_weakref_points_transformers_at_the_zero3_config():
+    pytest.importorskip("transformers")
+    from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
+
+    from hasten.utils import DeepSpeedPlugin
+
+    plugin = DeepSpeedPlugin(zero_stage=3, zero3_init_flag=True)
+    try:
+        plugin.set_deepspeed_weakref()
+        assert is_deepspeed_zero3_enabled()
+    finally:
+        unset_hf_deepspeed_config()

@@ -135,7 +135,7 @@ class ProcessControl:
         """Decorator: run ``function`` only on each machine's local main process."""
         return self._run_if(function, lambda: self.is_local_main_process)
 
-    def on_last_process(self, function: Callable | None = None):
+    def on_last_process(self, function: Callable):
         """Decorator: run ``function`` only on the last process."""
         return self._run_if(function, lambda: self.is_last_process)
 
@@ -370,6 +370,26 @@ class AcceleratorState(ProcessControl):
         self.parallelism_config = parallelism_config
         self.distributed_type = self._partial.distributed_type
         self.initialized = True
+
+    def destroy_process_group(self, group=None) -> None:
+        """Destroy ``group`` (default: the process group hasten created); see :meth:`PartialState.destroy_process_group`."""
+        self._partial.destroy_process_group(group)
+
+    def get_deepspeed_plugin(self, name: str):
+        """The DeepSpeed plugin passed under ``name`` in ``Accelerator(deepspeed_plugins={name: plugin})``."""
+        plugins = self.deepspeed_plugin
+        if isinstance(plugins, dict) and name in plugins:
+            return plugins[name]
+        known = f"the plugins are named {sorted(plugins)}" if isinstance(plugins, dict) else "no named plugins were given"
+        raise ConfigError(f"No DeepSpeed plugin named {name!r}: {known} (hasten runs one DeepSpeed plugin per Accelerator).")
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Make the plugin called ``name`` (or the only one) the active one."""
+        plugins = self.deepspeed_plugin
+        plugin = self.get_deepspeed_plugin(name) if name is not None or isinstance(plugins, dict) else plugins
+        if plugin is None:
+            raise ConfigError("select_deepspeed_plugin: DeepSpeed is not in use (no deepspeed_plugin was given).")
+        plugin.select()
 
     def _check_unchanged(self, mixed_precision: str | None) -> None:
         if mixed_precision is not None and str(mixed_precision) != self.mixed_precision:

@@ -70,10 +70,35 @@ def _signature(obj) -> list | None:
     return [[p.name, p.kind.name, _describe_default(p.default)] for p in signature.parameters.values()]
 
 
-def describe(obj) -> dict:
-    """Kind and signature of a class or function; kind and (plain) value of anything else."""
+def _method_signature(obj) -> list | None:
+    signature = _signature(obj)
+    if signature and signature[0][0] in ("self", "cls") and signature[0][1] == "POSITIONAL_OR_KEYWORD":
+        return signature[1:]
+    return signature
+
+
+def public_methods(cls, package: str) -> dict:
+    """Signatures (without ``self``/``cls``) of the public methods that ``package``'s classes define on ``cls``.
+
+    Properties and attributes are left out: an instance attribute cannot be seen without an instance.
+    """
+    methods = {}
+    for name in dir(cls):
+        if name.startswith("_"):
+            continue
+        owner = next((klass for klass in cls.__mro__ if name in vars(klass)), None)
+        if owner is None or owner.__module__.split(".")[0] != package:
+            continue
+        raw = vars(owner)[name]
+        if isinstance(raw, (staticmethod, classmethod)) or (callable(raw) and not isinstance(raw, type)):
+            methods[name] = _method_signature(getattr(cls, name))
+    return methods
+
+
+def describe(obj, package: str | None = None) -> dict:
+    """Kind and signature of a class (with its public methods) or function; kind and (plain) value of anything else."""
     if isinstance(obj, type):
-        return {"kind": "class", "signature": _signature(obj)}
+        return {"kind": "class", "signature": _signature(obj), "methods": public_methods(obj, package or obj.__module__.split(".")[0])}
     if callable(obj):
         return {"kind": "function", "signature": _signature(obj)}
     if _is_plain(obj):
@@ -133,7 +158,7 @@ def dump_reference(package_name: str) -> dict:
         for name in names:
             if not hasattr(module, name) or isinstance(getattr(module, name), types.ModuleType):
                 continue
-            entries[name] = describe(getattr(module, name))
+            entries[name] = describe(getattr(module, name), package_name)
         surface[module_name] = entries
     return surface
 
@@ -148,11 +173,18 @@ def dump_mirror(reference: dict, source: str, target: str) -> dict:
             surface[module_name] = {"__import_error__": f"{type(exc).__name__}: {exc}"}
             continue
         described = {}
-        for name in entries:
+        for name, expected in entries.items():
             try:
-                described[name] = describe(getattr(module, name))
+                described[name] = describe(getattr(module, name), target)
             except (AttributeError, ImportError):
                 described[name] = {"kind": "missing"}
+                continue
+            if "methods" in expected and "methods" in described[name]:
+                ours = described[name]["methods"]
+                cls = getattr(module, name)
+                for method in expected["methods"]:
+                    if method not in ours:
+                        ours[method] = _method_signature(getattr(cls, method)) if callable(getattr(cls, method, None)) else "missing"
         surface[module_name] = described
     return surface
 
