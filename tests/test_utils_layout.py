@@ -386,3 +386,67 @@ def test_set_deepspeed_weakref_points_transformers_at_the_zero3_config():
         assert is_deepspeed_zero3_enabled()
     finally:
         unset_hf_deepspeed_config()
+
+
+def test_fp8_layer_filters_and_layer_probes():
+    from hasten.utils.ao import filter_linear_layers, find_first_last_linear_layers, has_ao_layers
+    from hasten.utils.bnb import has_4bit_bnb_layers, load_and_quantize_model
+
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.Linear(32, 8))
+    assert find_first_last_linear_layers(model) == ("0", "3")
+    assert filter_linear_layers(model[2], "2", ["0", "3"]) is True
+    assert filter_linear_layers(model[0], "0", ["0", "3"]) is False
+    assert filter_linear_layers(model[3], "x", []) is False  # 8 output features: not a multiple of 16
+    assert has_ao_layers(model) is False and has_4bit_bnb_layers(model) is False
+    with pytest.raises(NotSupportedError, match="bitsandbytes"):
+        load_and_quantize_model(model, None)
+
+
+def test_prepare_for_launch_sets_the_rank_then_runs(monkeypatch):
+    from hasten.utils import PrepareForLaunch
+
+    seen = []
+    monkeypatch.setenv("NPROC", "2")
+    monkeypatch.setenv("NODE_RANK", "1")
+    for key in ("LOCAL_RANK", "RANK", "FORK_LAUNCHED"):
+        monkeypatch.delenv(key, raising=False)
+    PrepareForLaunch(lambda x: seen.append((x, os.environ["LOCAL_RANK"], os.environ["RANK"])), distributed_type="MULTI_CPU")(1, "arg")
+    assert seen == [("arg", "1", "3")]
+
+
+def test_environment_and_machine_helpers(monkeypatch):
+    from hasten.utils.environment import (
+        are_libraries_initialized,
+        check_cuda_p2p_ib_support,
+        convert_dict_to_env_variables,
+        get_cpu_distributed_information,
+        get_current_device_type,
+    )
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    info = get_cpu_distributed_information()
+    assert (info.rank, info.world_size, info.local_rank, info.local_world_size) == (3, 4, 1, 2)
+    assert are_libraries_initialized("torch", "surely_not_a_module") == ["torch"]
+    with pytest.warns(UserWarning) as caught:
+        assert convert_dict_to_env_variables({"GOOD": "1", "BAD": "a b", "EMPTY": ""}) == ["GOOD=1\n"]
+    assert ["BAD" in str(w.message) or "EMPTY" in str(w.message) for w in caught] == [True, True]
+    assert get_current_device_type() in (("cuda", "MULTI_GPU"), ("xpu", "MULTI_XPU"))
+    assert isinstance(check_cuda_p2p_ib_support(), bool)
+
+
+def test_mixed_precision_context_and_grad_scaler():
+    from hasten.accelerator import Accelerator
+    from hasten.utils.modeling import get_grad_scaler, get_mixed_precision_context_manager
+
+    accelerator = Accelerator(cpu=True, mixed_precision="bf16")
+    with get_mixed_precision_context_manager(native_amp=True):
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    with get_mixed_precision_context_manager(native_amp=False):
+        assert not torch.is_autocast_enabled("cpu")
+    assert isinstance(get_grad_scaler(accelerator.distributed_type, init_scale=8.0), torch.amp.GradScaler)
+    assert get_grad_scaler(init_scale=8.0).get_scale() == 8.0

@@ -3,7 +3,8 @@ bitsandbytes (``accelerate.utils.ao``, ``.transformer_engine``, ``.bnb`` and the
 
 hasten's FP8 path is ``FP8RecipeKwargs`` with ``mixed_precision="fp8"``. The names below exist with Accelerate's
 signatures so that ported code imports; the ``has_*_layers`` probes answer truthfully (a model built without the
-package has none of its layers), everything else raises :class:`~hasten.errors.NotSupportedError`.
+package has none of its layers) and the FP8 layer filters work, everything else raises
+:class:`~hasten.errors.NotSupportedError`.
 """
 
 from __future__ import annotations
@@ -60,19 +61,24 @@ def convert_model_to_fp8_ao(model, config=None, module_filter_func=None):
     raise _refuse("convert_model_to_fp8_ao", "ao")
 
 
-def filter_first_and_last_linear_layers(module, fqn):
-    """Not supported by hasten (torchao FP8); raises NotSupportedError."""
-    raise _refuse("filter_first_and_last_linear_layers", "ao")
+def find_first_last_linear_layers(model: torch.nn.Module) -> tuple[str | None, str | None]:
+    """The names of the first and the last ``nn.Linear`` of ``model`` (None when it has none)."""
+    names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
+    return (names[0], names[-1]) if names else (None, None)
 
 
-def filter_linear_layers(module, fqn, layers_to_filter):
-    """Not supported by hasten (torchao FP8); raises NotSupportedError."""
-    raise _refuse("filter_linear_layers", "ao")
+def filter_linear_layers(module: torch.nn.Module, fqn: str, layers_to_filter: list[str]) -> bool:
+    """FP8 conversion filter: False for a linear layer whose sizes are not multiples of 16 (FP8 kernels need that)
+    and for the layers named in ``layers_to_filter``; True otherwise."""
+    if isinstance(module, torch.nn.Linear) and (module.in_features % 16 or module.out_features % 16):
+        return False
+    return fqn not in layers_to_filter
 
 
-def find_first_last_linear_layers(model):
-    """Not supported by hasten (torchao FP8); raises NotSupportedError."""
-    raise _refuse("find_first_last_linear_layers", "ao")
+def filter_first_and_last_linear_layers(module: torch.nn.Module, fqn: str) -> bool:
+    """:func:`filter_linear_layers` that also keeps the first and last linear layers of ``module`` out of FP8
+    (converting them tends to make training unstable)."""
+    return filter_linear_layers(module, fqn, layers_to_filter=list(find_first_last_linear_layers(module)))
 
 
 def get_keys_to_not_convert(model):
