@@ -54,7 +54,7 @@ demo: setup
 test: setup reference
 	$(PY) -m pytest -q
 
-test-fast: setup
+test-fast: setup reference
 	$(PY) -m pytest -q -m "not slow"
 
 bench: setup
