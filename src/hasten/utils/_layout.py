@@ -196,8 +196,9 @@ LAYOUT: dict[str, dict[str, str]] = {
     "versions": _names("availability", "compare_versions is_torch_version torch_version"),
 }
 
-# names of ``accelerate.utils`` that come from no submodule listed above
+# names of ``hasten.utils`` that come from no submodule listed above (``parse_size`` is hasten's own)
 FLAT_ONLY: dict[str, str] = {
+    "parse_size": "fileio",
     "write_basic_config": "config",
     "notebook_launcher": "launchers",
     "debug_launcher": "launchers",
