@@ -112,8 +112,13 @@ def test_purge_accelerate_environment_removes_what_the_function_set(monkeypatch)
         def test_one(self):
             os.environ["ACCELERATE_USE_CPU"] = "true"
 
+    class Child(Case):
+        def test_two(self):
+            os.environ["HASTEN_USE_CPU"] = "true"
+
     Case().test_one()
-    assert "ACCELERATE_USE_CPU" not in os.environ
+    Child().test_two()
+    assert "ACCELERATE_USE_CPU" not in os.environ and "HASTEN_USE_CPU" not in os.environ
 
 
 def test_launch_command_parser_standalone_and_as_subcommand():

@@ -496,28 +496,41 @@ def _restored_launch_variables():
 
 
 def purge_accelerate_environment(func_or_cls):
-    """Decorator: ``ACCELERATE_*`` and ``HASTEN_*`` variables set while the function (or each ``test*`` method and
-    ``setUp``/``tearDown`` of the class) runs are removed afterwards, and changed ones restored.
+    """Decorator: ``ACCELERATE_*`` and ``HASTEN_*`` variables set while the function (or each ``test*`` method of
+    the class and of its subclasses) runs are removed afterwards, and changed ones restored.
 
     Objects such as transformers' ``TrainingArguments(fp16=True)`` export ``ACCELERATE_MIXED_PRECISION``; in a
     test suite that would leak into the next test.
     """
 
     def wrap(function):
+        if getattr(function, "_hasten_purges_environment", False):
+            return function
+
         @functools.wraps(function)
         def wrapper(*args, **kwargs):
             with _restored_launch_variables():
                 return function(*args, **kwargs)
 
+        wrapper._hasten_purges_environment = True
         return wrapper
+
+    def wrap_tests(cls):
+        for name in dir(cls):
+            if name.startswith("test") and callable(getattr(cls, name)):
+                setattr(cls, name, wrap(getattr(cls, name)))
+        return cls
 
     if not isinstance(func_or_cls, type):
         return wrap(func_or_cls)
-    for name in dir(func_or_cls):
-        attribute = getattr(func_or_cls, name)
-        if callable(attribute) and (name.startswith("test") or name in ("setUp", "tearDown", "setup_method", "teardown_method")):
-            setattr(func_or_cls, name, wrap(attribute))
-    return func_or_cls
+    original = func_or_cls.__init_subclass__
+
+    def init_subclass(cls, **kwargs):
+        original.__func__(cls, **kwargs) if hasattr(original, "__func__") else original(**kwargs)
+        wrap_tests(cls)
+
+    func_or_cls.__init_subclass__ = classmethod(init_subclass)
+    return wrap_tests(func_or_cls)
 
 
 def convert_dict_to_env_variables(current_env: dict) -> list[str]:
