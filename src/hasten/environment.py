@@ -526,7 +526,10 @@ def purge_accelerate_environment(func_or_cls):
     original = func_or_cls.__init_subclass__
 
     def init_subclass(cls, **kwargs):
-        original.__func__(cls, **kwargs) if hasattr(original, "__func__") else original(**kwargs)
+        if hasattr(original, "__func__"):  # the class's own __init_subclass__
+            original.__func__(cls, **kwargs)
+        else:
+            original(**kwargs)
         wrap_tests(cls)
 
     func_or_cls.__init_subclass__ = classmethod(init_subclass)
