@@ -116,6 +116,12 @@ ALLOWED = [
         "reason": "no **kwargs: Accelerate accepts and ignores unknown keywords, hasten refuses them instead of ignoring them",
     },
     {
+        "names": [("accelerate.test_utils", "DEFAULT_LAUNCH_COMMAND"), ("accelerate.test_utils.testing", "DEFAULT_LAUNCH_COMMAND")],
+        "difference": "differs",
+        "reason": "test launch commands run `python -m hasten.commands.main launch --key value` with this interpreter, so "
+        "no `accelerate` (or `hasten`) executable is needed on PATH",
+    },
+    {
         "names": [("accelerate.utils.imports", "USE_TORCH_XLA")],
         "difference": "differs",
         "reason": "hasten never uses torch_xla (TPUs are not supported), so the switch is False",

@@ -21,7 +21,8 @@ import warnings
 
 # Parts of the reference package that are not compared, each with why.
 SKIPPED_MODULES = {
-    "accelerate.test_utils": "Accelerate's own test-suite helpers and scripts, not a library API",
+    "accelerate.test_utils.scripts": "Accelerate's own multi-process test scripts (hasten's self-check is hasten.test_utils.scripts.test_script)",
+    "accelerate.test_utils.examples": "compares Accelerate's example scripts with their feature variants; hasten's examples are its own",
     "accelerate.commands": "CLI internals; the command line is `hasten`, with Accelerate's flags (see INCLUDED_COMMANDS)",
 }
 # The command modules whose helpers libraries do import (transformers, trl), compared name by name.
@@ -114,7 +115,9 @@ def _top_level_names(tree: ast.Module, is_package: bool) -> list[str]:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
                 names.append(node.name)
             elif isinstance(node, ast.Assign):
-                names.extend(t.id for t in node.targets if isinstance(t, ast.Name))
+                for target in node.targets:
+                    elements = target.elts if isinstance(target, ast.Tuple) else [target]
+                    names.extend(t.id for t in elements if isinstance(t, ast.Name))
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 names.append(node.target.id)
             elif isinstance(node, ast.ImportFrom) and is_package and (node.level > 0 or (node.module or "").startswith("accelerate")):
