@@ -517,6 +517,11 @@ class GradientState:
         loader = self.active_dataloader
         return -1 if loader is None else loader.remainder
 
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        """Always True: hasten never runs on XLA, whose gradients Accelerate synchronises lazily."""
+        return True
+
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
 

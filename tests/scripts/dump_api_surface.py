@@ -10,6 +10,7 @@ each module's source to find the names it defines (and, for packages, the names 
 from __future__ import annotations
 
 import ast
+import contextlib
 import enum
 import importlib
 import inspect
@@ -29,6 +30,14 @@ SKIPPED_MODULES = {
 INCLUDED_COMMANDS = {
     "accelerate.commands.config": ("default_config_file", "load_config_from_file"),
     "accelerate.commands.launch": ("launch_command_parser", "launch_command"),
+}
+# Classes whose properties are checked on an instance (an instance attribute is invisible on the class), built
+# with these arguments in the dumping process.
+INSTANCE_CHECKED = {
+    "accelerate.accelerator.Accelerator": {"cpu": True},
+    "accelerate.state.PartialState": {"cpu": True},
+    "accelerate.state.AcceleratorState": {"cpu": True},
+    "accelerate.state.GradientState": {},
 }
 _PRIMITIVES = (str, int, float, bool, type(None))
 
@@ -166,6 +175,37 @@ def dump_reference(package_name: str) -> dict:
     return surface
 
 
+def _instance(path: str, package: str):
+    module_name, _, class_name = path.rpartition(".")
+    module = importlib.import_module(package + module_name[len("accelerate") :])
+    return getattr(module, class_name)(**INSTANCE_CHECKED[path])
+
+
+def reference_properties() -> dict:
+    """``{class path: [public property names]}`` of the :data:`INSTANCE_CHECKED` classes of Accelerate."""
+    properties = {}
+    for path in INSTANCE_CHECKED:
+        cls = type(_instance(path, "accelerate"))
+        properties[path] = sorted(n for n in dir(cls) if not n.startswith("_") and isinstance(inspect.getattr_static(cls, n, None), property))
+    return properties
+
+
+def missing_properties(reference: dict, package: str) -> dict:
+    """``{class path: [names an instance of the package's class lacks]}`` for the properties in ``reference``."""
+    missing = {}
+    for path, names in reference.items():
+        instance = _instance(path, package)
+        missing[path] = []
+        for name in names:
+            try:
+                getattr(instance, name)
+            except AttributeError:
+                missing[path].append(name)
+            except Exception:  # the property exists but cannot answer in this process (e.g. no DeepSpeed plugin)
+                continue
+    return missing
+
+
 def dump_mirror(reference: dict, source: str, target: str) -> dict:
     surface = {}
     for module_name, entries in reference.items():
@@ -195,11 +235,21 @@ def dump_mirror(reference: dict, source: str, target: str) -> dict:
 def main() -> None:
     warnings.simplefilter("ignore")
     package = sys.argv[1]
+    with contextlib.redirect_stdout(sys.stderr):  # whatever an import prints must not end up in the JSON
+        result = _dump(package)
+    json.dump(result, sys.stdout, indent=1, sort_keys=True)
+
+
+def _dump(package: str) -> dict:
     if package == "accelerate":
         result = dump_reference(package)
+        result["__properties__"] = reference_properties()
     else:
-        result = dump_mirror(json.load(sys.stdin), "accelerate", package)
-    json.dump(result, sys.stdout, indent=1, sort_keys=True)
+        reference = json.load(sys.stdin)
+        properties = reference.pop("__properties__")
+        result = dump_mirror(reference, "accelerate", package)
+        result["__missing_properties__"] = missing_properties(properties, package)
+    return result
 
 
 if __name__ == "__main__":
