@@ -15,8 +15,13 @@ DS_OPS_STAMP := $(VENV)/.deepspeed-ops
 # other requirements come with transformers (the dev extra); tests/test_ecosystem.py checks them.
 ECOSYSTEM_NO_DEPS ?= peft==0.21.2
 ECO_STAMP := $(VENV)/.ecosystem
+# A reference copy of Accelerate, read only by tests/test_accelerate_surface.py (in a subprocess): installed into a
+# side folder, never into the venv, which stays an "only hasten" environment as users' are.
+ACCELERATE_REFERENCE := accelerate==1.15.0
+REFERENCE_DIR := .reference/accelerate-1.15.0
+REFERENCE_STAMP := $(REFERENCE_DIR)/.installed
 
-.PHONY: setup demo test test-fast bench torch-check clean
+.PHONY: setup reference demo test test-fast bench torch-check clean
 
 setup: $(PKG_STAMP) $(DS_OPS_STAMP) $(ECO_STAMP)
 
@@ -43,18 +48,25 @@ $(DS_OPS_STAMP): $(PKG_STAMP)
 $(ECO_STAMP): $(PKG_STAMP) Makefile
 	$(PIP) install --no-deps $(ECOSYSTEM_NO_DEPS)
 	@touch $@
+# Offline, the install fails with a warning and the surface test skips, saying why.
+reference: $(REFERENCE_STAMP)
+
+$(REFERENCE_STAMP): | $(PY)
+	@rm -rf $(REFERENCE_DIR)
+	@if $(PIP) install --no-deps --target $(REFERENCE_DIR) $(ACCELERATE_REFERENCE); then touch $@; \
+	else echo "warning: could not install $(ACCELERATE_REFERENCE) into $(REFERENCE_DIR); tests/test_accelerate_surface.py will skip"; fi
 
 demo: setup
 	$(VENV)/bin/hasten launch --num_processes 2 examples/digits_classifier.py
 
-test: setup
+test: setup reference
 	$(PY) -m pytest -q
 
-test-fast: setup
+test-fast: setup reference
 	$(PY) -m pytest -q -m "not slow"
 
 bench: setup
 	$(PY) bench/run_all.py
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .reference

@@ -517,7 +517,7 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
                 if "already been called" not in str(error):
                     raise
 
-    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(self, parameters, max_norm: float, norm_type: float = 2) -> torch.Tensor:
         """Clip gradients to a total norm of ``max_norm`` (after fp16 unscaling) and return the total norm.
 
         Correct under every strategy (sharded gradients give the global norm). Call it on steps where

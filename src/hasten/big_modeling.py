@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 import warnings
 from collections.abc import Mapping
 
@@ -29,6 +30,7 @@ from .errors import ConfigError, NotSupportedError, did_you_mean
 from .hooks import (
     AlignDevicesHook,
     CpuOffload,
+    LayerwiseCastingHook,
     UserCpuOffloadHook,
     add_hook_to_module,
     align_module_device,
@@ -426,3 +428,31 @@ def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
             for name, tensor in named_module_tensors(module, remove_non_persistent=True):
                 state[f"{prefix}.{name}" if prefix else name] = tensor.detach()
     return state
+
+
+def attach_layerwise_casting_hooks(
+    module: nn.Module,
+    storage_dtype: torch.dtype,
+    compute_dtype: torch.dtype,
+    skip_modules_pattern: str | tuple[str, ...] | None = None,
+    skip_modules_classes: tuple[type[nn.Module], ...] | None = None,
+    non_blocking: bool = False,
+) -> None:
+    """Store the weights of ``module``'s convolution and linear layers in ``storage_dtype`` and compute in
+    ``compute_dtype``: a :class:`~hasten.hooks.LayerwiseCastingHook` on each such layer.
+
+    Layers whose dotted name matches a regular expression of ``skip_modules_pattern`` (searched, not matched),
+    or whose class is in ``skip_modules_classes``, and everything under them, keep their dtype.
+    """
+    from .constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+
+    patterns = (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else tuple(skip_modules_pattern or ())
+    pending = [("", module)]
+    while pending:
+        name, current = pending.pop()
+        if (skip_modules_classes and isinstance(current, skip_modules_classes)) or any(re.search(p, name) for p in patterns):
+            continue
+        if isinstance(current, SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING):
+            add_hook_to_module(current, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True)
+            continue
+        pending.extend((f"{name}.{child}" if name else child, sub) for child, sub in current.named_children())

@@ -84,3 +84,14 @@ def compile_regions_deepspeed(module: torch.nn.Module, **compile_kwargs) -> torc
 def compile_regions_fsdp2(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
     """:func:`compile_regions` for a model sharded with FSDP2 (compilation is in place, so no difference)."""
     return compile_regions(module, **compile_kwargs)
+
+
+def is_repeated_blocks(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a non-empty ``nn.ModuleList`` whose items are all of the class of the first one."""
+    return isinstance(module, torch.nn.ModuleList) and len(module) > 0 and all(isinstance(m, type(module[0])) for m in module)
+
+
+def has_repeated_blocks(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds repeated blocks (:func:`is_repeated_blocks`) at any depth: regional compilation
+    (:func:`compile_regions`) then compiles one block and reuses it."""
+    return any(is_repeated_blocks(submodule) for submodule in module.modules())

@@ -188,6 +188,10 @@ class ClusterConfig:
     mpirun_config: MpirunSection = _section(MpirunSection)
     megatron_lm_config: dict = field(default_factory=dict, metadata={"kind": "prefixed", "prefix": "megatron_lm_"})
 
+    def to_dict(self) -> dict:
+        """The config as plain data (see :func:`config_to_dict`), as Accelerate's config objects give it."""
+        return config_to_dict(self)
+
 
 @dataclass(kw_only=True, slots=True)
 class SageMakerConfig:
@@ -215,6 +219,10 @@ class SageMakerConfig:
     additional_args: dict | None = _opt(kind="any")
     dynamo_config: DynamoSection = _section(DynamoSection)
     enable_cpu_affinity: bool = _opt(False, "bool")
+
+    def to_dict(self) -> dict:
+        """The config as plain data (see :func:`config_to_dict`), as Accelerate's config objects give it."""
+        return config_to_dict(self)
 
 
 # ------------------------------------------------------------------------------------ values
@@ -551,7 +559,7 @@ def basic_config(mixed_precision: str = "no", hardware: Hardware | None = None) 
     )
 
 
-def write_basic_config(mixed_precision: str = "no", save_location: str | os.PathLike | None = None, use_xpu: bool = False):
+def write_basic_config(mixed_precision: str = "no", save_location: str | os.PathLike | None = None):
     """Write a basic launch config for this machine without asking anything.
 
     Unlike Accelerate, the file is YAML (Accelerate writes JSON text into its ``.yaml`` file).
@@ -559,7 +567,6 @@ def write_basic_config(mixed_precision: str = "no", save_location: str | os.Path
     Args:
         mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``.
         save_location: where to write; default :func:`hasten.environment.default_config_file`.
-        use_xpu: accepted for compatibility; XPUs are detected by themselves.
 
     Returns:
         The path written, or ``False`` when a file already exists there (it is never overwritten).

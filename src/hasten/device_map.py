@@ -378,7 +378,7 @@ def check_device_map(model: nn.Module, device_map: Mapping) -> None:
                 f"device_map entry {name!r} is not a module, parameter or buffer of the model."
                 f"{did_you_mean(name, [n for n in names if n] + tensors)}"
             )
-    non_persistent = get_non_persistent_buffers(model, recurse=True)
+    non_persistent = get_non_persistent_buffers(model, recurse=True, fqns=True)
     uncovered = [name for name in tensors if name not in non_persistent and not _covered(name, device_map)]
     if uncovered:
         shown = ", ".join(uncovered[:10]) + (f" and {len(uncovered) - 10} more" if len(uncovered) > 10 else "")

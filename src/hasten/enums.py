@@ -7,9 +7,28 @@ files and environment variables can hold plain strings.
 from __future__ import annotations
 
 import enum
+from typing import Literal
+
+# Accelerate's type aliases of FP8 and profiler options
+Backend = Literal["MSAMP", "TE"]
+OptLevel = Literal["O1", "O2"]
+FP8Format = Literal["HYBRID", "E4M3", "E5M2"]
+AmaxComputeAlgorithm = Literal["max", "most_recent"]
+ProfilerActivity = Literal["cpu", "xpu", "mtia", "cuda", "hpu"]
 
 
-class BaseEnum(str, enum.Enum):
+class EnumWithContains(enum.EnumMeta):
+    """Enum metaclass whose ``in`` accepts values as well as members: ``"MULTI_GPU" in DistributedType``."""
+
+    def __contains__(cls, item) -> bool:
+        try:
+            cls(item)
+        except ValueError:
+            return False
+        return True
+
+
+class BaseEnum(str, enum.Enum, metaclass=EnumWithContains):
     """A ``str`` enum whose ``str()`` is its value, with :meth:`list` of all values."""
 
     def __str__(self) -> str:

@@ -9,6 +9,7 @@ not listed is a programming error (``KeyError``), which keeps the list complete.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
 import re
@@ -92,13 +93,14 @@ _TRUE = {"1", "true", "yes", "y", "on"}
 _FALSE = {"0", "false", "no", "n", "off", ""}
 
 
-def str_to_bool(value: str) -> int:
-    """Convert a string like ``"yes"``/``"0"`` to 1 or 0; anything else is a :class:`ConfigError`."""
+def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
+    """Convert a string like ``"yes"``/``"0"`` to 1 or 0 (``True``/``False`` with ``to_bool``); anything else is a
+    :class:`ConfigError`."""
     text = str(value).strip().lower()
     if text in _TRUE:
-        return 1
+        return True if to_bool else 1
     if text in _FALSE:
-        return 0
+        return False if to_bool else 0
     raise ConfigError(f"Expected a boolean (1/0, true/false, yes/no), got {value!r}.")
 
 
@@ -477,3 +479,72 @@ def clear_environment():
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+_LAUNCH_PREFIXES = ("ACCELERATE_", "HASTEN_")
+
+
+@contextlib.contextmanager
+def _restored_launch_variables():
+    saved = {k: v for k, v in os.environ.items() if k.startswith(_LAUNCH_PREFIXES)}
+    try:
+        yield
+    finally:
+        for key in [k for k in os.environ if k.startswith(_LAUNCH_PREFIXES)]:
+            if key not in saved:
+                del os.environ[key]
+        os.environ.update(saved)
+
+
+def purge_accelerate_environment(func_or_cls):
+    """Decorator: ``ACCELERATE_*`` and ``HASTEN_*`` variables set while the function (or each ``test*`` method of
+    the class and of its subclasses) runs are removed afterwards, and changed ones restored.
+
+    Objects such as transformers' ``TrainingArguments(fp16=True)`` export ``ACCELERATE_MIXED_PRECISION``; in a
+    test suite that would leak into the next test.
+    """
+
+    def wrap(function):
+        if getattr(function, "_hasten_purges_environment", False):
+            return function
+
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            with _restored_launch_variables():
+                return function(*args, **kwargs)
+
+        wrapper._hasten_purges_environment = True
+        return wrapper
+
+    def wrap_tests(cls):
+        for name in dir(cls):
+            if name.startswith("test") and callable(getattr(cls, name)):
+                setattr(cls, name, wrap(getattr(cls, name)))
+        return cls
+
+    if not isinstance(func_or_cls, type):
+        return wrap(func_or_cls)
+    original = func_or_cls.__init_subclass__
+
+    def init_subclass(cls, **kwargs):
+        if hasattr(original, "__func__"):  # the class's own __init_subclass__
+            original.__func__(cls, **kwargs)
+        else:
+            original(**kwargs)
+        wrap_tests(cls)
+
+    func_or_cls.__init_subclass__ = classmethod(init_subclass)
+    return wrap_tests(func_or_cls)
+
+
+def convert_dict_to_env_variables(current_env: dict) -> list[str]:
+    """``KEY=value\\n`` lines for an environment file, leaving out (with a warning) entries that are empty or hold a
+    character that would break the file (``;``, a newline, ``<``, ``>`` or a space)."""
+    lines = []
+    for key, value in current_env.items():
+        text = f"{key}{value}"
+        if key and value and not any(char in text for char in ";\n<> "):
+            lines.append(f"{key}={value}\n")
+        else:
+            warnings.warn(f"Skipping the environment variable {key}={value!r}: it is empty or holds a forbidden character.", stacklevel=2)
+    return lines

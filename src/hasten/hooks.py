@@ -48,6 +48,27 @@ class ModelHook:
         return module
 
 
+class LayerwiseCastingHook(ModelHook):
+    """Keep a layer's weights in ``storage_dtype`` (e.g. ``torch.float8_e4m3fn``) and cast them to ``compute_dtype``
+    only for its forward, saving memory at some cost in precision (see ``attach_layerwise_casting_hooks``)."""
+
+    def __init__(self, storage_dtype: torch.dtype, compute_dtype: torch.dtype, non_blocking: bool) -> None:
+        self.storage_dtype = storage_dtype
+        self.compute_dtype = compute_dtype
+        self.non_blocking = non_blocking
+
+    def init_hook(self, module: nn.Module) -> nn.Module:
+        return module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
+
+    def pre_forward(self, module: nn.Module, *args, **kwargs):
+        module.to(dtype=self.compute_dtype, non_blocking=self.non_blocking)
+        return args, kwargs
+
+    def post_forward(self, module: nn.Module, output):
+        module.to(dtype=self.storage_dtype, non_blocking=self.non_blocking)
+        return output
+
+
 class SequentialHook(ModelHook):
     """Several hooks run one after the other (``pre_forward`` in order, ``post_forward`` in order too)."""
 
@@ -219,7 +240,7 @@ class AlignDevicesHook(ModelHook):
             set_module_tensor_to_device(module, name, "meta", clear_cache=False)
         if self.execution_device is not None:
             if self.offload_buffers:
-                stay = get_non_persistent_buffers(module, recurse=self.place_submodules)
+                stay = get_non_persistent_buffers(module, recurse=self.place_submodules, fqns=True)
             else:
                 stay = [name for name, _ in module.named_buffers(recurse=self.place_submodules)]
             for name in stay:
@@ -400,7 +421,7 @@ def _direct_entries(module: nn.Module, module_name: str, table: Mapping) -> list
 def attach_align_device_hook_on_blocks(
     module: nn.Module,
     execution_device=None,
-    offload=None,
+    offload=False,
     weights_map: Mapping | None = None,
     offload_buffers: bool = False,
     module_name: str = "",

@@ -12,22 +12,22 @@ from .unsupported import prepare_pippy
 _HINT = "Pipeline-parallel inference is not supported by hasten; use load_checkpoint_and_dispatch(model, checkpoint, device_map='auto')."
 
 
-def generate_device_map(*args, **kwargs):
+def generate_device_map(model, num_processes=1, no_split_module_classes=None, max_memory=None):
     """Not supported (pipeline inference)."""
     raise NotSupportedError(_HINT)
 
 
-def find_pippy_batch_size(*args, **kwargs):
+def find_pippy_batch_size(args, kwargs):
     """Not supported (pipeline inference)."""
     raise NotSupportedError(_HINT)
 
 
-def build_pipeline(*args, **kwargs):
+def build_pipeline(model, split_points, args, kwargs, num_chunks):
     """Not supported (pipeline inference)."""
     raise NotSupportedError(_HINT)
 
 
-def pippy_forward(*args, **kwargs):
+def pippy_forward(forward, num_chunks, gather_output, *args, **kwargs):
     """Not supported (pipeline inference)."""
     raise NotSupportedError(_HINT)
 

@@ -242,3 +242,10 @@ def _failure_detail(failure: Any) -> str:
     if isinstance(inner, dict) and inner.get("extraInfo", {}).get("py_callstack"):
         return str(inner["extraInfo"]["py_callstack"]).rstrip()
     return str(failure.message)
+
+
+def test_launch():
+    """Set up this process's distributed state (what ``hasten test`` checks first): creates ``PartialState``."""
+    from .state import PartialState
+
+    PartialState()

@@ -41,3 +41,10 @@ def convert_bytes(size: float) -> str:
 def recursive_getattr(obj, attr: str):
     """``getattr`` through a dotted path: ``recursive_getattr(model, "encoder.layer.0")``."""
     return functools.reduce(getattr, [obj] + attr.split("."))
+
+
+def get_free_port() -> int:
+    """A TCP port that the system reported free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]

@@ -102,13 +102,17 @@ def get_module_tensor(module: nn.Module, tensor_name: str) -> torch.Tensor:
     )
 
 
-def get_non_persistent_buffers(module: nn.Module, recurse: bool = False) -> set[str]:
-    """Names of the buffers of ``module`` that are not saved in its state dict."""
+def get_non_persistent_buffers(module: nn.Module, recurse: bool = False, fqns: bool = False) -> set[str]:
+    """Names of the buffers of ``module`` that are not saved in its state dict.
+
+    With ``recurse`` the submodules' buffers count too; their names are dotted paths from ``module`` with
+    ``fqns``, bare buffer names without (Accelerate's behaviour).
+    """
     if not recurse:
         return set(module._non_persistent_buffers_set)
     names = set()
     for prefix, submodule in module.named_modules():
-        names |= {f"{prefix}.{name}" if prefix else name for name in submodule._non_persistent_buffers_set}
+        names |= {f"{prefix}.{name}" if prefix and fqns else name for name in submodule._non_persistent_buffers_set}
     return names
 
 
@@ -125,7 +129,7 @@ def named_module_tensors(
     """
     yield from module.named_parameters(recurse=recurse)
     if include_buffers:
-        skip = get_non_persistent_buffers(module, recurse=recurse) if remove_non_persistent else set()
+        skip = get_non_persistent_buffers(module, recurse=recurse, fqns=True) if remove_non_persistent else set()
         for name, buffer in module.named_buffers(recurse=recurse):
             if name not in skip:
                 yield name, buffer

@@ -29,14 +29,14 @@ class CannotPadNestedTensorWarning(UserWarning):
 # ------------------------------------------------------------------------------------ structures
 
 
-def is_torch_tensor(value) -> bool:
+def is_torch_tensor(tensor) -> bool:
     """True for ``torch.Tensor`` instances."""
-    return isinstance(value, torch.Tensor)
+    return isinstance(tensor, torch.Tensor)
 
 
-def is_namedtuple(value) -> bool:
+def is_namedtuple(data) -> bool:
     """True for instances of ``collections.namedtuple`` / ``typing.NamedTuple`` classes."""
-    return isinstance(value, tuple) and hasattr(value, "_fields") and hasattr(value, "_asdict")
+    return isinstance(data, tuple) and hasattr(data, "_fields") and hasattr(data, "_asdict")
 
 
 def honor_type(obj, generator):

@@ -177,3 +177,14 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.gradient_state = GradientState()
+
+
+def patch_optimizer_step(accelerated_optimizer, method):
+    """``method`` (an optimizer's ``step``) wrapped to record on ``accelerated_optimizer`` that a step was called
+    (``_accelerate_step_called``), which scheduler-order warnings read."""
+
+    def patched_step(*args, **kwargs):
+        accelerated_optimizer._accelerate_step_called = True
+        return method(*args, **kwargs)
+
+    return patched_step

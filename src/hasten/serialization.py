@@ -12,6 +12,7 @@ Reading is in :mod:`hasten.checkpoint_loading`; :func:`load_checkpoint_in_model`
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -231,6 +232,24 @@ def save(obj, f, save_on_each_node: bool = False, safe_serialization: bool = Fal
     atomic_write(f, lambda temporary: _write_safetensors_file(temporary, tensors, metadata))
 
 
+@functools.cache
+def _safe_numpy_globals() -> list:
+    """What numpy arrays (e.g. RNG states) need to load under ``weights_only=True``: array reconstruction and
+    dtypes, no code (Accelerate's ``TORCH_SAFE_GLOBALS``)."""
+    import codecs
+
+    import numpy as np
+
+    multiarray = getattr(np, "_core", None) or np.core
+    return [multiarray.multiarray._reconstruct, np.ndarray, codecs.encode, np.dtype, np.dtypes.UInt32DType]
+
+
+def __getattr__(name: str):
+    if name == "TORCH_SAFE_GLOBALS":
+        return _safe_numpy_globals()
+    raise AttributeError(f"module 'hasten.serialization' has no attribute {name!r}")
+
+
 def load(f, map_location=None, **kwargs):
     """Load what :func:`save` wrote: safetensors by file extension, otherwise ``torch.load``.
 
@@ -251,7 +270,8 @@ def load(f, map_location=None, **kwargs):
         return load_state_dict(f, device_map=None if map_location is None else {"": map_location})
     kwargs.setdefault("weights_only", True)
     try:
-        return torch.load(f, map_location=map_location, **kwargs)
+        with torch.serialization.safe_globals(_safe_numpy_globals()):
+            return torch.load(f, map_location=map_location, **kwargs)
     except pickle.UnpicklingError as error:
         if kwargs["weights_only"]:
             raise refused_pickle_error(f if not isinstance(f, io.IOBase) else "the file object", error) from None

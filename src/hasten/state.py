@@ -14,6 +14,7 @@ import contextlib
 import functools
 import os
 import sys
+import threading
 import time
 import warnings
 from datetime import timedelta
@@ -134,7 +135,7 @@ class ProcessControl:
         """Decorator: run ``function`` only on each machine's local main process."""
         return self._run_if(function, lambda: self.is_local_main_process)
 
-    def on_last_process(self, function: Callable | None = None):
+    def on_last_process(self, function: Callable):
         """Decorator: run ``function`` only on the last process."""
         return self._run_if(function, lambda: self.is_last_process)
 
@@ -370,6 +371,26 @@ class AcceleratorState(ProcessControl):
         self.distributed_type = self._partial.distributed_type
         self.initialized = True
 
+    def destroy_process_group(self, group=None) -> None:
+        """Destroy ``group`` (default: the process group hasten created); see :meth:`PartialState.destroy_process_group`."""
+        self._partial.destroy_process_group(group)
+
+    def get_deepspeed_plugin(self, name: str):
+        """The DeepSpeed plugin passed under ``name`` in ``Accelerator(deepspeed_plugins={name: plugin})``."""
+        plugins = self.deepspeed_plugin
+        if isinstance(plugins, dict) and name in plugins:
+            return plugins[name]
+        known = f"the plugins are named {sorted(plugins)}" if isinstance(plugins, dict) else "no named plugins were given"
+        raise ConfigError(f"No DeepSpeed plugin named {name!r}: {known} (hasten runs one DeepSpeed plugin per Accelerator).")
+
+    def select_deepspeed_plugin(self, name: str | None = None) -> None:
+        """Make the plugin called ``name`` (or the only one) the active one."""
+        plugins = self.deepspeed_plugin
+        plugin = self.get_deepspeed_plugin(name) if name is not None or isinstance(plugins, dict) else plugins
+        if plugin is None:
+            raise ConfigError("select_deepspeed_plugin: DeepSpeed is not in use (no deepspeed_plugin was given).")
+        plugin.select()
+
     def _check_unchanged(self, mixed_precision: str | None) -> None:
         if mixed_precision is not None and str(mixed_precision) != self.mixed_precision:
             raise ConfigError(
@@ -496,6 +517,11 @@ class GradientState:
         loader = self.active_dataloader
         return -1 if loader is None else loader.remainder
 
+    @property
+    def is_xla_gradients_synced(self) -> bool:
+        """Always True: hasten never runs on XLA, whose gradients Accelerate synchronises lazily."""
+        return True
+
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients
 
@@ -546,3 +572,25 @@ def warn_once(key: str, message: str, category=UserWarning) -> None:
 
 
 _warned: set[str] = set()
+
+
+def do_nothing(*args, **kwargs):
+    """Accept any arguments and do nothing (what a process-filtered call becomes on the other processes)."""
+    return None
+
+
+class ThreadLocalSharedDict(threading.local):
+    """A class-level dict descriptor whose contents are per thread (Accelerate's shared-state holder for TPU
+    threads). hasten's states are per process, so :data:`SharedDict` is a plain ``dict``."""
+
+    def __init__(self, thread_local: bool = False):
+        self._storage = {}
+
+    def __get__(self, obj, objtype=None):
+        return self._storage
+
+    def __set__(self, obj, value):
+        self._storage = value
+
+
+SharedDict = dict

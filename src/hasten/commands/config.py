@@ -25,12 +25,26 @@ from ..config import (
     Hardware,
     config_from_dict,
     detect_hardware,
+    load_config_file,
     read_config_file,
     save_config_file,
     write_basic_config,
 )
 from ..enums import DynamoBackend
 from ..errors import ConfigError
+
+# Accelerate's ``accelerate.commands.config`` names, which transformers' ``env`` command reads: the path of the
+# default launch config file (in hasten's config folder) and a loader returning the config object.
+default_config_file = str(environment.default_config_file())
+
+
+def load_config_from_file(config_file):
+    """The launch config read from ``config_file`` (default: :data:`default_config_file`), validated.
+
+    Returns a ``ClusterConfig`` (or ``SageMakerConfig``); ``.to_dict()`` gives it as plain data.
+    Raises :class:`~hasten.errors.ConfigError` naming the file when it is missing or invalid.
+    """
+    return load_config_file(config_file)
 
 _MULTI = ("MULTI_CPU", "MULTI_GPU", "MULTI_XPU")
 _YES = ("yes", "y", "true", "1")

@@ -68,6 +68,18 @@ def add_parser(subparsers, help_text: str) -> argparse.ArgumentParser:
     return parser
 
 
+def launch_command_parser(subparsers=None) -> argparse.ArgumentParser:
+    """The parser of ``hasten launch``'s flags (Accelerate's ``launch_command_parser``): registered as the
+    ``launch`` subcommand of ``subparsers`` when given, else a standalone parser."""
+    if subparsers is not None:
+        return add_parser(subparsers, DESCRIPTION)
+    parser = argparse.ArgumentParser(
+        "hasten launch", description=DESCRIPTION, usage="hasten launch [options] training_script [script arguments]", allow_abbrev=False
+    )
+    add_launch_arguments(parser)
+    return parser
+
+
 def launch_command(args: argparse.Namespace) -> int:
     """Run ``hasten launch`` with parsed ``args``; returns the exit code of the job."""
     from . import runners

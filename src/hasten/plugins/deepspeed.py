@@ -69,17 +69,49 @@ class HfDeepSpeedConfig:
 
     def __init__(self, config_file_or_dict):
         self.config, _ = dsc.load_config(config_file_or_dict)
+        self.set_stage_and_offload()
         _register_with_transformers(self)
 
     @classmethod
     def _unregistered(cls, config: dict) -> "HfDeepSpeedConfig":
         view = cls.__new__(cls)
         view.config = config
+        view.set_stage_and_offload()
         return view
+
+    def set_stage_and_offload(self) -> None:
+        """Record the ZeRO stage (``_stage``, -1 when unset) and whether anything is offloaded (``_offload``), as
+        Accelerate's class does for the code that reads those attributes."""
+        self._stage = self.get_value("zero_optimization.stage", -1)
+        self._offload = self.is_offload()
+
+    def find_config_node(self, ds_key_long: str):
+        """``(the dict holding the last part of the dotted key, that last part)``; ``(None, last part)`` when a
+        parent section is missing. Transformers fills ``"auto"`` values through it."""
+        *parents, key = ds_key_long.split(".")
+        node = self.config
+        for part in parents:
+            node = node.get(part)
+            if node is None:
+                return None, key
+        return node, key
 
     def get_value(self, ds_key_long: str, default=None):
         """The value at a dotted key path (``"zero_optimization.stage"``), or ``default``."""
         return dsc.get_value(self.config, ds_key_long, default)
+
+    def del_config_sub_tree(self, ds_key_long: str, must_exist: bool = False) -> None:
+        """Remove the section at a dotted key path; a missing one is an error only with ``must_exist``."""
+        node, key = self.find_config_node(ds_key_long)
+        if node is None or key not in node:
+            if must_exist:
+                raise ConfigError(f"The DeepSpeed config has no {ds_key_long!r} section to delete.")
+            return
+        del node[key]
+
+    def is_zero2(self) -> bool:
+        """True for a ZeRO stage 2 config."""
+        return self.get_value("zero_optimization.stage") == 2
 
     def is_true(self, ds_key_long: str) -> bool:
         """True when the key is set to ``True``."""
@@ -329,6 +361,11 @@ class DeepSpeedPlugin:
         elif self._dschf is not None:
             self._dschf = None
             _register_with_transformers(None)
+
+    def set_deepspeed_weakref(self) -> None:
+        """Point Transformers at this plugin's config, so that ``from_pretrained`` builds the model partitioned when
+        ZeRO-3 init is on (Accelerate's name; :meth:`select` does it too)."""
+        self._set_transformers_view(self.is_zero3_init_enabled())
 
     def select(self, _from_accelerator_state: bool = False) -> None:
         """Make this plugin the active one (hasten runs one DeepSpeed plugin per Accelerator)."""

@@ -42,6 +42,10 @@ class DistributedDataParallelKwargs(KwargsHandler):
     comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
     comm_state_option: dict = field(default_factory=dict)
 
+    def to_dict(self, ignore_keys=("comm_hook", "comm_wrapper", "comm_state_option")) -> dict[str, Any]:
+        """The fields as a dict, without ``ignore_keys`` (by default the hook settings, which DDP itself does not take)."""
+        return {k: v for k, v in super().to_dict().items() if k not in ignore_keys}
+
     def ddp_kwargs(self) -> dict[str, Any]:
         """The keyword arguments DDP itself takes (the hook fields excluded)."""
         hook_fields = {"comm_hook", "comm_wrapper", "comm_state_option"}
@@ -151,14 +155,17 @@ class ProfileKwargs(KwargsHandler):
 
 @dataclass
 class FP8RecipeKwargs(KwargsHandler):
-    """FP8 recipe settings (Transformer Engine / torchao). Accepted for compatibility; fp8 training
-    needs an fp8 backend and hardware, which ``mixed_precision="fp8"`` checks when it is asked for."""
+    """FP8 recipe settings (Transformer Engine / torchao / MS-AMP), with Accelerate 1.15's fields, all unset by
+    default. Accepted for compatibility; fp8 training needs an fp8 backend and hardware, which
+    ``mixed_precision="fp8"`` checks when it is asked for."""
 
+    opt_level: str | None = None
+    use_autocast_during_eval: bool | None = None
+    margin: int | None = None
+    interval: int | None = None
+    fp8_format: str | None = None
+    amax_history_len: int | None = None
+    amax_compute_algo: str | None = None
+    override_linear_precision: tuple | None = None
+    use_mxfp8_block_scaling: bool | None = None
     backend: str | None = None
-    margin: int = 0
-    interval: int = 1
-    fp8_format: str = "HYBRID"
-    amax_history_len: int = 1024
-    amax_compute_algo: str = "most_recent"
-    override_linear_precision: tuple = (False, False, False)
-    use_autocast_during_eval: bool = False

@@ -1,0 +1,111 @@
+"""The launch helpers of ``accelerate.utils.launch``: the command and environment of the processes a launch starts.
+
+Libraries that start training themselves (trl's CLI, notebook helpers) parse ``launch_command_parser()``'s
+flags and call these. Here they run ``hasten launch``'s own resolution (flags > config file > environment >
+defaults, with its checks), so the processes get exactly what ``hasten launch`` would give them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from . import environment
+from .enums import DistributedType
+from .errors import NotSupportedError
+
+
+def _plan(args: argparse.Namespace):
+    from .commands.launch import prepare_launch
+
+    return prepare_launch(args)
+
+
+def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a one-process launch of ``args.training_script``."""
+    plan = _plan(args)
+    return plan.command, {**os.environ, **plan.env}
+
+
+def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
+    """The environment of the processes of a multi-process launch (for ``torch.distributed.run``).
+
+    Like Accelerate, also fills the ``torch.distributed.run`` fields of ``args`` (``nproc_per_node``, ``nnodes``,
+    ``node_rank``, ``master_addr``, ``master_port``) from the resolved settings.
+    """
+    plan = _plan(args)
+    config = plan.settings.config
+    args.nproc_per_node = str(plan.nproc_per_node)
+    args.nnodes = str(config.num_machines)
+    args.node_rank = int(config.machine_rank)
+    if config.main_process_ip is not None:
+        args.master_addr = str(config.main_process_ip)
+    if config.main_process_port is not None:
+        args.master_port = str(config.main_process_port)
+    return {**os.environ, **plan.env}
+
+
+def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The command and environment of a DeepSpeed launch: hasten starts DeepSpeed jobs like any other
+    (torch's elastic agent on each machine), with the DeepSpeed settings in the environment."""
+    return prepare_simple_launcher_cmd_env(args)
+
+
+def _settings_subset(args: argparse.Namespace, current_env: dict[str, str], marker: str) -> dict[str, str]:
+    current_env.update({key: value for key, value in _plan(args).env.items() if marker in key})
+    return current_env
+
+
+def setup_fp8_env(args: argparse.Namespace, current_env: dict[str, str]) -> dict[str, str]:
+    """``current_env`` with the FP8 settings of ``args`` (and the config file) added."""
+    return _settings_subset(args, current_env, "FP8")
+
+
+def prepare_extend_env_parallelism_config(args: argparse.Namespace, current_env: dict[str, str]) -> dict[str, str]:
+    """``current_env`` with the parallelism settings of ``args`` (and the config file) added."""
+    return _settings_subset(args, current_env, "PARALLELISM")
+
+
+def env_var_path_add(env_var_name: str, path_to_add: str) -> str:
+    """The value of the ``os.pathsep``-separated variable ``env_var_name`` with ``path_to_add`` appended."""
+    paths = [path for path in os.environ.get(env_var_name, "").split(os.pathsep) if path]
+    paths.append(str(path_to_add))
+    return os.pathsep.join(paths)
+
+
+def prepare_tpu(args: argparse.Namespace, current_env: dict[str, str], pod: bool = False):
+    """TPU launches are not supported by hasten."""
+    raise NotSupportedError("prepare_tpu: TPU (torch_xla) launches are not supported by hasten; it runs on CPUs and CUDA/XPU GPUs.")
+
+
+def prepare_sagemager_args_inputs(sagemaker_config, args: argparse.Namespace):
+    """Amazon SageMaker launches are not supported by hasten."""
+    raise NotSupportedError("prepare_sagemager_args_inputs: hasten does not launch on Amazon SageMaker; run `hasten launch` on the instances.")
+
+
+class PrepareForLaunch:
+    """Wrap ``launcher`` so that, started as process ``index`` (by ``torch.multiprocessing.start_processes``), it
+    finds its rank in the environment first.
+
+    Args:
+        launcher: the function to run.
+        distributed_type: a multi-process type sets ``LOCAL_RANK`` to ``index`` and ``RANK`` to
+            ``NPROC * NODE_RANK + index``; ``"NO"`` sets nothing.
+        debug: run the function in hasten's debug mode (``HASTEN_DEBUG_MODE=1``).
+    """
+
+    def __init__(self, launcher, distributed_type="NO", debug=False):
+        self.launcher = launcher
+        self.distributed_type = DistributedType(distributed_type)
+        self.debug = debug
+
+    def __call__(self, index, *args):
+        if self.distributed_type != DistributedType.NO:
+            nproc = environment.get_int_from_env(["NPROC"], 1)
+            node_rank = environment.get_int_from_env(["NODE_RANK"], 0)
+            os.environ["LOCAL_RANK"] = str(index)
+            os.environ["RANK"] = str(nproc * node_rank + index)
+        if self.debug:
+            os.environ["HASTEN_DEBUG_MODE"] = "1"
+        os.environ["FORK_LAUNCHED"] = "1"
+        self.launcher(*args)
