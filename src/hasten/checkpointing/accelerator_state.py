@@ -17,9 +17,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import CheckpointError, ConfigError
+from ..operations import gather_object
 from ..rng import capture_rng_states, restore_rng_states
 from ..state import PartialState, warn_once
+from .background import side_group, wait_for_pending_save
+from .background import start as start_background_save
 from .files import CheckpointReader, CheckpointWriter
+from .integrity import corrupt_message
 from .naming import _NAME, checkpoint_path, latest_checkpoint, rotate
 
 
@@ -69,11 +73,17 @@ def _target(project, output_dir) -> Path:
     return path
 
 
-def save_state(contents: CheckpointContents, project, output_dir=None, safe_serialization: bool = True) -> Path:
-    """Write the training state to ``output_dir`` (or the next automatic checkpoint) and return its path."""
+def save_state(contents: CheckpointContents, project, output_dir=None, safe_serialization: bool = True, async_save: bool | None = None) -> Path:
+    """Write the training state to ``output_dir`` (or the next automatic checkpoint) and return its path.
+
+    ``async_save`` (default: ``project.async_save``) copies the state and returns; the files are written,
+    fsynced and published by a background thread (see ``background.py``).
+    """
+    wait_for_pending_save()
     state = PartialState()
     if not safe_serialization:
         warn_once("unsafe-serialization", "save_state(safe_serialization=False) is ignored: hasten checkpoints always store tensors in safetensors and structure in JSON (no pickle).")
+    asynchronous = _asynchronous(contents, project, async_save)
     target = _target(project, output_dir)
     on_each_node = project.save_on_each_node
     writer = CheckpointWriter(
@@ -81,26 +91,57 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
         is_main=state.is_local_main_process if on_each_node else state.is_main_process,
         rank=state.process_index,
         group=state.launch.node_rank if on_each_node else 0,
+        snapshot=asynchronous,
     )
     writer.begin()
-    saved_models = _run_save_hooks(writer, contents)
-    contents.strategy.save_checkpoint(writer, contents.models if saved_models is None else [], contents.optimizers)
-    if writer.is_main:
-        _save_main_process_files(writer, contents)
-    meta, tensors = capture_rng_states()
-    writer.save_state(f"random_states_{state.process_index}", {"meta": meta, "tensors": tensors})
+    try:
+        saved_models = _write_contents(writer, contents, state)
+    except BaseException:
+        writer.discard()
+        raise
     info = {
         "world_size": state.num_processes,
         "step": contents.step,
         "iteration": project.iteration if output_dir is None else None,
         "contents": {"models": len(contents.models) if saved_models is None else saved_models, "optimizers": len(contents.optimizers), "schedulers": len(contents.schedulers), "dataloaders": len(contents.dataloaders), "custom_objects": len(contents.custom_objects), "scaler": contents.scaler is not None},
     }
-    path = writer.finalize(info)
-    if project.automatic_checkpoint_naming and output_dir is None:
-        if writer.is_main:
+    automatic = project.automatic_checkpoint_naming and output_dir is None
+
+    def rotate_old() -> None:
+        if automatic and writer.is_main:
             rotate(project.project_dir, project.total_limit)
+
+    if asynchronous:
+        start_background_save(writer, info, side_group(state.num_processes), rotate_old)
+    else:
+        writer.finalize(info)
+        rotate_old()
+    if automatic:
         project.iteration += 1
-    return path
+    return target
+
+
+def _asynchronous(contents: CheckpointContents, project, async_save: bool | None) -> bool:
+    asynchronous = bool(getattr(project, "async_save", False) if async_save is None else async_save)
+    if asynchronous and not contents.strategy.saves_full_state_dicts:
+        warn_once(
+            "async-save-engine",
+            f"async_save: {type(contents.strategy).__name__} writes its sharded files itself, synchronously; this save "
+            "and the next ones under this engine run synchronously (all-or-nothing as always).",
+        )
+        return False
+    return asynchronous
+
+
+def _write_contents(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState) -> int | None:
+    """Hand everything to the writer; returns the number of models save hooks left (None: no hooks)."""
+    saved_models = _run_save_hooks(writer, contents)
+    contents.strategy.save_checkpoint(writer, contents.models if saved_models is None else [], contents.optimizers)
+    if writer.is_main:
+        _save_main_process_files(writer, contents)
+    meta, tensors = capture_rng_states()
+    writer.save_state(f"random_states_{state.process_index}", {"meta": meta, "tensors": tensors})
+    return saved_models
 
 
 def _run_save_hooks(writer: CheckpointWriter, contents: CheckpointContents) -> int | None:
@@ -159,42 +200,69 @@ def _check_counts(reader: CheckpointReader, contents: CheckpointContents, models
 
 
 def load_state(contents: CheckpointContents, project, input_dir=None) -> tuple[Path, int]:
-    """Restore the training state from ``input_dir`` (or the latest automatic checkpoint); returns (path, step)."""
+    """Restore the training state from ``input_dir`` (or the latest automatic checkpoint); returns (path, step).
+
+    Every file is verified (size and checksum) and every saved object checked against its live
+    counterpart before any live object changes: a ``CheckpointError`` leaves the run as it was.
+    """
+    wait_for_pending_save()
     state = PartialState()
     source = _source(project, input_dir)
     reader = CheckpointReader(source)
+    _verify(reader, state)
     models = list(contents.models)
     for hook in contents.load_hooks:
         hook(models, str(source))
     _check_counts(reader, contents, len(models))
+    staged = _read_small_states(reader, contents, state)
     contents.strategy.load_checkpoint(reader, models, contents.optimizers)
-    for i, scheduler in enumerate(contents.schedulers):
-        scheduler.load_state_dict(reader.load_state(f"scheduler{_suffix(i)}"))
+    for scheduler, saved in zip(contents.schedulers, staged["schedulers"]):
+        scheduler.load_state_dict(saved)
     if contents.scaler is not None:
-        if not reader.exists("scaler.json"):
-            raise CheckpointError(f"Checkpoint {source} has no fp16 scaler state, but this run uses fp16: it was saved with another mixed precision setting.")
-        contents.scaler.load_state_dict(reader.load_state("scaler"))
-    for loader, position in zip(contents.dataloaders, reader.load_json("dataloaders.json")):
+        contents.scaler.load_state_dict(staged["scaler"])
+    for loader, position in zip(contents.dataloaders, staged["dataloaders"]):
         loader.load_state_dict(position)
-    for i, obj in enumerate(contents.custom_objects):
-        obj.load_state_dict(reader.load_state(f"custom_checkpoint_{i}"))
-    _restore_rng(reader, state)
+    for obj, saved in zip(contents.custom_objects, staged["custom"]):
+        obj.load_state_dict(saved)
+    if staged["rng"] is not None:
+        restore_rng_states(staged["rng"]["meta"], staged["rng"]["tensors"])
     match = _NAME.match(source.name)
     if match and project.automatic_checkpoint_naming and input_dir is None:
         project.iteration = int(match.group(1)) + 1
     return source, int(reader.manifest.get("step") or 0)
 
 
-def _restore_rng(reader: CheckpointReader, state: PartialState) -> None:
-    name = f"random_states_{state.process_index}"
-    if reader.exists(f"{name}.json"):
-        saved = reader.load_state(name)
-        restore_rng_states(saved["meta"], saved["tensors"])
+def _verify(reader: CheckpointReader, state: PartialState) -> None:
+    """Check every file of the checkpoint; the processes of a machine share the work and agree on the verdict."""
+    names = sorted(reader.files)
+    if state.num_processes == 1:
+        reader.verify(names)
         return
-    warnings.warn(
-        f"Checkpoint {reader.directory} was saved by {reader.manifest.get('world_size')} process(es) and has no random "
-        f"state for rank {state.process_index} of this run's {state.num_processes}: this rank's random number "
-        "generators are not restored, so dropout and shuffling may differ from the saved run.",
-        stacklevel=3,
-    )
+    local = max(state.launch.local_world_size, 1)
+    found = reader.find_corrupt(names[state.local_process_index :: local])
+    bad = sorted(set(gather_object(found)))
+    if bad:
+        raise CheckpointError(corrupt_message(reader.directory / bad[0]))
+    reader.mark_verified(names)
 
+
+def _read_small_states(reader: CheckpointReader, contents: CheckpointContents, state: PartialState) -> dict[str, Any]:
+    """Read (not apply) schedulers, scaler, dataloader positions, custom objects and RNG states."""
+    if contents.scaler is not None and not reader.exists("scaler.json"):
+        raise CheckpointError(f"Checkpoint {reader.directory} has no fp16 scaler state, but this run uses fp16: it was saved with another mixed precision setting.")
+    rng_name = f"random_states_{state.process_index}"
+    rng = reader.load_state(rng_name) if reader.exists(f"{rng_name}.json") else None
+    if rng is None:
+        warnings.warn(
+            f"Checkpoint {reader.directory} was saved by {reader.manifest.get('world_size')} process(es) and has no random "
+            f"state for rank {state.process_index} of this run's {state.num_processes}: this rank's random number "
+            "generators are not restored, so dropout and shuffling may differ from the saved run.",
+            stacklevel=4,
+        )
+    return {
+        "schedulers": [reader.load_state(f"scheduler{_suffix(i)}") for i in range(len(contents.schedulers))],
+        "scaler": reader.load_state("scaler") if contents.scaler is not None else None,
+        "dataloaders": reader.load_json("dataloaders.json"),
+        "custom": [reader.load_state(f"custom_checkpoint_{i}") for i in range(len(contents.custom_objects))],
+        "rng": rng,
+    }
