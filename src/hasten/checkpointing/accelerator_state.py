@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from ..errors import CheckpointError, ConfigError
 from ..operations import gather_object
 from ..rng import capture_rng_states, restore_rng_states
@@ -92,6 +94,7 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
         rank=state.process_index,
         group=state.launch.node_rank if on_each_node else 0,
         snapshot=asynchronous,
+        live=_live_memory(contents) if asynchronous else frozenset(),
     )
     writer.begin()
     try:
@@ -112,7 +115,7 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
             rotate(project.project_dir, project.total_limit)
 
     if asynchronous:
-        start_background_save(writer, info, side_group(state.num_processes), rotate_old)
+        start_background_save(writer, info, side_group(state.num_processes), rotate_old, [_torch_optimizer(o) for o in contents.optimizers])
     else:
         writer.finalize(info)
         rotate_old()
@@ -131,6 +134,19 @@ def _asynchronous(contents: CheckpointContents, project, async_save: bool | None
         )
         return False
     return asynchronous
+
+
+def _live_memory(contents: CheckpointContents) -> frozenset[int]:
+    """Memory an asynchronous save writes without copying: CPU parameters and optimizer state, which only
+    ``optimizer.step()`` changes (held back until they are written)."""
+    tensors = [p for model in contents.models for p in model.parameters()]
+    tensors += [value for optimizer in contents.optimizers for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
+    return frozenset(t.data_ptr() for t in tensors if t.device.type == "cpu")
+
+
+def _torch_optimizer(optimizer):
+    """The torch optimizer inside hasten's wrapper (its step hooks run on every real step)."""
+    return getattr(optimizer, "optimizer", optimizer)
 
 
 def _write_contents(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState) -> int | None:
@@ -209,6 +225,15 @@ def load_state(contents: CheckpointContents, project, input_dir=None) -> tuple[P
     state = PartialState()
     source = _source(project, input_dir)
     reader = CheckpointReader(source)
+    _load_verified(reader, contents, state, source)
+    match = _NAME.match(source.name)
+    if match and project.automatic_checkpoint_naming and input_dir is None:
+        project.iteration = int(match.group(1)) + 1
+    return source, int(reader.manifest.get("step") or 0)
+
+
+def _load_verified(reader: CheckpointReader, contents: CheckpointContents, state: PartialState, source: Path) -> None:
+    """Verify, check, then restore (nothing changes unless every file is whole and every object fits)."""
     _verify(reader, state)
     models = list(contents.models)
     for hook in contents.load_hooks:
@@ -226,10 +251,6 @@ def load_state(contents: CheckpointContents, project, input_dir=None) -> tuple[P
         obj.load_state_dict(saved)
     if staged["rng"] is not None:
         restore_rng_states(staged["rng"]["meta"], staged["rng"]["tensors"])
-    match = _NAME.match(source.name)
-    if match and project.automatic_checkpoint_naming and input_dir is None:
-        project.iteration = int(match.group(1)) + 1
-    return source, int(reader.manifest.get("step") or 0)
 
 
 def _verify(reader: CheckpointReader, state: PartialState) -> None:
@@ -257,7 +278,7 @@ def _read_small_states(reader: CheckpointReader, contents: CheckpointContents, s
             f"Checkpoint {reader.directory} was saved by {reader.manifest.get('world_size')} process(es) and has no random "
             f"state for rank {state.process_index} of this run's {state.num_processes}: this rank's random number "
             "generators are not restored, so dropout and shuffling may differ from the saved run.",
-            stacklevel=4,
+            stacklevel=5,
         )
     return {
         "schedulers": [reader.load_state(f"scheduler{_suffix(i)}") for i in range(len(contents.schedulers))],

@@ -1,5 +1,13 @@
 """Asynchronous saves: the snapshot is taken in ``save_state``, the files are written in the background.
 
+``save_state`` copies what is small or may change at any time (buffers, RNG states, schedulers, custom
+objects, GPU tensors into pinned memory) and keeps the parameters and the optimizer state as they are:
+the background thread writes them straight from their memory, and each optimizer's next ``step()``
+waits (a step pre-hook) until they are written. The step that saves is not held up by a copy of the
+model; the next optimizer step waits only if the writes are not done by then. So between ``save_state``
+and the next ``optimizer.step()``, change parameters only through the optimizer (or wait first with
+:func:`wait_for_pending_save`).
+
 One save at most is in flight per process. It is waited for (and its error, if any, raised) by the next
 ``save_state``, by ``load_state``, by ``Accelerator.end_training()`` and by :func:`wait_for_pending_save`;
 ``wait_for_everyone`` does not wait (it is called often, and the save must not stall training). At
@@ -27,19 +35,42 @@ _side_group: Any = None
 _atexit_registered = False
 
 
+class _StepGate:
+    """Holds each optimizer's next ``step()`` until the background thread has written the live tensors."""
+
+    def __init__(self, optimizers: list):
+        self.written = threading.Event()
+        self.handles = [optimizer.register_step_pre_hook(self._wait) for optimizer in optimizers]
+
+    def _wait(self, *_) -> None:
+        self.written.wait()
+
+    def open(self) -> None:
+        self.written.set()
+
+    def remove(self) -> None:
+        self.open()
+        for handle in self.handles:
+            handle.remove()
+
+
 class _PendingSave:
-    def __init__(self, writer, info: dict[str, Any], group, after: Callable[[], None]):
+    def __init__(self, writer, info: dict[str, Any], group, after: Callable[[], None], optimizers: list):
         self.writer, self.info, self.group, self.after = writer, info, group, after
+        self.gate = _StepGate(optimizers)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="hasten-async-save")
 
     def _run(self) -> None:
         try:
             self.writer.write_pending()
+            self.gate.open()
             self.writer.finalize(self.info, group=self.group)
             self.after()
         except BaseException as error:  # raised at the next wait point, never lost
             self.error = error
+        finally:
+            self.gate.open()
 
 
 def side_group(num_processes: int):
@@ -54,14 +85,17 @@ def side_group(num_processes: int):
     return _side_group
 
 
-def start(writer, info: dict[str, Any], group, after: Callable[[], None]) -> None:
-    """Write, fsync and publish ``writer``'s snapshot in the background, then run ``after`` (rotation)."""
+def start(writer, info: dict[str, Any], group, after: Callable[[], None], optimizers: list) -> None:
+    """Write, fsync and publish ``writer``'s snapshot in the background, then run ``after`` (rotation).
+
+    ``optimizers`` (torch optimizers) do not step until the live tensors the writer kept are written.
+    """
     global _pending, _atexit_registered
     wait_for_pending_save()
     if not _atexit_registered:
         atexit.register(_report_at_exit)
         _atexit_registered = True
-    _pending = _PendingSave(writer, info, group, after)
+    _pending = _PendingSave(writer, info, group, after, optimizers)
     _pending.thread.start()
 
 
@@ -77,6 +111,7 @@ def wait_for_pending_save() -> Path | None:
     if pending is None:
         return None
     pending.thread.join()
+    pending.gate.remove()
     if isinstance(pending.error, CheckpointError):
         raise CheckpointError(str(pending.error)) from None
     if pending.error is not None:
