@@ -22,7 +22,7 @@ from hasten.memory_estimate import format_bytes
 from hasten.state import reset_state
 from hasten.utils import ProjectConfiguration, set_seed
 
-from helpers import SCRIPTS
+from helpers import SCRIPTS, torchrun
 
 
 @pytest.fixture(autouse=True)
@@ -239,3 +239,10 @@ def test_sigkill_during_background_writes_never_leaves_an_unloadable_checkpoint(
     assert out.returncode == 0, out.stdout + out.stderr
     found = re.search(r"(\d+) killed during the save", out.stdout)
     assert found and int(found.group(1)) >= 20, out.stdout
+
+
+@pytest.mark.slow
+def test_async_save_on_two_processes_publishes_every_rank_files_once(tmp_path):
+    out = torchrun(SCRIPTS / "async_save_two_processes.py", str(tmp_path)).stdout
+    assert "rank 0: async save ok" in out and "rank 1: async save ok" in out, out
+    assert [n for n, _ in complete_checkpoints(tmp_path)] == [0]
