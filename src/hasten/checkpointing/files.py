@@ -12,12 +12,9 @@ every file's checksum before it changes any live object, and names the missing o
 
 from __future__ import annotations
 
-import ctypes
-import errno
 import json
 import os
 import shutil
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -27,61 +24,14 @@ import torch
 from .. import __version__
 from ..errors import CheckpointError
 from ..fileio import atomic_write, fsync_directory
-from ..memory_estimate import format_bytes
 from ..safetensors_io import read_header, safetensors_size, write_safetensors
 from ..serialization import ALIASES_KEY, dedupe_tensors
+from .disk import HashingFile, failure_message, fsync_path, publish
 from .integrity import HASH_KEY, Digest, HashQueue, corrupt_message, file_digest, find_corrupt, record_key
 from .state_io import decode, encode
 
 MANIFEST = "hasten_checkpoint.json"
 FORMAT_VERSION = 2  # 2: xxh3-64 checksums; 1: crc32 (still read)
-
-
-def _start_writeback():
-    """``sync_file_range(fd, offset, count)`` starting the disk writes of a range without waiting (Linux), or None."""
-    try:
-        function = ctypes.CDLL(None, use_errno=True).sync_file_range
-    except (OSError, AttributeError):
-        return None
-    function.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    return lambda fd, offset, count: function(fd, offset, count, _SYNC_FILE_RANGE_WRITE)
-
-
-_SYNC_FILE_RANGE_WRITE = 2
-_WRITEBACK_BYTES = 64 << 20  # written bytes handed to the disk at a time, while the next ones are written
-_writeback = _start_writeback()
-
-
-class _HashingFile:
-    """A binary file wrapper that counts and hashes the bytes written through it.
-
-    Every ``_WRITEBACK_BYTES`` it asks the kernel to start writing them to the disk, so that the disk
-    works while the next bytes are written and the final fsync has little left to do.
-    """
-
-    def __init__(self, handle, digest: Digest, queue: HashQueue):
-        self.handle, self.digest, self.queue = handle, digest, queue
-        self.size = 0
-        self._flushed = 0
-
-    def write(self, data) -> int:
-        view = memoryview(data).cast("B")
-        self.queue.update(self.digest, view)
-        written = self.handle.write(view)
-        self.size += view.nbytes
-        if _writeback is not None and self.size - self._flushed >= _WRITEBACK_BYTES:
-            self.handle.flush()
-            _writeback(self.handle.fileno(), self._flushed, self.size - self._flushed)
-            self._flushed = self.size
-        return written
-
-
-def _fsync_path(path: Path) -> None:
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _file_record(path: Path) -> dict[str, Any]:
@@ -177,7 +127,7 @@ class CheckpointWriter:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as raw:
-                out = _HashingFile(raw, digest, self._queue)
+                out = HashingFile(raw, digest, self._queue)
                 fill(out)
         except OSError as error:
             self._fail(error, path)
@@ -242,7 +192,7 @@ class CheckpointWriter:
         if not paths:
             return
         with ThreadPoolExecutor(max_workers=min(8, len(paths)), thread_name_prefix="hasten-fsync") as pool:
-            list(pool.map(_fsync_path, paths))
+            list(pool.map(fsync_path, paths))
 
     def _local_records(self) -> dict[str, dict[str, Any]]:
         """This process's files, flushed to disk, with their sizes and checksums (empty after a failure)."""
@@ -281,7 +231,7 @@ class CheckpointWriter:
                 outcome = str(error)
         if self.is_main and failures:
             shutil.rmtree(self.directory, ignore_errors=True)
-            outcome = _failure_message(self.final, failures[0][1], sum(entry[4] for entry in everyone if entry[0] == self.group))
+            outcome = failure_message(self.final, failures[0][1], sum(entry[4] for entry in everyone if entry[0] == self.group))
         outcomes = [found for found in _gather(outcome, group) if found is not None]
         if outcomes:
             raise CheckpointError(outcomes[0])
@@ -297,7 +247,7 @@ class CheckpointWriter:
         for folder in {self.directory / Path(name).parent for name in files}:
             fsync_directory(folder)
         atomic_write(self.directory / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1)))
-        _publish(self.directory, self.final)
+        publish(self.directory, self.final)
 
     def discard(self) -> None:
         """Remove the temporary folder (after an error outside the writer); the previous checkpoints stay."""
@@ -327,60 +277,6 @@ def _gather(obj: Any, group) -> list:
     out: list = [None] * dist.get_world_size(group)
     dist.all_gather_object(out, obj, group=group)
     return out
-
-
-def _free_bytes(path: Path) -> int | None:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    try:
-        return shutil.disk_usage(path).free
-    except OSError:
-        return None
-
-
-def _failure_message(final: Path, failure: tuple[str, int | None, str], needed: int) -> str:
-    """One line: which path failed, why, and (for a full disk) the space needed and free."""
-    path, number, reason = failure
-    if number in (errno.ENOSPC, errno.EDQUOT):
-        free = _free_bytes(final.parent)
-        free_text = "unknown" if free is None else format_bytes(free)
-        return (
-            f"Could not save the checkpoint {final}: no space left on the device (writing {path}). It needs "
-            f"{format_bytes(needed)}; {free_text} is free there (the partial folder was removed). Free some space, "
-            "lower ProjectConfiguration(total_limit=...), or save elsewhere; earlier checkpoints are untouched."
-        )
-    if number in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return (
-            f"Could not save the checkpoint {final}: {path} is not writable ({reason}). Save to a writable folder "
-            "(save_state(output_dir) or ProjectConfiguration(project_dir=...)); earlier checkpoints are untouched."
-        )
-    return f"Could not save the checkpoint {final}: {reason} (writing {path}). The partial folder was removed; earlier checkpoints are untouched."
-
-
-def _rename_exchange(source: Path, target: Path) -> bool:
-    """Atomically swap two paths with renameat2(RENAME_EXCHANGE); False where unsupported."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    result = renameat2(at_fdcwd, os.fsencode(source), at_fdcwd, os.fsencode(target), rename_exchange)
-    return result == 0
-
-
-def _publish(temporary: Path, final: Path) -> None:
-    """Move the completed ``temporary`` folder to ``final``, replacing an older one without a gap where possible."""
-    if not final.exists():
-        os.rename(temporary, final)
-    elif _rename_exchange(temporary, final):
-        shutil.rmtree(temporary)  # now holds the old checkpoint
-    else:
-        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(final, old)
-        os.rename(temporary, final)
-        shutil.rmtree(old)
-    fsync_directory(final.parent)
 
 
 def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
