@@ -246,3 +246,28 @@ def test_async_save_on_two_processes_publishes_every_rank_files_once(tmp_path):
     out = torchrun(SCRIPTS / "async_save_two_processes.py", str(tmp_path)).stdout
     assert "rank 0: async save ok" in out and "rank 1: async save ok" in out, out
     assert [n for n, _ in complete_checkpoints(tmp_path)] == [0]
+
+
+def test_the_optimizer_step_after_an_async_save_waits_until_the_weights_are_written(tmp_path):
+    acc = Accelerator()
+    model = torch.nn.Linear(2048, 2048)
+    model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters()))
+    acc.backward(model(torch.randn(2, 2048)).sum())
+    opt.step()
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    seen = []
+
+    def written_when_stepping(optimizer, args, kwargs):
+        folder = next(p for p in (tmp_path / ".c.partial", tmp_path / "c") if p.is_dir())
+        seen.append({name: (folder / name).stat().st_size for name in ("model.safetensors", "optimizer.safetensors")})
+
+    acc.save_state(tmp_path / "c", async_save=True)
+    handle = opt.optimizer.register_step_pre_hook(written_when_stepping)  # runs after hasten's gate
+    acc.backward(model(torch.randn(2, 2048)).sum())
+    opt.step()
+    handle.remove()
+    wait_for_pending_save()
+    sizes = {name: (tmp_path / "c" / name).stat().st_size for name in ("model.safetensors", "optimizer.safetensors")}
+    assert seen == [sizes]
+    acc.load_state(tmp_path / "c")
+    assert all(torch.equal(expected[k], v) for k, v in model.state_dict().items())
