@@ -271,3 +271,12 @@ def test_the_optimizer_step_after_an_async_save_waits_until_the_weights_are_writ
     assert seen == [sizes]
     acc.load_state(tmp_path / "c")
     assert all(torch.equal(expected[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_write_failing_on_one_process_fails_the_save_on_every_process(tmp_path, mode):
+    out = torchrun(SCRIPTS / "save_failure_two_processes.py", str(tmp_path), *(["--async"] if mode == "async" else [])).stdout
+    found = dict(re.findall(r"rank (\d): failed cleanly: (.*?untouched\.)", out))  # the two ranks' lines may interleave
+    assert set(found) == {"0", "1"} and found["0"] == found["1"], out
+    assert re.fullmatch(r"Could not save the checkpoint \S*/bad: Is a directory \(writing \S*/\.bad\.partial/random_states_1\.safetensors\)\. .*", found["0"]), out
