@@ -1,46 +1,55 @@
-"""Checkpoint throughput: ``save_state``/``load_state`` vs the raw safetensors floor, side by side.
+"""Checkpoint throughput: ``save_state``/``load_state`` vs the raw safetensors floor, warm and cold, side by side.
 
-A ~100M-parameter model (12 blocks of LayerNorm + Linear 1024->4096 + GELU + Linear 4096->1024) with
-AdamW state (one step taken, so ``exp_avg``/``exp_avg_sq`` exist): ~1.2 GB of tensors.
+A model of N blocks (LayerNorm + Linear 1024->4096 + GELU + Linear 4096->1024, 8.4M parameters each;
+12 blocks: 100.7M parameters) with AdamW state (one step taken): 12 blocks hold 1.21 GB of tensors.
 
-* raw save: ``safetensors.torch.save_file`` of the same tensors (model + optimizer state flattened
-  into one dict) followed by ``fsync`` of the file (hasten's save is durable, so the floor must be too).
-* raw load: ``safetensors.torch.load_file`` (a lazy memory map) and copying every tensor into the live
-  model (``load_state_dict``) and into the live optimizer state, so that every byte is really read.
-* hasten: ``Accelerator.save_state(folder)`` / ``load_state(folder)`` (checksums, manifest, atomic rename).
-* accelerate, when importable: its ``save_state`` / ``load_state`` (no fsync, pickled optimizer).
+* raw save: ``safetensors.torch.save_file`` of the same tensors (model + optimizer state in one dict)
+  and ``fsync`` of the file (hasten's save is durable, so the floor must be too).
+* raw load: ``safetensors.torch.load_file`` and copying every tensor into the live model
+  (``load_state_dict``) and the live optimizer state.
+* hasten: ``Accelerator.save_state(folder)`` / ``load_state(folder)``, verification on (xxh3 of every
+  file, manifest, atomic rename; every file verified before anything is loaded).
+* accelerate, when ``--accelerate-path`` holds it (``pip install --no-deps --target /tmp/accref
+  accelerate==1.15.0``): its ``save_state``/``load_state``, run in a worker process that gets that
+  folder on its PYTHONPATH (the benchmark's own interpreter never imports it). It does not fsync.
 
-Rounds alternate the contestants (A B, then B A). Every save goes to a folder under ``outputs/`` (the
-repository's disk) that was deleted beforehand. Page cache: before each load the checkpoint's files
-are synced and evicted from the page cache with ``posix_fadvise(POSIX_FADV_DONTNEED)`` (``--cache
-cold``, the default), so every load reads from the disk; ``--cache warm`` loads straight after the
-save instead, from memory. Before each load the model and optimizer state are overwritten with zeros,
-and after it they are compared with the saved values (untimed), so a load that skipped data fails.
-Throughput is checkpoint tensor bytes / seconds; the ratios hasten/raw of throughput come last (of
-the medians, with the spread of the per-round ratios, and of the fastest runs: on a shared machine
-interference only ever slows a run down, so the fastest runs show what each contestant can do).
+Every round runs each contestant warm (load straight after the save, from the page cache) and cold
+(the checkpoint's files synced and dropped from the page cache with ``posix_fadvise(DONTNEED)`` before
+the load; ``/proc/sys/vm/drop_caches`` is not used: it would empty the cache of every job on the
+machine). Contestants alternate (A B C, then C B A). Before each load the model and optimizer state are
+zeroed; after it they are compared with the saved values (untimed). The extra resident memory (peak
+private RSS, i.e. RSS less mapped files, during the call minus before it, sampled every 2 ms) is
+reported against one shard (the largest file), the bound for a save or load that copies nothing else.
 
-Usage: python bench/bench_checkpoint.py [--rounds 5] [--cache cold|warm] [--blocks 12]
+Last, the training-step stall of an asynchronous save: time of ``save_state(async_save=True)`` (what
+the step that saves waits) and of the next training step, against a synchronous ``save_state``.
+
+Usage: python bench/bench_checkpoint.py [--rounds 15] [--blocks 12] [--accelerate-path /tmp/accref]
 """
 
 from __future__ import annotations
 
 import argparse
-import copy as copy_module
+import json
 import os
 import shutil
+import statistics
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import psutil
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import describe, has_module, paired_ratio_range, ratio_of_medians, round_order  # noqa: E402
+from _common import describe, paired_ratio_range, ratio_of_medians, round_order  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent / "outputs" / "bench_checkpoint"
 WIDTH = 1024
+MODES = ("warm", "cold")
 
 
 def _model(blocks: int) -> torch.nn.Module:
@@ -48,6 +57,20 @@ def _model(blocks: int) -> torch.nn.Module:
     for _ in range(blocks):
         layers += [torch.nn.LayerNorm(WIDTH), torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.GELU(), torch.nn.Linear(4 * WIDTH, WIDTH)]
     return torch.nn.Sequential(*layers)
+
+
+def _step(model, optimizer) -> None:
+    model(torch.randn(4, WIDTH)).square().mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def _trained(blocks: int):
+    torch.manual_seed(0)
+    model = _model(blocks)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    _step(model, optimizer)
+    return model, optimizer
 
 
 def _optimizer_tensors(optimizer) -> dict[str, torch.Tensor]:
@@ -72,10 +95,38 @@ def _evict(folder: Path) -> None:
                 os.close(fd)
 
 
+def _private_rss(process) -> int:
+    """Resident memory that is not a mapped file (mapped page-cache pages are counted in RSS too)."""
+    info = process.memory_info()
+    return info.rss - info.shared
+
+
+class _PeakRss:
+    """Peak private resident memory of this process while the block runs, above the level before it."""
+
+    def __init__(self):
+        self.process = psutil.Process()
+        self.extra = 0
+
+    def __enter__(self):
+        self.before = self.peak = _private_rss(self.process)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+        return self
+
+    def _sample(self):
+        while not self.stop.wait(0.002):
+            self.peak = max(self.peak, _private_rss(self.process))
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join()
+        self.extra = max(self.peak, _private_rss(self.process)) - self.before
+
+
 class Raw:
     """``safetensors.torch.save_file`` + fsync; ``load_file`` + copy into the model and optimizer."""
-
-    name = "raw"
 
     def __init__(self, model, optimizer):
         self.model, self.optimizer = model, optimizer
@@ -103,11 +154,10 @@ class Raw:
 
 
 class Framework:
-    """``Accelerator.save_state`` / ``load_state`` of hasten or accelerate."""
+    """``Accelerator.save_state`` / ``load_state`` (hasten or accelerate)."""
 
-    def __init__(self, name: str, accelerator, model, optimizer):
-        self.name, self.accelerator = name, accelerator
-        self.model, self.optimizer = model, optimizer
+    def __init__(self, accelerator, model, optimizer):
+        self.accelerator, self.model, self.optimizer = accelerator, model, optimizer
 
     def save(self, folder: Path) -> None:
         self.accelerator.save_state(str(folder))
@@ -116,38 +166,12 @@ class Framework:
         self.accelerator.load_state(str(folder))
 
 
-def _contestants(blocks: int) -> tuple[list, dict[str, torch.Tensor]]:
-    """Each contestant gets its own model and optimizer, all starting from the same state."""
-    torch.manual_seed(0)
-    base = _model(blocks)
-    optimizer = torch.optim.AdamW(base.parameters(), lr=1e-4)
-    base(torch.randn(4, WIDTH)).square().mean().backward()
-    optimizer.step()
-    optimizer.zero_grad()
-    reference = {k: v.clone() for k, v in _all_tensors(base, optimizer).items()}
-
-    def copy():
-        model = _model(blocks)
-        model.load_state_dict(base.state_dict())
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        opt.load_state_dict(copy_module.deepcopy(optimizer.state_dict()))  # own tensors, not shared with `base`
-        return model, opt
-
-    contestants = [Raw(base, optimizer)]
-    import hasten
-
-    accelerator = hasten.Accelerator()
-    model, opt = copy()
-    model, opt = accelerator.prepare(model, opt)
-    contestants.append(Framework("hasten", accelerator, model, opt))
-    if has_module("accelerate"):
-        import accelerate
-
-        accelerator = accelerate.Accelerator(cpu=True)
-        model, opt = copy()
-        model, opt = accelerator.prepare(model, opt)
-        contestants.append(Framework("accelerate", accelerator, model, opt))
-    return contestants, reference
+def _framework(module_name: str, blocks: int) -> Framework:
+    module = __import__(module_name)
+    accelerator = module.Accelerator(cpu=True) if module_name == "accelerate" else module.Accelerator()
+    model, optimizer = _trained(blocks)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return Framework(accelerator, model, optimizer)
 
 
 def _scramble(contestant) -> None:
@@ -156,67 +180,177 @@ def _scramble(contestant) -> None:
             tensor.zero_()
 
 
-def _check(contestant, reference: dict[str, torch.Tensor]) -> None:
+def _check(contestant, reference: dict[str, torch.Tensor], name: str) -> None:
     current = _all_tensors(contestant.model, contestant.optimizer)
-    for name, expected in reference.items():
-        if not torch.equal(current[name], expected):
-            raise SystemExit(f"{contestant.name}: {name} differs from the saved value after load.")
+    for key, expected in reference.items():
+        if not torch.equal(current[key], expected):
+            raise SystemExit(f"{name}: {key} differs from the saved value after load.")
 
 
-def _timed(function, folder: Path) -> float:
-    start = time.perf_counter()
-    function(folder)
-    return time.perf_counter() - start
+def _measure(contestant, folder: Path, mode: str, reference, name: str) -> dict[str, float]:
+    """One save and one load; times in seconds, extra RSS in bytes."""
+    shutil.rmtree(folder, ignore_errors=True)
+    os.sync()
+    with _PeakRss() as save_rss:
+        start = time.perf_counter()
+        contestant.save(folder)
+        save = time.perf_counter() - start
+    shard = max(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    if mode == "cold":
+        _evict(folder)
+    _scramble(contestant)
+    with _PeakRss() as load_rss:
+        start = time.perf_counter()
+        contestant.load(folder)
+        load = time.perf_counter() - start
+    _check(contestant, reference, name)
+    shutil.rmtree(folder)
+    return {"save": save, "load": load, "save_rss": save_rss.extra, "load_rss": load_rss.extra, "shard": shard}
+
+
+class Remote:
+    """A contestant in a worker process (accelerate, with its folder on the worker's PYTHONPATH only)."""
+
+    def __init__(self, blocks: int, path: str):
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
+        self.process = subprocess.Popen([sys.executable, __file__, "--worker", "--blocks", str(blocks)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.version = self._reply()
+
+    def _reply(self):
+        line = self.process.stdout.readline()
+        if not line:
+            raise SystemExit("the accelerate worker ended early")
+        return json.loads(line)
+
+    def measure(self, folder: Path, mode: str) -> dict[str, float]:
+        self.process.stdin.write(json.dumps([str(folder), mode]) + "\n")
+        self.process.stdin.flush()
+        return self._reply()
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait(timeout=60)
+
+
+def _worker(blocks: int) -> None:
+    torch.set_num_threads(1)
+    import accelerate
+
+    contestant = _framework("accelerate", blocks)
+    reference = {k: v.clone() for k, v in _all_tensors(contestant.model, contestant.optimizer).items()}
+    print(json.dumps(accelerate.__version__), flush=True)
+    for line in sys.stdin:
+        folder, mode = json.loads(line)
+        print(json.dumps(_measure(contestant, Path(folder), mode, reference, "accelerate")), flush=True)
+
+
+def _async_stall(blocks: int, repeats: int) -> dict[str, list[float]]:
+    """Training steps with a synchronous save, then with an asynchronous one (hasten)."""
+    import hasten
+    from hasten.checkpointing import wait_for_pending_save
+
+    times: dict[str, list[float]] = {"step": [], "sync save": [], "async save call": [], "next step (async)": [], "async total": []}
+    accelerator = hasten.Accelerator()
+    model, optimizer = _trained(blocks)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    batch = torch.randn(16, WIDTH)
+
+    def step():
+        start = time.perf_counter()
+        accelerator.backward(model(batch).square().mean())
+        optimizer.step()
+        optimizer.zero_grad()
+        return time.perf_counter() - start
+
+    for i in range(repeats):
+        folder = ROOT / f"stall_{i}"
+        times["step"].append(step())
+        start = time.perf_counter()
+        accelerator.save_state(str(folder))
+        times["sync save"].append(time.perf_counter() - start)
+        shutil.rmtree(folder)
+        start = time.perf_counter()
+        accelerator.save_state(str(folder), async_save=True)
+        times["async save call"].append(time.perf_counter() - start)
+        times["next step (async)"].append(step())
+        wait_for_pending_save()
+        times["async total"].append(time.perf_counter() - start)
+        shutil.rmtree(folder)
+    return times
+
+
+def _report(names, results, nbytes: int) -> None:
+    for mode in MODES:
+        print(f"\n== page cache {mode} ==")
+        for kind in ("save", "load"):
+            for name in names:
+                print(describe(f"{kind} {name:10s}", [nbytes / r[kind] / 1e9 for r in results[mode][name]], "GB/s"))
+        for kind in ("save", "load"):
+            raw = [r[kind] for r in results[mode]["raw"]]
+            for name in names[1:]:
+                times = [r[kind] for r in results[mode][name]]
+                median, low, high = paired_ratio_range(times, raw)
+                print(
+                    f"{kind} time {name}/raw: {ratio_of_medians(times, raw):.3f} (per-round {median:.3f}, min-max {low:.3f}-{high:.3f}; "
+                    f"fastest runs {min(times) / min(raw):.3f}); speed {ratio_of_medians(raw, times):.3f}x raw (target >= 0.95)"
+                )
+        for name in names:
+            loads = [r["load"] for r in results[mode][name]]
+            k = max(len(loads) // 3, 1)
+            print(f"load rounds {name:10s}: " + " ".join(f"{t:.3f}" for t in loads) + f"  (last {k} / first {k} median: {statistics.median(loads[-k:]) / statistics.median(loads[:k]):.2f})")
+        for name in names:
+            rs = results[mode][name]
+            shard = max(r["shard"] for r in rs)
+            print(
+                f"extra RSS {name:10s}: save max {max(r['save_rss'] for r in rs) / 1e6:.0f} MB, load max {max(r['load_rss'] for r in rs) / 1e6:.0f} MB "
+                f"(largest shard {shard / 1e6:.0f} MB; model + optimizer {nbytes / 1e6:.0f} MB already resident)"
+            )
 
 
 def main() -> None:
-    """Run the rounds and print throughput medians with min-max, the ratios to raw last."""
+    """Run the rounds, then the async-save stall, and print everything with the ratios to raw."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds per contestant (after one warm-up round)")
-    parser.add_argument("--cache", choices=["cold", "warm"], default="cold", help="evict the files from the page cache before loading (cold) or not (warm)")
-    parser.add_argument("--blocks", type=int, default=12, help="model blocks of 8.4M parameters each (12: ~100M)")
+    parser.add_argument("--rounds", type=int, default=15, help="timed rounds (after one untimed warm-up round)")
+    parser.add_argument("--blocks", type=int, default=12, help="model blocks of 8.4M parameters each (12: 100.7M, 1.21 GB with AdamW)")
+    parser.add_argument("--accelerate-path", default="/tmp/accref", help="folder holding accelerate (pip --target); skipped when absent")
+    parser.add_argument("--stall-repeats", type=int, default=5)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.worker:
+        return _worker(args.blocks)
     torch.set_num_threads(1)
-    contestants, reference = _contestants(args.blocks)
-    params = sum(v.numel() for k, v in reference.items() if k.startswith("model."))
+    raw_model, raw_optimizer = _trained(args.blocks)
+    contestants = {"raw": Raw(raw_model, raw_optimizer), "hasten": _framework("hasten", args.blocks)}
+    reference = {k: v.clone() for k, v in _all_tensors(raw_model, raw_optimizer).items()}
+    remote = Remote(args.blocks, args.accelerate_path) if (Path(args.accelerate_path) / "accelerate").is_dir() else None
+    names = list(contestants) + (["accelerate"] if remote else [])
     nbytes = sum(v.numel() * v.element_size() for v in reference.values())
-    print(f"model: {params / 1e6:.1f}M parameters; checkpoint tensors (model + AdamW state): {nbytes / 1e9:.3f} GB; page cache: {args.cache}")
-    names = [c.name for c in contestants]
-    by_name = {c.name: c for c in contestants}
-    saves: dict[str, list[float]] = {name: [] for name in names}
-    loads: dict[str, list[float]] = {name: [] for name in names}
+    params = sum(v.numel() for k, v in reference.items() if k.startswith("model."))
+    print(f"model: {params / 1e6:.1f}M parameters; checkpoint tensors (model + AdamW state): {nbytes / 1e9:.3f} GB; torch {torch.__version__}" + (f"; accelerate {remote.version}" if remote else ""))
+    results = {mode: {name: [] for name in names} for mode in MODES}
     shutil.rmtree(ROOT, ignore_errors=True)
     try:
-        for round_index in range(-1, args.rounds):  # round -1 warms every contestant up, untimed
-            for name in round_order(names, max(round_index, 0)):
-                contestant, folder = by_name[name], ROOT / name
-                shutil.rmtree(folder, ignore_errors=True)
-                os.sync()
-                save = _timed(contestant.save, folder)
-                if args.cache == "cold":
-                    _evict(folder)
-                _scramble(contestant)
-                load = _timed(contestant.load, folder)
-                _check(contestant, reference)
-                shutil.rmtree(folder)
-                if round_index >= 0:
-                    saves[name].append(save)
-                    loads[name].append(load)
+        for round_index in range(-1, args.rounds):
+            for mode in MODES:
+                for name in round_order(names, max(round_index, 0)):
+                    folder = ROOT / name
+                    result = remote.measure(folder, mode) if name == "accelerate" else _measure(contestants[name], folder, mode, reference, name)
+                    if round_index >= 0:
+                        results[mode][name].append(result)
             if round_index >= 0:
-                print(f"round {round_index + 1}: " + "  ".join(f"{n} save {saves[n][-1]:.2f} s load {loads[n][-1]:.2f} s" for n in names), flush=True)
+                print(f"round {round_index + 1}: " + "  ".join(f"{m} {n} {results[m][n][-1]['save']:.2f}/{results[m][n][-1]['load']:.2f} s" for m in MODES for n in names), flush=True)
+        _report(names, results, nbytes)
+        stall = _async_stall(args.blocks, args.stall_repeats)
     finally:
+        if remote:
+            remote.close()
         shutil.rmtree(ROOT, ignore_errors=True)
-    print()
-    for kind, times in (("save", saves), ("load", loads)):
-        for name in names:
-            print(describe(f"{kind} {name:10s}", [nbytes / t / 1e9 for t in times[name]], "GB/s"))
-    for kind, times, target in (("save", saves, 0.9), ("load", loads, 0.95)):
-        for name in names[1:]:
-            median, low, high = paired_ratio_range(times["raw"], times[name])
-            print(
-                f"{kind} throughput ratio {name}/raw: {ratio_of_medians(times['raw'], times[name]):.3f} "
-                f"(per-round median {median:.3f}, min-max {low:.3f}-{high:.3f}; fastest runs {min(times['raw']) / min(times[name]):.3f}; target >= {target})"
-            )
+    print("\n== asynchronous save (hasten) ==")
+    for key, values in stall.items():
+        print(describe(f"{key:18s}", values, "s"))
+    ratio = statistics.median(stall["async save call"]) / statistics.median(stall["sync save"])
+    extra = (statistics.median(stall["next step (async)"]) - statistics.median(stall["step"])) / statistics.median(stall["sync save"])
+    print(f"stall of the saving step: {ratio:.3f} of a synchronous save (target <= 0.10); next step slower by {extra:.3f} of a synchronous save")
 
 
 if __name__ == "__main__":

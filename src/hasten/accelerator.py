@@ -623,7 +623,7 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
             restore_dataloader_positions=self.dataloader_config.use_stateful_dataloader,
         )
 
-    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, **save_model_func_kwargs) -> str:
+    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, async_save: bool | None = None, **save_model_func_kwargs) -> str:
         """Save models, optimizers, schedulers, the fp16 scaler, dataloader positions, RNG states and registered objects.
 
         The folder appears complete or not at all (written under a temporary name, fsynced, manifest last,
@@ -633,11 +633,15 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
 
         hasten checkpoints hold no pickles (safetensors + JSON); ``safe_serialization=False`` and Accelerate's
         ``save_model_func_kwargs`` are ignored, with a warning.
+
+        ``async_save=True`` (default: ``ProjectConfiguration(async_save=...)``) copies the state to CPU memory and
+        returns; the files are written and published in the background. The next ``save_state``, ``load_state`` and
+        ``end_training()`` wait for it and raise its error, if any (docs/checkpointing.md).
         """
         from .checkpointing import save_state
 
         _warn_ignored("save_state", save_model_func_kwargs=save_model_func_kwargs)
-        return str(save_state(self._checkpoint_contents(), self.project_configuration, output_dir, safe_serialization))
+        return str(save_state(self._checkpoint_contents(), self.project_configuration, output_dir, safe_serialization, async_save))
 
     def load_state(self, input_dir: str | None = None, load_kwargs: dict | None = None, **load_model_func_kwargs) -> str:
         """Restore everything :meth:`save_state` wrote, verifying the checkpoint first.
@@ -752,7 +756,10 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
         return self._tracker_hub.get(name, unwrap=unwrap)
 
     def end_training(self) -> None:
-        """Finish every tracker and destroy the process group hasten created."""
+        """Wait for an asynchronous save in flight, finish every tracker and destroy the process group hasten created."""
+        from .checkpointing import end_background_saves
+
+        end_background_saves()
         self._tracker_hub.finish()
         self.state.destroy_process_group()
 

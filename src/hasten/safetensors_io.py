@@ -182,6 +182,12 @@ def _layout(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | N
     return encoded, order
 
 
+def safetensors_size(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> int:
+    """The size in bytes of the file :func:`write_safetensors` writes for these tensors."""
+    encoded, _ = _layout(tensors, metadata)
+    return 8 + len(encoded) + sum(tensor.numel() * tensor.dtype.itemsize for tensor in tensors.values())
+
+
 def write_safetensors(handle: BinaryIO, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> int:
     """Write ``tensors`` to an open binary file in the safetensors format, one tensor at a time.
 

@@ -1,6 +1,8 @@
 """Kill ``save_state`` with SIGKILL at random moments; after each kill the latest checkpoint must load whole.
 
-Usage: crash_saver.py PROJECT_DIR KILLS. One driver process (one thread of torch, so forking is safe)
+Usage: crash_saver.py PROJECT_DIR KILLS [--async]. With ``--async`` the child saves with
+``save_state(async_save=True)`` and waits for the background writer, so the kills land while the
+background thread writes, fsyncs and publishes. One driver process (one thread of torch, so forking is safe)
 forks a child per attempt that fills the weights with the next checkpoint number and saves; the driver
 kills it after a random delay within the duration of a save (the first save completes), then loads the
 latest checkpoint and checks that every weight holds that checkpoint's number. Attempts go on until
@@ -20,11 +22,12 @@ import torch
 torch.set_num_threads(1)
 
 from hasten import Accelerator  # noqa: E402
-from hasten.checkpointing import complete_checkpoints  # noqa: E402
+from hasten.checkpointing import complete_checkpoints, wait_for_pending_save  # noqa: E402
 from hasten.state import reset_state  # noqa: E402
 from hasten.utils import ProjectConfiguration  # noqa: E402
 
 project, wanted_kills = sys.argv[1], int(sys.argv[2])
+asynchronous = "--async" in sys.argv[3:]
 
 
 def accelerator_and_model():
@@ -43,7 +46,8 @@ def save_in_child(ready_write) -> None:
         for p in model.parameters():
             p.fill_(acc.save_iteration)
     os.write(ready_write, b"s")
-    acc.save_state()
+    acc.save_state(async_save=asynchronous)
+    wait_for_pending_save()
     os.write(ready_write, b"d")
     os._exit(0)
 
@@ -86,4 +90,4 @@ while killed_mid_save < wanted_kills and attempt < 4 * wanted_kills:
     limit = 2 if finished else 3
     if len(complete_checkpoints(project)) > limit:
         sys.exit(f"attempt {attempt}: more than {limit} checkpoints kept with total_limit=2: {complete_checkpoints(project)}")
-print(f"crash test: one save takes {save_seconds:.2f} s; {attempt} attempts, {killed_mid_save} killed during the save, {completed} completed, every load whole")
+print(f"crash test ({'async' if asynchronous else 'sync'}): one save takes {save_seconds:.2f} s; {attempt} attempts, {killed_mid_save} killed during the save, {completed} completed, every load whole")

@@ -5,6 +5,7 @@ manifest written last, safetensors + JSON, no pickle) is described in docs/check
 """
 
 from .accelerator_state import CheckpointContents, check_checkpointable, load_state, save_state
+from .background import end_background_saves, wait_for_pending_save
 from .custom import load_custom_state, save_custom_state
 from .files import MANIFEST, CheckpointReader, CheckpointWriter, read_manifest
 from .naming import checkpoint_path, complete_checkpoints, latest_checkpoint, rotate
@@ -36,6 +37,7 @@ __all__ = [
     "check_checkpointable",
     "checkpoint_path",
     "complete_checkpoints",
+    "end_background_saves",
     "latest_checkpoint",
     "load_accelerator_state",
     "load_custom_state",
@@ -45,4 +47,5 @@ __all__ = [
     "save_accelerator_state",
     "save_custom_state",
     "save_state",
+    "wait_for_pending_save",
 ]

@@ -19,11 +19,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import torch
+
 from ..errors import CheckpointError, ConfigError
+from ..operations import gather_object
 from ..rng import capture_rng_states, restore_rng_states
 from ..state import PartialState, warn_once
 from . import participants
+from .background import side_group, wait_for_pending_save
+from .background import start as start_background_save
 from .files import CheckpointReader, CheckpointWriter
+from .integrity import corrupt_message
 from .naming import _NAME, checkpoint_path, latest_checkpoint, rotate
 
 
@@ -74,16 +80,19 @@ def _target(project, output_dir, check_free: bool = True) -> Path:
     return path
 
 
-def save_state(contents: CheckpointContents, project, output_dir=None, safe_serialization: bool = True) -> Path:
+def save_state(contents: CheckpointContents, project, output_dir=None, safe_serialization: bool = True, async_save: bool | None = None) -> Path:
     """Write the training state to ``output_dir`` (or the next automatic checkpoint) and return its path.
 
     Under a replicated engine (one process, DDP) it works whether every process calls it or the main
     process alone, and enters no collective; under a sharded engine every process must call it (see
-    :mod:`.participants`).
+    :mod:`.participants`). ``async_save`` (default: ``project.async_save``) copies the state and returns;
+    the files are written, fsynced and published by a background thread (see ``background.py``).
     """
+    wait_for_pending_save()
     state = PartialState()
     if not safe_serialization:
         warn_once("unsafe-serialization", "save_state(safe_serialization=False) is ignored: hasten checkpoints always store tensors in safetensors and structure in JSON (no pickle).")
+    asynchronous = _asynchronous(contents, project, async_save)
     on_each_node = project.save_on_each_node
     is_writer = state.is_local_main_process if on_each_node else state.is_main_process
     sharded = contents.strategy.save_needs_every_process and state.num_processes > 1
@@ -91,33 +100,85 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
     target = _target(project, output_dir, check_free=is_writer or sharded)
     if sharded:
         participants.check_attendance(target.absolute(), contents.step, state.process_index, state.num_processes, type(contents.strategy).__name__)
-    writer = CheckpointWriter(target, is_main=is_writer, rank=state.process_index, group=state.launch.node_rank if on_each_node else 0, solo=not sharded)
+    writer = CheckpointWriter(
+        target,
+        is_main=is_writer,
+        rank=state.process_index,
+        group=state.launch.node_rank if on_each_node else 0,
+        solo=not sharded,
+        snapshot=asynchronous,
+        live=_live_memory(contents) if asynchronous else frozenset(),
+    )
     if not sharded and not is_writer:
         _hand_over(writer, contents, state)
         _count_iteration(project, output_dir)
         return writer.final
     writer.begin()
-    saved_models = _run_save_hooks(writer, contents)
-    contents.strategy.save_checkpoint(writer, contents.models if saved_models is None else [], contents.optimizers)
-    if writer.is_main:
-        _save_main_process_files(writer, contents)
-    writer.save_state(f"random_states_{state.process_index}", _rng_states())
-    joined = [] if sharded else _collect_other_rng_states(writer, contents, state, started + participants.JOIN_GRACE_S, on_each_node)
+    try:
+        saved_models = _write_contents(writer, contents, state)
+        joined = [] if sharded else _collect_other_rng_states(writer, contents, state, started + participants.JOIN_GRACE_S, on_each_node)
+    except BaseException:
+        writer.discard()
+        raise
     info = {
         "world_size": state.num_processes,
         "step": contents.step,
         "iteration": project.iteration if output_dir is None else None,
         "contents": {"models": len(contents.models) if saved_models is None else saved_models, "optimizers": len(contents.optimizers), "schedulers": len(contents.schedulers), "dataloaders": len(contents.dataloaders), "custom_objects": len(contents.custom_objects), "scaler": contents.scaler is not None},
     }
-    path = writer.finalize(info)
-    if sharded:
-        participants.leave(writer.final, contents.step, state.process_index)
-    elif joined:
-        participants.announce_published(writer.final, contents.step, joined)
-    if project.automatic_checkpoint_naming and output_dir is None and writer.is_main:
-        rotate(project.project_dir, project.total_limit)
+    automatic = project.automatic_checkpoint_naming and output_dir is None
+
+    def after_publish() -> None:
+        if sharded:
+            participants.leave(writer.final, contents.step, state.process_index)
+        elif joined:
+            participants.announce_published(writer.final, contents.step, joined)
+        if automatic and writer.is_main:
+            rotate(project.project_dir, project.total_limit)
+
+    if asynchronous:
+        group = side_group(state.num_processes) if sharded else None
+        start_background_save(writer, info, group, after_publish, [_torch_optimizer(o) for o in contents.optimizers])
+    else:
+        writer.finalize(info)
+        after_publish()
     _count_iteration(project, output_dir)
-    return path
+    return target
+
+
+def _asynchronous(contents: CheckpointContents, project, async_save: bool | None) -> bool:
+    asynchronous = bool(getattr(project, "async_save", False) if async_save is None else async_save)
+    if asynchronous and not contents.strategy.saves_full_state_dicts:
+        warn_once(
+            "async-save-engine",
+            f"async_save: {type(contents.strategy).__name__} writes its sharded files itself, synchronously; this save "
+            "and the next ones under this engine run synchronously (all-or-nothing as always).",
+        )
+        return False
+    return asynchronous
+
+
+def _live_memory(contents: CheckpointContents) -> frozenset[int]:
+    """Memory an asynchronous save writes without copying: CPU parameters and optimizer state, which only
+    ``optimizer.step()`` changes (held back until they are written)."""
+    tensors = [p for model in contents.models for p in model.parameters()]
+    tensors += [value for optimizer in contents.optimizers for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
+    return frozenset(t.data_ptr() for t in tensors if t.device.type == "cpu")
+
+
+def _torch_optimizer(optimizer):
+    """The torch optimizer inside hasten's wrapper (its step hooks run on every real step)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _write_contents(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState) -> int | None:
+    """Hand everything to the writer; returns the number of models save hooks left (None: no hooks)."""
+    saved_models = _run_save_hooks(writer, contents)
+    contents.strategy.save_checkpoint(writer, contents.models if saved_models is None else [], contents.optimizers)
+    if writer.is_main:
+        _save_main_process_files(writer, contents)
+    writer.save_state(f"random_states_{state.process_index}", _rng_states())
+    return saved_models
 
 
 def _rng_states() -> dict:
@@ -217,45 +278,77 @@ def _check_counts(reader: CheckpointReader, contents: CheckpointContents, models
 
 
 def load_state(contents: CheckpointContents, project, input_dir=None) -> tuple[Path, int]:
-    """Restore the training state from ``input_dir`` (or the latest automatic checkpoint); returns (path, step)."""
+    """Restore the training state from ``input_dir`` (or the latest automatic checkpoint); returns (path, step).
+
+    Every file is verified (size and checksum) and every saved object checked against its live
+    counterpart before any live object changes: a ``CheckpointError`` leaves the run as it was.
+    """
+    wait_for_pending_save()
     state = PartialState()
     source = _source(project, input_dir)
     reader = CheckpointReader(source)
-    models = list(contents.models)
-    for hook in contents.load_hooks:
-        hook(models, str(source))
-    _check_counts(reader, contents, len(models))
-    contents.strategy.load_checkpoint(reader, models, contents.optimizers)
-    for i, scheduler in enumerate(contents.schedulers):
-        scheduler.load_state_dict(reader.load_state(f"scheduler{_suffix(i)}"))
-    if contents.scaler is not None:
-        if not reader.exists("scaler.json"):
-            raise CheckpointError(f"Checkpoint {source} has no fp16 scaler state, but this run uses fp16: it was saved with another mixed precision setting.")
-        contents.scaler.load_state_dict(reader.load_state("scaler"))
-    for loader, position in zip(contents.dataloaders, reader.load_json("dataloaders.json")):
-        if contents.restore_dataloader_positions:
-            loader.load_state_dict(position)
-        else:  # as Accelerate: the loop skips what it trained on (diffusers' scripts, skip_first_batches)
-            loader.restore_epoch(position)
-    for i, obj in enumerate(contents.custom_objects):
-        obj.load_state_dict(reader.load_state(f"custom_checkpoint_{i}"))
-    _restore_rng(reader, state)
+    _load_verified(reader, contents, state, source)
     match = _NAME.match(source.name)
     if match and project.automatic_checkpoint_naming and input_dir is None:
         project.iteration = int(match.group(1)) + 1
     return source, int(reader.manifest.get("step") or 0)
 
 
-def _restore_rng(reader: CheckpointReader, state: PartialState) -> None:
-    name = f"random_states_{state.process_index}"
-    if reader.exists(f"{name}.json"):
-        saved = reader.load_state(name)
-        restore_rng_states(saved["meta"], saved["tensors"])
-        return
-    warnings.warn(
-        f"Checkpoint {reader.directory} was saved by {reader.manifest.get('world_size')} process(es) and has no random "
-        f"state for rank {state.process_index} of this run's {state.num_processes}: this rank's random number "
-        "generators are not restored, so dropout and shuffling may differ from the saved run.",
-        stacklevel=3,
-    )
+def _load_verified(reader: CheckpointReader, contents: CheckpointContents, state: PartialState, source: Path) -> None:
+    """Verify, check, then restore (nothing changes unless every file is whole and every object fits)."""
+    _verify(reader, state)
+    models = list(contents.models)
+    for hook in contents.load_hooks:
+        hook(models, str(source))
+    _check_counts(reader, contents, len(models))
+    staged = _read_small_states(reader, contents, state)
+    contents.strategy.load_checkpoint(reader, models, contents.optimizers)
+    for scheduler, saved in zip(contents.schedulers, staged["schedulers"]):
+        scheduler.load_state_dict(saved)
+    if contents.scaler is not None:
+        contents.scaler.load_state_dict(staged["scaler"])
+    for loader, position in zip(contents.dataloaders, staged["dataloaders"]):
+        if contents.restore_dataloader_positions:
+            loader.load_state_dict(position)
+        else:  # as Accelerate: the loop skips what it trained on (diffusers' scripts, skip_first_batches)
+            loader.restore_epoch(position)
+    for obj, saved in zip(contents.custom_objects, staged["custom"]):
+        obj.load_state_dict(saved)
+    if staged["rng"] is not None:
+        restore_rng_states(staged["rng"]["meta"], staged["rng"]["tensors"])
 
+
+def _verify(reader: CheckpointReader, state: PartialState) -> None:
+    """Check every file of the checkpoint; the processes of a machine share the work and agree on the verdict."""
+    names = sorted(reader.files)
+    if state.num_processes == 1:
+        reader.verify(names)
+        return
+    local = max(state.launch.local_world_size, 1)
+    found = reader.find_corrupt(names[state.local_process_index :: local])
+    bad = sorted(set(gather_object(found)))
+    if bad:
+        raise CheckpointError(corrupt_message(reader.directory / bad[0]))
+    reader.mark_verified(names)
+
+
+def _read_small_states(reader: CheckpointReader, contents: CheckpointContents, state: PartialState) -> dict[str, Any]:
+    """Read (not apply) schedulers, scaler, dataloader positions, custom objects and RNG states."""
+    if contents.scaler is not None and not reader.exists("scaler.json"):
+        raise CheckpointError(f"Checkpoint {reader.directory} has no fp16 scaler state, but this run uses fp16: it was saved with another mixed precision setting.")
+    rng_name = f"random_states_{state.process_index}"
+    rng = reader.load_state(rng_name) if reader.exists(f"{rng_name}.json") else None
+    if rng is None:
+        warnings.warn(
+            f"Checkpoint {reader.directory} was saved by {reader.manifest.get('world_size')} process(es) and has no random "
+            f"state for rank {state.process_index} of this run's {state.num_processes}: this rank's random number "
+            "generators are not restored, so dropout and shuffling may differ from the saved run.",
+            stacklevel=5,
+        )
+    return {
+        "schedulers": [reader.load_state(f"scheduler{_suffix(i)}") for i in range(len(contents.schedulers))],
+        "scaler": reader.load_state("scaler") if contents.scaler is not None else None,
+        "dataloaders": reader.load_json("dataloaders.json"),
+        "custom": [reader.load_state(f"custom_checkpoint_{i}") for i in range(len(contents.custom_objects))],
+        "rng": rng,
+    }

@@ -20,6 +20,8 @@ class ProjectConfiguration(KwargsHandler):
         total_limit: keep at most this many automatic checkpoints (oldest deleted once a new one is complete).
         iteration: number of the next automatic checkpoint.
         save_on_each_node: write checkpoints on every machine (no shared filesystem).
+        async_save: ``save_state()`` copies the state and writes the files in the background by default
+            (``save_state(async_save=...)`` overrides it; see docs/checkpointing.md).
     """
 
     project_dir: str | None = None
@@ -28,6 +30,7 @@ class ProjectConfiguration(KwargsHandler):
     total_limit: int | None = None
     iteration: int = 0
     save_on_each_node: bool = False
+    async_save: bool = False
 
     def __post_init__(self):
         if self.logging_dir is None:

@@ -161,12 +161,22 @@ class Strategy(ABC):
                 writer.save_state(f"optimizer{_suffix(i)}", optimizer.state_dict())
 
     def load_checkpoint(self, reader, models: list, optimizers: list) -> None:
-        """Restore what :meth:`save_checkpoint` wrote (``reader`` is a ``CheckpointReader``)."""
-        for i, model in enumerate(models):
-            state_dict = reader.load_tensors(f"model{_suffix(i)}.safetensors")
-            self.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=False).load_state_dict(state_dict)
+        """Restore what :meth:`save_checkpoint` wrote (``reader`` is a ``CheckpointReader``).
+
+        Every model and optimizer is checked against the checkpoint before any is changed; tensors are
+        then read straight into the live ones where shape and dtype match.
+        """
+        from ..checkpointing.live_load import check_model, check_optimizer, load_model, load_optimizer
+
+        targets = [self.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=False) for model in models]
+        for i, target in enumerate(targets):
+            check_model(reader, f"model{_suffix(i)}.safetensors", target)
         for i, optimizer in enumerate(optimizers):
-            optimizer.load_state_dict(reader.load_state(f"optimizer{_suffix(i)}"))
+            check_optimizer(reader, f"optimizer{_suffix(i)}", optimizer)
+        for i, target in enumerate(targets):
+            load_model(reader, f"model{_suffix(i)}.safetensors", target)
+        for i, optimizer in enumerate(optimizers):
+            load_optimizer(reader, f"optimizer{_suffix(i)}", optimizer)
 
 
 def _suffix(index: int) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import copy
 import io
 import math
-import zlib
 from pathlib import Path
 from typing import Iterable
 
@@ -393,8 +392,7 @@ class DeepSpeedStrategy(Strategy):
             record = reader.files.get(name)
             if record is None:
                 raise CheckpointError(f"{path} is not listed in the manifest of {reader.directory}: the checkpoint was changed after it was saved.")
-            if f"{zlib.crc32(data):08x}" != record["crc32"]:
-                raise CheckpointError(f"{path} is corrupt: its checksum does not match the manifest. Use another checkpoint.")
+            reader.check_bytes(name, data)
         return safe_torch_load(io.BytesIO(data), path, map_location, classes=deepspeed_classes())
 
 

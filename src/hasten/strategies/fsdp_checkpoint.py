@@ -20,7 +20,6 @@ import os
 import pickle
 import shutil
 import warnings
-import zlib
 from pathlib import Path
 
 import torch
@@ -179,18 +178,13 @@ def _verify_shards(reader, name: str) -> None:
     if not files:
         raise CheckpointError(f"Checkpoint {reader.directory} lists no files under {name}/; it was not written by hasten's FSDP strategy.")
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    problems = []
-    for file in files[rank::world]:
-        crc = 0
-        with open(Path(reader.directory) / file, "rb", buffering=0) as handle:
-            while chunk := handle.read(1 << 24):
-                crc = zlib.crc32(chunk, crc)
-        if f"{crc:08x}" != reader.files[file]["crc32"]:
-            problems.append(file)
+    problems = reader.find_corrupt(files[rank::world])
     if world > 1:
         everyone = [None] * world
         dist.all_gather_object(everyone, problems)
         problems = [file for found in everyone for file in found]
+    if not problems:
+        reader.mark_verified(files)
     if problems:
         raise CheckpointError(f"{reader.directory / problems[0]} is corrupt: its checksum does not match the manifest. Restore it from a backup or use another checkpoint.")
 

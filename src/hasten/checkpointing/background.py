@@ -1,0 +1,135 @@
+"""Asynchronous saves: the snapshot is taken in ``save_state``, the files are written in the background.
+
+``save_state`` copies what is small or may change at any time (buffers, RNG states, schedulers, custom
+objects, GPU tensors into pinned memory) and keeps the parameters and the optimizer state as they are:
+the background thread writes them straight from their memory, and each optimizer's next ``step()``
+waits (a step pre-hook) until they are written. The step that saves is not held up by a copy of the
+model; the next optimizer step waits only if the writes are not done by then. So between ``save_state``
+and the next ``optimizer.step()``, change parameters only through the optimizer (or wait first with
+:func:`wait_for_pending_save`).
+
+One save at most is in flight per process. It is waited for (and its error, if any, raised) by the next
+``save_state``, by ``load_state``, by ``Accelerator.end_training()`` and by :func:`wait_for_pending_save`;
+``wait_for_everyone`` does not wait (it is called often, and the save must not stall training). At
+interpreter exit Python joins the writer thread, so a script that ends without ``end_training`` still
+publishes its last checkpoint; an error found then is printed.
+
+With several processes the background threads meet in their own gloo process group (created once, by
+the first asynchronous save, on every process), so their collectives never interleave with the
+training loop's. A crash before the manifest is written leaves only a ``.partial`` folder behind: the
+previous checkpoint is still the latest complete one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import CheckpointError
+
+_pending: _PendingSave | None = None
+_side_group: Any = None
+_atexit_registered = False
+
+
+class _StepGate:
+    """Holds each optimizer's next ``step()`` until the background thread has written the live tensors."""
+
+    def __init__(self, optimizers: list):
+        self.written = threading.Event()
+        self.handles = [optimizer.register_step_pre_hook(self._wait) for optimizer in optimizers]
+
+    def _wait(self, *_) -> None:
+        self.written.wait()
+
+    def open(self) -> None:
+        self.written.set()
+
+    def remove(self) -> None:
+        self.open()
+        for handle in self.handles:
+            handle.remove()
+
+
+class _PendingSave:
+    def __init__(self, writer, info: dict[str, Any], group, after: Callable[[], None], optimizers: list):
+        self.writer, self.info, self.group, self.after = writer, info, group, after
+        self.gate = _StepGate(optimizers)
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="hasten-async-save")
+
+    def _run(self) -> None:
+        try:
+            self.writer.write_pending()
+            self.gate.open()
+            self.writer.finalize(self.info, group=self.group)
+            self.after()
+        except BaseException as error:  # raised at the next wait point, never lost
+            self.error = error
+        finally:
+            self.gate.open()
+
+
+def side_group(num_processes: int):
+    """The process group of the background writers (None with one process); call on every process at once."""
+    global _side_group
+    if num_processes == 1:
+        return None
+    if _side_group is None:
+        import torch.distributed as dist
+
+        _side_group = dist.new_group(backend="gloo")
+    return _side_group
+
+
+def start(writer, info: dict[str, Any], group, after: Callable[[], None], optimizers: list) -> None:
+    """Write, fsync and publish ``writer``'s snapshot in the background, then run ``after`` (rotation).
+
+    ``optimizers`` (torch optimizers) do not step until the live tensors the writer kept are written.
+    """
+    global _pending, _atexit_registered
+    wait_for_pending_save()
+    if not _atexit_registered:
+        atexit.register(_report_at_exit)
+        _atexit_registered = True
+    _pending = _PendingSave(writer, info, group, after, optimizers)
+    _pending.thread.start()
+
+
+def wait_for_pending_save() -> Path | None:
+    """Wait for this process's asynchronous save in flight, if any, and return its path.
+
+    Raises:
+        CheckpointError: the background save failed (its partial folder is removed; earlier checkpoints
+            are untouched).
+    """
+    global _pending
+    pending, _pending = _pending, None
+    if pending is None:
+        return None
+    pending.thread.join()
+    pending.gate.remove()
+    if isinstance(pending.error, CheckpointError):
+        raise CheckpointError(str(pending.error)) from None
+    if pending.error is not None:
+        raise CheckpointError(f"The asynchronous save of {pending.writer.final} failed: {pending.error!r}. Earlier checkpoints are untouched.") from pending.error
+    return pending.writer.final
+
+
+def _report_at_exit() -> None:
+    try:
+        wait_for_pending_save()
+    except CheckpointError as error:
+        print(f"hasten: {error}", file=sys.stderr)
+
+
+def end_background_saves() -> None:
+    """Wait for the save in flight (raising its error) and forget the writers' process group (``end_training``)."""
+    global _side_group
+    try:
+        wait_for_pending_save()
+    finally:
+        _side_group = None

@@ -1,0 +1,47 @@
+"""A save that fails on one process only: both processes raise the same one-line CheckpointError, none hangs,
+no partial folder is left and the previous checkpoint still loads.
+
+Usage: torchrun --nproc_per_node 2 save_failure_two_processes.py DIR [--async]. Rank 1's random-state file
+path is taken by a folder (created by a save hook on rank 1), so only rank 1's write fails.
+Prints ``rank R: failed cleanly: <message>``.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from hasten import Accelerator
+from hasten.checkpointing import wait_for_pending_save
+from hasten.errors import CheckpointError
+
+folder, asynchronous = Path(sys.argv[1]), "--async" in sys.argv[2:]
+acc = Accelerator()
+model = torch.nn.Linear(16, 16)
+model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+acc.save_state(folder / "good")
+before = {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def block_rank_1(models, weights, output_dir):
+    if acc.process_index == 1:
+        os.mkdir(Path(output_dir) / "random_states_1.safetensors")
+
+
+acc.register_save_state_pre_hook(block_rank_1)
+try:
+    acc.save_state(folder / "bad", async_save=asynchronous)
+    wait_for_pending_save()
+except CheckpointError as error:
+    message = str(error)
+else:
+    sys.exit(f"rank {acc.process_index}: the save did not fail")
+assert "\n" not in message and not (folder / "bad").exists() and not (folder / ".bad.partial").exists(), message
+with torch.no_grad():
+    for p in model.parameters():
+        p.zero_()
+acc.load_state(folder / "good")
+assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+acc.end_training()
+print(f"rank {acc.process_index}: failed cleanly: {message}", flush=True)
