@@ -28,6 +28,7 @@ from ..state import PartialState, warn_once
 from . import participants
 from .background import side_group, wait_for_pending_save
 from .background import start as start_background_save
+from .background import start_waiting
 from .files import CheckpointReader, CheckpointWriter
 from .integrity import corrupt_message
 from .naming import _NAME, checkpoint_path, latest_checkpoint, rotate
@@ -110,7 +111,7 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
         live=_live_memory(contents) if asynchronous else frozenset(),
     )
     if not sharded and not is_writer:
-        _hand_over(writer, contents, state)
+        _hand_over(writer, contents, state, asynchronous)
         _count_iteration(project, output_dir)
         return writer.final
     writer.begin()
@@ -191,15 +192,21 @@ def _count_iteration(project, output_dir) -> None:
         project.iteration += 1
 
 
-def _hand_over(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState) -> None:
-    """Replicated save on a process that writes nothing: run the hooks, give the writer this process's random states."""
+def _hand_over(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, asynchronous: bool) -> None:
+    """Replicated save on a process that writes nothing: run the hooks, give the writer this process's random
+    states, and wait for the publish (in the background for an asynchronous save)."""
     _run_save_hooks(writer, contents)
-    if not participants.hand_over(writer.final, contents.step, state.process_index, _rng_states()):
+    wait_published = participants.hand_over(writer.final, contents.step, state.process_index, _rng_states())
+    if wait_published is None:
         warn_once(
             "late-save",
             f"save_state({str(writer.final)!r}) on process {state.process_index} came after the main process had "
             "written the checkpoint; this process's random number generator states are not in it.",
         )
+    elif asynchronous:
+        start_waiting(writer.final, wait_published)
+    else:
+        wait_published()
 
 
 def _collect_other_rng_states(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, deadline: float, on_each_node: bool) -> list[int]:

@@ -55,18 +55,17 @@ class _StepGate:
 
 
 class _PendingSave:
-    def __init__(self, writer, info: dict[str, Any], group, after: Callable[[], None], optimizers: list):
-        self.writer, self.info, self.group, self.after = writer, info, group, after
+    """One save in flight: ``work(gate)`` runs on a background thread; its error is kept for the next wait point."""
+
+    def __init__(self, final: Path, work: Callable[[_StepGate], None], optimizers: list):
+        self.final, self.work = Path(final), work
         self.gate = _StepGate(optimizers)
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="hasten-async-save")
 
     def _run(self) -> None:
         try:
-            self.writer.write_pending()
-            self.gate.open()
-            self.writer.finalize(self.info, group=self.group)
-            self.after()
+            self.work(self.gate)
         except BaseException as error:  # raised at the next wait point, never lost
             self.error = error
         finally:
@@ -90,12 +89,29 @@ def start(writer, info: dict[str, Any], group, after: Callable[[], None], optimi
 
     ``optimizers`` (torch optimizers) do not step until the live tensors the writer kept are written.
     """
+
+    def work(gate: _StepGate) -> None:
+        writer.write_pending()
+        gate.open()
+        writer.finalize(info, group=group)
+        after()
+
+    _begin(_PendingSave(writer.final, work, optimizers))
+
+
+def start_waiting(final: Path, wait: Callable[[], None]) -> None:
+    """On a process that writes nothing itself (a replicated save): wait for the writer's publish in the
+    background, so that :func:`wait_for_pending_save` means the same on every process."""
+    _begin(_PendingSave(final, lambda _gate: wait(), []))
+
+
+def _begin(pending: _PendingSave) -> None:
     global _pending, _atexit_registered
     wait_for_pending_save()
     if not _atexit_registered:
         atexit.register(_report_at_exit)
         _atexit_registered = True
-    _pending = _PendingSave(writer, info, group, after, optimizers)
+    _pending = pending
     _pending.thread.start()
 
 
@@ -115,8 +131,8 @@ def wait_for_pending_save() -> Path | None:
     if isinstance(pending.error, CheckpointError):
         raise CheckpointError(str(pending.error)) from None
     if pending.error is not None:
-        raise CheckpointError(f"The asynchronous save of {pending.writer.final} failed: {pending.error!r}. Earlier checkpoints are untouched.") from pending.error
-    return pending.writer.final
+        raise CheckpointError(f"The asynchronous save of {pending.final} failed: {pending.error!r}. Earlier checkpoints are untouched.") from pending.error
+    return pending.final
 
 
 def _report_at_exit() -> None:

@@ -26,7 +26,7 @@ import datetime
 import hashlib
 import json
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import CheckpointError
 from .state_io import decode, encode
@@ -67,19 +67,23 @@ def _unpack(blob: bytes) -> Any:
     return decode(json.loads(blob[8 : 8 + size]), load(blob[8 + size :]))
 
 
-def hand_over(target, step: int, rank: int, states: Any) -> bool:
-    """On a non-writing process of a replicated save: give ``states`` to the writer and wait for the publish.
+def hand_over(target, step: int, rank: int, states: Any) -> Callable[[], None] | None:
+    """On a non-writing process of a replicated save: give ``states`` to the writer.
 
-    Returns False when the writer had already stopped waiting (the states are not in the checkpoint).
+    Returns a function that waits until the checkpoint is published, or None when the writer had
+    already stopped waiting (the states are not in the checkpoint).
     """
     store = _store()
     key = f"{_prefix(target, step)}/rng/{rank}"
     blob = _pack(states)
     if store.compare_set(key, "", blob) != blob:
-        return False
-    store.wait([f"{key}/published"])  # the store's own timeout bounds it (the writer is alive and writing)
-    store.delete_key(f"{key}/published")
-    return True
+        return None
+
+    def wait_published() -> None:
+        store.wait([f"{key}/published"])  # the store's own timeout bounds it (the writer is alive and writing)
+        store.delete_key(f"{key}/published")
+
+    return wait_published
 
 
 def collect(target, step: int, ranks: list[int], deadline: float) -> tuple[dict[int, Any], list[int]]:
