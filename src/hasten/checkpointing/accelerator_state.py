@@ -19,6 +19,7 @@ from typing import Any, Callable
 from ..errors import CheckpointError, ConfigError
 from ..rng import capture_rng_states, restore_rng_states
 from ..state import PartialState, warn_once
+from .accelerate_format import open_checkpoint
 from .files import CheckpointReader, CheckpointWriter
 from .naming import _NAME, checkpoint_path, latest_checkpoint, rotate
 
@@ -162,8 +163,8 @@ def load_state(contents: CheckpointContents, project, input_dir=None) -> tuple[P
     """Restore the training state from ``input_dir`` (or the latest automatic checkpoint); returns (path, step)."""
     state = PartialState()
     source = _source(project, input_dir)
-    reader = CheckpointReader(source)
     models = list(contents.models)
+    reader = open_checkpoint(source, state.process_index, models)  # hasten's format, or a folder Accelerate wrote
     for hook in contents.load_hooks:
         hook(models, str(source))
     _check_counts(reader, contents, len(models))
