@@ -481,3 +481,14 @@ def test_disk_offloaded_run_stays_within_budget(tmp_path):
     assert report["offload_folder_files"] == ["index.json"]
     assert report["max_abs_diff"] == 0.0
     assert report["peak_over_baseline_mb"] < report["limit_mb"], report
+
+
+@pytest.mark.slow
+def test_transformers_from_pretrained_device_map_auto_offloads_to_disk(tmp_path):
+    pytest.importorskip("transformers")
+    script = Path(__file__).parent / "scripts" / "transformers_disk_offload.py"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    result = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["devices"] == ["cpu", "disk"] and report["disk_entries"] > 0 and report["same_logits"], report
