@@ -37,7 +37,7 @@ from hasten.hooks import (
     remove_hook_from_submodules,
 )
 from hasten.modeling import find_tied_parameters, retie_parameters, set_module_tensor_to_device
-from hasten.offload import OffloadedWeightsLoader, load_offloaded_weights, offload_state_dict
+from hasten.offload import OffloadedWeightsLoader, load_offloaded_weight, load_offloaded_weights, offload_state_dict, offload_weight
 from hasten.serialization import save_model_weights
 
 SCRIPT = Path(__file__).parent / "scripts" / "big_model_rss.py"
@@ -194,7 +194,7 @@ def test_dispatch_in_memory_model_writes_disk_weights(reference, tmp_path):
     copy = LM()
     copy.load_state_dict(model.state_dict())
     dispatched = dispatch_model(copy, {"embed": "cpu", "blocks": "disk", "norm": "cpu", "head": "cpu"}, offload_dir=tmp_path)
-    assert (tmp_path / "index.json").is_file() and any(tmp_path.glob("*.safetensors"))
+    assert (tmp_path / "index.json").is_file() and (tmp_path / "blocks.2.fc2.weight.dat").is_file()
     assert dispatched.blocks[2].fc2.weight.device.type == "meta"
     _assert_same(dispatched, ids, expected)
     state = get_state_dict_offloaded_model(dispatched)
@@ -220,7 +220,7 @@ def test_force_hooks_on_one_device(reference):
 def test_dispatch_errors(reference):
     with pytest.raises(ConfigError, match="offloads blocks to disk: pass offload_dir"):
         dispatch_model(LM(), {"embed": "cpu", "blocks": "disk", "norm": "cpu", "head": "cpu"})
-    with pytest.raises(ConfigError, match="whole model on disk: use hasten.disk_offload"):
+    with pytest.raises(ConfigError, match="offloads the whole model to disk: pass offload_dir"):
         dispatch_model(LM(), {"": "disk"})
     with pytest.raises(ConfigError, match=r"no data \(meta device\): embed.weight"):
         dispatch_model(_empty(), {"": "cpu"})
@@ -329,14 +329,55 @@ def test_offload_state_dict_round_trip(tmp_path):
     model = LM()
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     index = offload_state_dict(tmp_path, model.state_dict())
-    assert index["head.weight"] == index["embed.weight"]  # tied weights written once
+    assert index["head.weight"] == index["embed.weight"] == {"dtype": "float32", "shape": list(model.embed.weight.shape)}
     fresh = _empty()
     load_offloaded_weights(fresh, index, tmp_path)
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in expected.items())
     assert fresh.head.weight is fresh.embed.weight
     with pytest.raises(CheckpointError, match="offloaded weights file .* is missing"):
-        (tmp_path / index["norm.weight"]["safetensors_file"]).unlink()
+        (tmp_path / "norm.weight.dat").unlink()
         OffloadedWeightsLoader(save_folder=tmp_path)["norm.weight"]
+
+
+def test_offload_folders_use_accelerates_dat_format(tmp_path):
+    """What Accelerate's, diffusers' and peft's readers expect: index.json of {dtype, shape}, raw bytes in <name>.dat."""
+    weights = {
+        "w": torch.randn(3, 5),
+        "half": torch.randn(4).to(torch.bfloat16),
+        "fp8": torch.randn(2, 2).to(torch.float8_e4m3fn),
+        "steps": torch.tensor(7),
+        "empty": torch.zeros(0, 3),
+    }
+    offload_state_dict(tmp_path, weights)
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert index == {
+        "w": {"dtype": "float32", "shape": [3, 5]},
+        "half": {"dtype": "bfloat16", "shape": [4]},
+        "fp8": {"dtype": "float8_e4m3fn", "shape": [2, 2]},
+        "steps": {"dtype": "int64", "shape": []},
+        "empty": {"dtype": "float32", "shape": [0, 3]},
+    }
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.dat", "fp8.dat", "half.dat", "index.json", "steps.dat", "w.dat"]
+    assert np.array_equal(np.fromfile(tmp_path / "w.dat", dtype=np.float32).reshape(3, 5), weights["w"].numpy())
+    assert np.array_equal(np.fromfile(tmp_path / "half.dat", dtype=np.int16), weights["half"].view(torch.int16).numpy())
+    assert np.array_equal(np.fromfile(tmp_path / "fp8.dat", dtype=np.int8).reshape(2, 2), weights["fp8"].view(torch.int8).numpy())
+    assert np.fromfile(tmp_path / "steps.dat", dtype=np.int64).tolist() == [7]
+    loader = OffloadedWeightsLoader(save_folder=tmp_path)
+    for name, tensor in weights.items():
+        assert loader[name].dtype == tensor.dtype and loader[name].shape == tensor.shape
+        assert torch.equal(loader[name].reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8)), name
+    single = offload_weight(weights["w"], "extra", tmp_path, {})
+    assert single == {"extra": {"dtype": "float32", "shape": [3, 5]}} and torch.equal(load_offloaded_weight(tmp_path / "extra.dat", single["extra"]), weights["w"])
+
+
+def test_dispatch_model_with_everything_on_disk_offloads(reference, tmp_path):
+    model, ids, expected, _ = reference
+    copy = LM()
+    copy.load_state_dict(model.state_dict())
+    dispatched = dispatch_model(copy, {"": "disk"}, offload_dir=tmp_path)
+    assert dispatched.hf_device_map == {"": "disk"} and dispatched.blocks[0].fc1.weight.device.type == "meta"
+    assert (tmp_path / "index.json").is_file() and (tmp_path / "blocks.0.fc1.weight.dat").is_file()
+    _assert_same(dispatched, ids, expected)
 
 
 # -------------------------------------------------------------------------------------------- hooks
@@ -440,3 +481,14 @@ def test_disk_offloaded_run_stays_within_budget(tmp_path):
     assert report["offload_folder_files"] == ["index.json"]
     assert report["max_abs_diff"] == 0.0
     assert report["peak_over_baseline_mb"] < report["limit_mb"], report
+
+
+@pytest.mark.slow
+def test_transformers_from_pretrained_device_map_auto_offloads_to_disk(tmp_path):
+    pytest.importorskip("transformers")
+    script = Path(__file__).parent / "scripts" / "transformers_disk_offload.py"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    result = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["devices"] == ["cpu", "disk"] and report["disk_entries"] > 0 and report["same_logits"], report

@@ -45,6 +45,12 @@ def test_zero_stages_train_like_ddp_with_offload_and_auto_config(tmp_path):
 
 
 @pytest.mark.slow
+def test_engine_scheduler_is_a_deepspeed_scheduler_wrapper_stepped_once_per_step():
+    out = torchrun(SCRIPTS / "deepspeed_scheduler.py", timeout=_launch_timeout()).stdout
+    assert "rank 0: deepspeed scheduler checks passed" in out and "rank 1: deepspeed scheduler checks passed" in out, out
+
+
+@pytest.mark.slow
 def test_zero3_resume_merge_and_errors(tmp_path):
     flags = ("--num_processes", "2", "--use_deepspeed", "--zero_stage", "3", "--zero3_init_flag", "true", "--zero3_save_16bit_model", "true")
     out = hasten_launch(SCRIPTS / "deepspeed_checkpoint.py", str(tmp_path), launch_args=flags, timeout=_launch_timeout()).stdout

@@ -194,3 +194,14 @@ def test_buffers_of_offloaded_modules_warn_when_they_do_not_fit():
         model = nn.Sequential(nn.Linear(10, 10), WithBuffer())
     with pytest.warns(UserWarning, match="4000 bytes of buffers.*offload_buffers=True"):
         infer_auto_device_map(model, {"cpu": 1000})
+
+
+def test_clean_device_map_collapses_entries_sharing_a_device():
+    from hasten.device_map import clean_device_map
+
+    mixed = {"a.0": 0, "a.1": 0, "b": "cpu"}
+    assert clean_device_map(mixed) is mixed and mixed == {"a": 0, "b": "cpu"}
+    assert clean_device_map({"a.0": 0, "a.1": 0, "b": 0}) == {"": 0}
+    assert clean_device_map({"m.a.0": 0, "m.a.1": 0, "m.b": "cpu", "c": "disk"}) == {"m.a": 0, "m.b": "cpu", "c": "disk"}
+    assert clean_device_map({"m.a.0": 0, "m.a.1": 0, "m.b": 1}, module_name="m.a") == {"m.a": 0, "m.b": 1}
+    assert clean_device_map({"a": 0}) == {"a": 0} and clean_device_map({}) == {}

@@ -183,6 +183,12 @@ def test_fsdp_checkpoints_resume_in_a_new_process_group(tmp_path):
         assert f"rank 0: fsdp {mode} checks passed" in out, out
 
 
+@pytest.mark.slow
+def test_accelerate_fsdp_helpers_save_and_load_for_real(tmp_path):
+    out = torchrun(SCRIPTS / "fsdp_accelerate_helpers.py", str(tmp_path), timeout=400).stdout
+    assert "rank 0: fsdp accelerate helpers checks passed" in out and "rank 1: fsdp accelerate helpers checks passed" in out, out
+
+
 _CONFIG = """\
 compute_environment: LOCAL_MACHINE
 distributed_type: FSDP

@@ -362,6 +362,9 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
         return _mark_prepared(wrapped)
 
     def _wrap_scheduler(self, scheduler) -> AcceleratedScheduler:
+        if isinstance(scheduler, AcceleratedScheduler):  # a strategy's own prepared scheduler (DeepSpeed's engine steps it)
+            self._schedulers.append(scheduler)
+            return scheduler
         target = getattr(scheduler, "optimizer", None)
         followed = [o for o in self._optimizers if target is o or target is o.optimizer or target is getattr(o, "_original", None)]
         wrapped = AcceleratedScheduler(scheduler, followed or self._optimizers, step_with_optimizer=self.step_scheduler_with_optimizer, split_batches=self.split_batches)

@@ -156,7 +156,7 @@ def _disk_weights(model, device_map, offload_dir, offload_index, offload_buffers
         return
     if offload_dir is None and offload_index is None:
         raise ConfigError(
-            f"The device_map offloads {', '.join(disk[:5])}{' ...' if len(disk) > 5 else ''} to disk: pass offload_dir=<a folder> "
+            f"The device_map offloads {', '.join(name or 'the whole model' for name in disk[:5])}{' ...' if len(disk) > 5 else ''} to disk: pass offload_dir=<a folder> "
             "(or the offload_index of weights already offloaded)."
         )
     if offload_index is not None:
@@ -216,7 +216,7 @@ def dispatch_model(
     if main_device is None:
         main_device = _main_device(devices)
     main_device = as_device(main_device)
-    if len({str(device) for device in devices.values()}) == 1 and not force_hooks:
+    if len({str(device) for device in devices.values()}) == 1 and not force_hooks and "disk" not in devices.values():
         return _dispatch_whole(model, devices, device_map)
     offload_devices = {"disk"} if main_device.type in ("cpu", "mps") else {"cpu", "disk"}
     in_memory = [name for name in _offload_names(model, devices, offload_devices) if str(devices.get(name)) != "disk"]
@@ -247,8 +247,6 @@ def dispatch_model(
 
 def _dispatch_whole(model: nn.Module, devices: Mapping, device_map: Mapping) -> nn.Module:
     device = next(iter(devices.values()))
-    if device == "disk":
-        raise ConfigError("The device_map puts the whole model on disk: use hasten.disk_offload(model, offload_dir) for that.")
     empty = [name for name, tensor in named_module_tensors(model, recurse=True) if tensor.device.type == "meta"]
     if empty and device.type != "meta":
         raise ConfigError(
@@ -315,7 +313,7 @@ def disk_offload(
     offload_buffers: bool = False,
     preload_module_classes: list[str] | None = None,
 ) -> nn.Module:
-    """Keep the weights on disk (memory-mapped safetensors files) and bring each submodule's in for its forward.
+    """Keep the weights on disk (memory-mapped ``.dat`` files) and bring each submodule's in for its forward.
 
     The weights are written to ``offload_dir`` unless it already holds an offload index.
 

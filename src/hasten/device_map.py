@@ -401,3 +401,30 @@ def device_for(name: str, device_map: Mapping):
         if prefix in device_map:
             return device_map[prefix]
     return None
+
+
+def clean_device_map(device_map: dict, module_name: str = "") -> dict:
+    """Collapse the entries under ``module_name`` into one entry for it when they all share one device, recursively.
+
+    Works on the names alone (no model needed): ``{"a.0": 0, "a.1": 0, "b": "cpu"}`` becomes
+    ``{"a": 0, "b": "cpu"}``, and a map whose every entry has one device becomes ``{"": device}``.
+    ``device_map`` is changed in place and returned, as in Accelerate.
+
+    Args:
+        device_map: ``{name: device}``.
+        module_name: the module whose entries are collapsed (``""``: the whole model).
+    """
+    prefix = f"{module_name}." if module_name else ""
+    under = [name for name in device_map if name.startswith(prefix)]
+    devices = {str(device_map[name]) for name in under}
+    if len(under) > 1 and len(devices) == 1:
+        device = device_map[under[0]]
+        for name in under:
+            del device_map[name]
+        device_map[module_name] = device
+        return device_map
+    depth = len(module_name.split(".")) + 1 if module_name else 1
+    children = dict.fromkeys(".".join(name.split(".")[:depth]) for name in under if len(name) > len(module_name))
+    for child in children:
+        clean_device_map(device_map, child)
+    return device_map

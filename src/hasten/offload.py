@@ -1,21 +1,23 @@
 """Weights kept on disk and brought in on demand.
 
-An offload folder holds safetensors files and an ``index.json`` mapping each weight name to where it
-is: ``{"safetensors_file": ..., "weight_name": ..., "dtype": ...}``. The file may be one written into
-the folder (its path is then relative to the folder) or a shard of the original checkpoint (absolute
-path), which is how :func:`hasten.load_checkpoint_and_dispatch` offloads a safetensors checkpoint
-without copying it. Weights are read back as memory maps of their bytes: nothing is copied into RAM
-until the weight is used, and the pages are released with the tensor.
+An offload folder holds an ``index.json`` mapping each weight name to where it is, in one of two forms:
 
-Folders written by Accelerate (``<name>.dat`` files described by ``{"dtype": ..., "shape": ...}``)
-are read too.
+* Accelerate's, which :func:`offload_weight` and :func:`offload_state_dict` write (and Accelerate,
+  diffusers and peft read): ``{"dtype": ..., "shape": [...]}`` for the raw bytes of the weight in
+  ``<name>.dat`` beside the index (bfloat16 stored as int16 and float8 as int8, as numpy lacks them);
+* ``{"safetensors_file": ..., "weight_name": ..., "dtype": ...}``: a tensor of a safetensors file,
+  which is how :func:`hasten.load_checkpoint_and_dispatch` and transformers' ``from_pretrained``
+  offload a safetensors checkpoint without copying it (the path may be absolute, or relative to the folder).
+
+Weights are read back as memory maps of their bytes: nothing is copied into RAM until the weight is
+used, and the pages are released with the tensor.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
-import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -25,39 +27,59 @@ import torch
 from .errors import CheckpointError
 from .fileio import atomic_write
 from .modeling import find_tied_parameters, parse_dtype, retie_parameters, set_module_tensor_to_device
-from .safetensors_io import SafetensorsHeader, dedupe_tensors, map_tensor, read_header, write_safetensors
+from .safetensors_io import SafetensorsHeader, map_tensor, read_header
 
 OFFLOAD_INDEX_NAME = "index.json"
-_OFFLOAD_FILE_BYTES = 2**30  # offload_state_dict starts a new file after this many bytes
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _write_file(path: Path, tensors: Mapping[str, torch.Tensor]) -> None:
-    with open(path, "wb") as handle:
-        write_safetensors(handle, tensors, {"format": "pt"})
+def _stored(weight: torch.Tensor) -> tuple[np.ndarray, str]:
+    """The bytes of ``weight`` as a numpy array, and the dtype name the index records for them."""
+    weight = weight.detach().to("cpu").contiguous()
+    name = _dtype_name(weight.dtype)
+    if weight.dtype == torch.bfloat16:
+        return weight.view(torch.int16).numpy(), name
+    if name.startswith("float8_"):
+        return weight.view(torch.int8).numpy(), name
+    array = weight.numpy()
+    return array, str(array.dtype)
 
 
-def offload_weight(weight: torch.Tensor, weight_name: str, offload_folder: str | os.PathLike, index: dict | None = None) -> dict:
-    """Write one weight to ``offload_folder`` (as ``<weight_name>.safetensors``) and record it in ``index``.
+def _write_dat(path: Path, array: np.ndarray) -> None:
+    if array.ndim == 0:
+        array = array[None]
+    if array.size == 0:
+        path.write_bytes(b"")
+        return
+    mapped = np.memmap(path, dtype=array.dtype, mode="w+", shape=array.shape)
+    mapped[:] = array
+    mapped.flush()
+    del mapped
+
+
+def offload_weight(weight: torch.Tensor, weight_name: str, offload_folder: str | os.PathLike, index: dict | None = None) -> dict | None:
+    """Write one weight to ``offload_folder/<weight_name>.dat`` (Accelerate's format) and record it in ``index``.
+
+    The file is written atomically (a crash leaves the old file or the new one).
 
     Args:
         weight: the tensor.
         weight_name: its dotted name in the model.
         offload_folder: the folder (created if needed).
-        index: the offload index to update (a new dict when None).
+        index: the offload index to update with ``{"dtype": ..., "shape": [...]}`` (nothing is recorded when None).
 
     Returns:
-        The updated index; save it with :func:`save_offload_index`.
+        ``index``; save it with :func:`save_offload_index`.
     """
-    index = {} if index is None else index
     folder = Path(offload_folder)
     folder.mkdir(parents=True, exist_ok=True)
-    file_name = f"{weight_name}.safetensors"
-    _write_file(folder / file_name, {weight_name: weight})
-    index[weight_name] = {"safetensors_file": file_name, "weight_name": weight_name, "dtype": _dtype_name(weight.dtype)}
+    array, dtype = _stored(weight)
+    atomic_write(folder / f"{weight_name}.dat", lambda temporary: _write_dat(temporary, array))
+    if index is not None:
+        index[weight_name] = {"dtype": dtype, "shape": list(weight.shape)}
     return index
 
 
@@ -84,53 +106,36 @@ def read_offload_index(offload_folder: str | os.PathLike) -> dict:
 
 
 def offload_state_dict(save_dir: str | os.PathLike, state_dict: Mapping[str, torch.Tensor]) -> dict:
-    """Write every tensor of ``state_dict`` to ``save_dir`` (safetensors files plus ``index.json``).
+    """Write every tensor of ``state_dict`` to ``save_dir`` (one ``<name>.dat`` each, plus ``index.json``).
 
-    Tensors are written one at a time into files of about 1 GiB; names sharing one tensor (tied
-    weights) are written once and point at the same entry.
+    This is Accelerate's folder format, read by Accelerate, diffusers and peft as well as hasten. Names
+    sharing one tensor (tied weights) get one file each, as Accelerate's readers expect.
 
     Returns:
         The index entries written.
     """
     folder = Path(save_dir)
     folder.mkdir(parents=True, exist_ok=True)
-    stem = f"offload-{uuid.uuid4().hex[:8]}"
     index: dict = {}
-    batch: dict[str, torch.Tensor] = {}
-    batch_bytes, count = 0, 0
-
-    def flush() -> None:
-        nonlocal batch, batch_bytes, count
-        if batch:
-            count += 1
-            file_name = f"{stem}-{count:05d}.safetensors"
-            _write_file(folder / file_name, batch)
-            for name, tensor in batch.items():
-                index[name] = {"safetensors_file": file_name, "weight_name": name, "dtype": _dtype_name(tensor.dtype)}
-        batch, batch_bytes = {}, 0
-
-    tensors, aliases = dedupe_tensors(state_dict)
-    for name, tensor in tensors.items():
-        size = tensor.numel() * tensor.dtype.itemsize
-        if batch and batch_bytes + size > _OFFLOAD_FILE_BYTES:
-            flush()
-        batch[name] = tensor
-        batch_bytes += size
-    flush()
-    index.update({alias: dict(index[target]) for alias, target in aliases.items()})
+    for name, tensor in state_dict.items():
+        offload_weight(tensor, name, folder, index)
     save_offload_index(index, folder)
     return index
 
 
 def _load_dat(weight_file: Path, weight_info: Mapping) -> torch.Tensor:
     dtype = parse_dtype(weight_info["dtype"])
-    shape = tuple(weight_info["shape"]) or (1,)
-    stored = np.int16 if dtype == torch.bfloat16 else torch.empty((), dtype=dtype).numpy().dtype
-    array = np.memmap(weight_file, dtype=stored, mode="c", shape=shape)
+    shape = tuple(weight_info["shape"])
+    if not Path(weight_file).is_file():
+        raise CheckpointError(f"The offloaded weights file {weight_file} is missing; the offload folder is incomplete.")
+    if math.prod(shape) == 0 and shape:
+        return torch.empty(shape, dtype=dtype)
+    stored = torch.int16 if dtype == torch.bfloat16 else torch.int8 if str(dtype).startswith("torch.float8_") else dtype
+    array = np.memmap(weight_file, dtype=torch.empty((), dtype=stored).numpy().dtype, mode="c", shape=shape or (1,))
     tensor = torch.from_numpy(array)
-    if dtype == torch.bfloat16:
-        tensor = tensor.view(torch.bfloat16)
-    return tensor.reshape(tuple(weight_info["shape"]))
+    if stored != dtype:
+        tensor = tensor.view(dtype)
+    return tensor.reshape(shape)
 
 
 def _cast(tensor: torch.Tensor, weight_info: Mapping) -> torch.Tensor:

@@ -29,6 +29,7 @@ from . import participants
 from .background import side_group, wait_for_pending_save
 from .background import start as start_background_save
 from .background import start_waiting
+from .accelerate_format import open_checkpoint
 from .files import CheckpointReader, CheckpointWriter
 from .integrity import corrupt_message
 from .naming import _NAME, checkpoint_path, latest_checkpoint, rotate
@@ -293,7 +294,7 @@ def load_state(contents: CheckpointContents, project, input_dir=None) -> tuple[P
     wait_for_pending_save()
     state = PartialState()
     source = _source(project, input_dir)
-    reader = CheckpointReader(source)
+    reader = open_checkpoint(source, state.process_index, list(contents.models))  # hasten's format, or a folder Accelerate wrote
     _load_verified(reader, contents, state, source)
     match = _NAME.match(source.name)
     if match and project.automatic_checkpoint_naming and input_dir is None:

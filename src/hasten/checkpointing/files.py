@@ -339,6 +339,20 @@ class CheckpointReader:
             raise CheckpointError(f"Checkpoint {self.directory} has no {name!r} (it holds: {', '.join(sorted(self.files)[:12])}...).")
         return self.files[name]
 
+    def tensor_shapes(self, name: str) -> dict[str, tuple[int, ...] | None]:
+        """The shape of every tensor (tied aliases included) in safetensors file ``name``, read from its header."""
+        header = read_header(self.directory / name)
+        shapes = {key: tuple(entry.shape) for key, entry in header.entries.items()}
+        for alias, source in json.loads(header.metadata.get(ALIASES_KEY, "{}")).items():
+            shapes[alias] = shapes.get(source)
+        return shapes
+
+    def param_group_sizes(self, name: str) -> list[int] | None:
+        """The number of parameters in each group of saved optimizer ``name`` (None when it holds no groups)."""
+        tree = self.load_json(f"{name}.json")["tree"]
+        groups = tree.get("param_groups") if isinstance(tree, dict) else None
+        return [len(group.get("params", [])) for group in groups] if isinstance(groups, list) else None
+
     def find_corrupt(self, names: list[str] | None = None) -> list[str]:
         """The files among ``names`` (all by default) whose checksum does not match; the others count as verified."""
         names = sorted(self.files) if names is None else [name for name in names if name not in self._verified]

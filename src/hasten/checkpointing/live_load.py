@@ -11,13 +11,9 @@ The ``check_*`` functions compare the checkpoint with the live objects without c
 
 from __future__ import annotations
 
-import json
-
 import torch
 
 from ..errors import CheckpointError
-from ..safetensors_io import read_header
-from ..serialization import ALIASES_KEY
 
 
 def _plain(module: torch.nn.Module) -> bool:
@@ -33,10 +29,7 @@ def check_model(reader, name: str, module: torch.nn.Module) -> None:
     """Raise :class:`CheckpointError` when file ``name`` does not fit ``module`` (keys, shapes); changes nothing."""
     if not _plain(module):
         return
-    header = read_header(reader.directory / name)
-    shapes = {key: entry.shape for key, entry in header.entries.items()}
-    for alias, source in json.loads(header.metadata.get(ALIASES_KEY, "{}")).items():
-        shapes[alias] = shapes.get(source)
+    shapes = reader.tensor_shapes(name)
     live = {key: tuple(value.shape) for key, value in module.state_dict().items()}
     missing = sorted(set(live) - set(shapes))
     unexpected = sorted(set(shapes) - set(live))
@@ -68,9 +61,7 @@ def load_model(reader, name: str, module: torch.nn.Module) -> None:
 
 def check_optimizer(reader, name: str, optimizer) -> None:
     """Raise :class:`CheckpointError` when the saved optimizer's parameter groups differ from ``optimizer``'s."""
-    tree = reader.load_json(f"{name}.json")["tree"]
-    groups = tree.get("param_groups") if isinstance(tree, dict) else None
-    saved = [len(group.get("params", [])) for group in groups] if isinstance(groups, list) else None
+    saved = reader.param_group_sizes(name)
     live = [len(group["params"]) for group in optimizer.param_groups]
     if saved is not None and saved != live:
         raise CheckpointError(

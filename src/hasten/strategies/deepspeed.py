@@ -20,6 +20,7 @@ import torch
 from .. import deepspeed_config as dsc
 from ..enums import DistributedType
 from ..errors import CheckpointError, ConfigError, NotSupportedError
+from ..scheduler import AcceleratedScheduler
 from ..state import GradientState, warn_once
 from .base import Strategy, _suffix
 from .deepspeed_checkpoint import deepspeed_classes, safe_torch_load
@@ -49,22 +50,24 @@ def explain_deepspeed_failure(exitcode: int, offload_optimizer_device: str | Non
     )
 
 
-class _EngineScheduler:
-    """The scheduler the engine steps itself: ``step()`` does nothing, everything else (``get_last_lr``,
-    ``state_dict``, ``load_state_dict``, ...) is the wrapped scheduler's."""
+class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
+    """The prepared scheduler under DeepSpeed: the engine steps it after each real optimizer step.
 
-    def __init__(self, scheduler):
-        self.scheduler = scheduler
-        # AcceleratedScheduler counts accumulation micro-steps here; the engine's scheduler is not affected.
-        self._step_count = 0
+    ``prepare`` returns one for every scheduler it hands to the DeepSpeed engine (the config's, a
+    ``DummyScheduler``'s or the script's own), so ``step()`` does nothing; ``get_last_lr``,
+    ``state_dict``, ``load_state_dict`` and every other attribute are the engine scheduler's.
+    transformers' Trainer tells the engine's scheduler from its own by this class.
 
-    def step(self, *args, **kwargs) -> None:
-        """No-op: the DeepSpeed engine steps the scheduler after each real optimizer step."""
+    Args:
+        scheduler: the scheduler the engine steps.
+        optimizers: the optimizer(s) it follows.
+    """
 
-    def __getattr__(self, name):
-        if name == "scheduler":
-            raise AttributeError(name)
-        return getattr(self.scheduler, name)
+    def __init__(self, scheduler, optimizers):
+        super().__init__(scheduler, optimizers)
+
+    def step(self):
+        """No-op: ``accelerator.backward`` runs the engine's step, which steps this scheduler."""
 
 
 class _OverflowMonitor:
@@ -173,7 +176,7 @@ class DeepSpeedStrategy(Strategy):
         self.engine = engine
         _install_safe_loader(engine, self)
         prepared_optimizers = [engine_optimizer] if optimizer is not None else []
-        prepared_schedulers = [_EngineScheduler(engine_scheduler)] if scheduler is not None else []
+        prepared_schedulers = [DeepSpeedSchedulerWrapper(engine_scheduler, prepared_optimizers)] if scheduler is not None else []
         return [engine], prepared_optimizers, prepared_schedulers
 
     def _engine_optimizer(self, config: dict, optimizer, scheduler, kwargs: dict):

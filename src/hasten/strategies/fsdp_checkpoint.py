@@ -9,6 +9,14 @@ shard files are checked against the checkpoint's manifest before loading, and DC
 file is read with an unpickler that only builds DCP's own metadata classes, so loading a checkpoint
 never runs pickled code. Full checkpoints (``FULL_STATE_DICT``) gather everything on process 0 and are
 written like DDP's (``model.safetensors``, ``optimizer``).
+
+Accelerate's standalone helpers (:func:`save_fsdp_model`, :func:`load_fsdp_model`,
+:func:`save_fsdp_optimizer`, :func:`load_fsdp_optimizer`, called by transformers' Trainer) write
+Accelerate's file names so checkpoints move between the two: ``pytorch_model_fsdp[_<i>].bin`` and
+``optimizer[_<i>].bin`` (full), DCP folders ``pytorch_model_fsdp_<i>/`` and ``optimizer_<i>/`` (sharded),
+or per-rank ``..._rank<r>.bin`` files (sharded, ``use_dcp=False``). Their ``.bin`` files are read with
+``torch.load(weights_only=True)``; the optimizer's non-tensor values beside DCP shards go into
+``optimizer_<i>/optimizer_values.json``.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import importlib
+import json
 import os
 import pickle
 import shutil
@@ -28,7 +37,8 @@ import torch.distributed as dist
 from ..errors import CheckpointError
 from ..wrappers import extract_model_from_parallel, is_compiled_module
 
-MODEL_SHARDS = "pytorch_model_fsdp_{}"
+FSDP_MODEL_NAME = "pytorch_model_fsdp"
+MODEL_SHARDS = FSDP_MODEL_NAME + "_{}"
 OPTIMIZER_SHARDS = "optimizer_fsdp_{}"
 _METADATA = ".metadata"
 
@@ -352,3 +362,221 @@ def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.
     if dist.is_initialized():
         dist.barrier()
     return written
+
+
+# ----------------------------------------------------------------------------------- Accelerate's helpers
+
+_VALUES = "optimizer_values.json"
+
+
+def _state_dict_kind(fsdp_plugin) -> str:
+    kind = getattr(fsdp_plugin.state_dict_type, "name", fsdp_plugin.state_dict_type)
+    if kind not in ("FULL_STATE_DICT", "SHARDED_STATE_DICT"):
+        raise CheckpointError(f"state_dict_type={kind!r} cannot be saved with FSDP2; use FULL_STATE_DICT or SHARDED_STATE_DICT.")
+    return kind
+
+
+def _root(model) -> torch.nn.Module:
+    return sharded_root(model) or extract_model_from_parallel(model, keep_torch_compile=False)
+
+
+def _adapter_filter(model, adapter_only: bool):
+    """With ``adapter_only`` on a peft model: keep the trainable (adapter) entries of a state dict only."""
+    inner = extract_model_from_parallel(model, keep_torch_compile=False)
+    if not (adapter_only and type(inner).__module__.startswith("peft")):
+        return None
+    return {name for name, param in inner.named_parameters() if param.requires_grad}
+
+
+def _save_torch(obj, path: Path) -> None:
+    from ..fileio import atomic_write
+
+    atomic_write(path, lambda tmp: torch.save(obj, tmp))
+
+
+def _local_tree(obj):
+    """``obj`` with every ``DTensor`` replaced by this process's shard (for per-rank files)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(obj, DTensor):
+        return obj.to_local().detach().cpu()
+    if isinstance(obj, dict):
+        return {key: _local_tree(value) for key, value in obj.items()}
+    return obj
+
+
+def _copy_local(target, saved, path: Path):
+    """``target`` with this process's shards overwritten by ``saved`` (from :func:`_local_tree`), dict by dict."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(target, dict) and isinstance(saved, dict):
+        return {key: _copy_local(value, saved[key], path) if key in saved else value for key, value in target.items()} | {key: value for key, value in saved.items() if key not in target}
+    if isinstance(target, torch.Tensor) and isinstance(saved, torch.Tensor):
+        local = target.to_local() if isinstance(target, DTensor) else target
+        if local.shape != saved.shape:
+            raise CheckpointError(f"{path} holds a shard of shape {tuple(saved.shape)} where this process has {tuple(local.shape)}: per-rank files load only onto the same number of processes.")
+        with torch.no_grad():
+            local.copy_(saved)
+        return target
+    return saved
+
+
+def _load_file(path: Path):
+    from ..checkpointing.accelerate_format import load_pickle
+
+    if not path.is_file():
+        raise CheckpointError(f"{path} does not exist: nothing was saved there with this state_dict_type and index.")
+    return load_pickle(path)
+
+
+def _agreed_load(path: Path, here: bool):
+    """Read ``path`` where ``here`` (``{}`` elsewhere); a failure on any process is raised on every process, never a hang."""
+    state, problem = {}, None
+    if here:
+        try:
+            state = _load_file(path)
+        except CheckpointError as error:
+            problem = str(error)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, problem)
+        problem = next((found for found in everyone if found is not None), None)
+    if problem is not None:
+        raise CheckpointError(problem)
+    return state
+
+
+def _folder(directory, name: str) -> Path:
+    directory = Path(directory)
+    return directory if directory.name == name else directory / name
+
+
+def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index=0, adapter_only=False, use_dcp=True):
+    """Save a prepared FSDP model into ``output_dir`` as ``fsdp_plugin.state_dict_type`` says (Accelerate's file names).
+
+    ``FULL_STATE_DICT``: process 0 writes ``pytorch_model_fsdp[_<i>].bin``. ``SHARDED_STATE_DICT``: every
+    process writes its shards into ``pytorch_model_fsdp_<i>/`` (DCP), or, with ``use_dcp=False``, into
+    ``pytorch_model_fsdp_<i>_rank<r>.bin``. ``adapter_only`` on a peft model keeps its trainable weights
+    only. Call it on every process.
+    """
+    kind, root, output_dir = _state_dict_kind(fsdp_plugin), _root(model), Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    keep = _adapter_filter(model, adapter_only)
+    full = kind == "FULL_STATE_DICT"
+    state = get_model_state_dict(root, options=_options(full_state_dict=True, cpu_offload=True) if full else None)
+    state = {key: value for key, value in state.items() if keep is None or key in keep}
+    if full:
+        if accelerator.process_index == 0:
+            _save_torch(state, output_dir / f"{FSDP_MODEL_NAME}{_suffix(model_index)}.bin")
+    elif use_dcp:
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save({"model": state}, checkpoint_id=output_dir / MODEL_SHARDS.format(model_index))
+    else:
+        _save_torch(_local_tree(state), output_dir / f"{FSDP_MODEL_NAME}_{model_index}_rank{accelerator.process_index}.bin")
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index=0, adapter_only=False, use_dcp=True):
+    """Load what :func:`save_fsdp_model` (or Accelerate's) wrote into a prepared FSDP model; returns the missing/unexpected keys.
+
+    ``input_dir`` is the folder given to the save (or, for DCP shards, the shards folder itself). Call it
+    on every process; the files are read without running pickled code.
+    """
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    kind, root, input_dir = _state_dict_kind(fsdp_plugin), _root(model), Path(input_dir)
+    strict = _adapter_filter(model, adapter_only) is None
+    if kind == "FULL_STATE_DICT":
+        path = input_dir / f"{FSDP_MODEL_NAME}{_suffix(model_index)}.bin"
+        state = _agreed_load(path, _is_main())
+        broadcast = dist.is_initialized() and dist.get_world_size() > 1
+        return set_model_state_dict(root, state, options=_options(full_state_dict=True, broadcast_from_rank0=broadcast, strict=strict))
+    target = get_model_state_dict(root)
+    if use_dcp:
+        folder = _folder(input_dir, MODEL_SHARDS.format(model_index))
+        saved = set(_reader(folder).read_metadata().state_dict_metadata)
+        wanted = {"model": {key: value for key, value in target.items() if strict or f"model.{key}" in saved}}
+        _dcp_load(wanted, folder)
+    else:
+        path = input_dir / f"{FSDP_MODEL_NAME}_{model_index}_rank{accelerator.process_index}.bin"
+        target = _copy_local(target, _agreed_load(path, True), path)
+    return set_model_state_dict(root, target, options=_options(strict=strict))
+
+
+def _dcp_load(wanted: dict, folder: Path) -> None:
+    """Load DCP shards into the tensors of ``wanted``, in place (the metadata read without running pickles)."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        dcp.load(wanted, storage_reader=_reader(folder))
+    except CheckpointError:
+        raise
+    except Exception as error:
+        raise CheckpointError(f"Could not load the sharded checkpoint {folder} into the prepared object: {error}") from error
+
+
+def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, optimizer_index=0, use_dcp=True):
+    """Save the state of an optimizer of a prepared FSDP model into ``output_dir`` (Accelerate's file names).
+
+    ``FULL_STATE_DICT``: process 0 writes ``optimizer[_<i>].bin``. ``SHARDED_STATE_DICT``: shards in
+    ``optimizer_<i>/`` (DCP; the non-tensor values in its ``optimizer_values.json``), or per-rank
+    ``optimizer_<i>_rank<r>.bin`` with ``use_dcp=False``. Call it on every process.
+    """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    kind, root, output_dir = _state_dict_kind(fsdp_plugin), _root(model), Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    optimizer = _unwrap_optimizer(optimizer)
+    full = kind == "FULL_STATE_DICT"
+    state = get_optimizer_state_dict(root, optimizer, options=_options(full_state_dict=True, cpu_offload=True) if full else None)
+    if full:
+        if accelerator.process_index == 0:
+            _save_torch(state, output_dir / f"optimizer{_suffix(optimizer_index)}.bin")
+    elif use_dcp:
+        import torch.distributed.checkpoint as dcp
+
+        folder = output_dir / f"optimizer_{optimizer_index}"
+        dcp.save({"optimizer": _tensor_tree(state) or {}}, checkpoint_id=folder)
+        if accelerator.process_index == 0:
+            from ..checkpointing.state_io import encode
+            from ..fileio import atomic_write
+
+            tree, _ = encode(_other_values(state), "optimizer")
+            atomic_write(folder / _VALUES, lambda tmp: tmp.write_text(json.dumps(tree)))
+    else:
+        _save_torch(_local_tree(state), output_dir / f"optimizer_{optimizer_index}_rank{accelerator.process_index}.bin")
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, optimizer_index=0, adapter_only=False, use_dcp=True):
+    """Load what :func:`save_fsdp_optimizer` (or Accelerate's) wrote into the optimizer of a prepared FSDP model.
+
+    Call it on every process. An optimizer folder written by Accelerate has no ``optimizer_values.json``:
+    its learning rates and other settings are then kept as they are now (its tensors are loaded).
+    """
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    kind, root, input_dir = _state_dict_kind(fsdp_plugin), _root(model), Path(input_dir)
+    optimizer = _unwrap_optimizer(optimizer)
+    if kind == "FULL_STATE_DICT":
+        state = _agreed_load(input_dir / f"optimizer{_suffix(optimizer_index)}.bin", _is_main())
+        broadcast = dist.is_initialized() and dist.get_world_size() > 1
+        set_optimizer_state_dict(root, optimizer, state, options=_options(full_state_dict=True, broadcast_from_rank0=broadcast))
+        return
+    target = get_optimizer_state_dict(root, optimizer)
+    if use_dcp:
+        folder = _folder(input_dir, f"optimizer_{optimizer_index}")
+        _dcp_load({"optimizer": _tensor_tree(target) or {}}, folder)
+        if (folder / _VALUES).is_file():
+            from ..checkpointing.state_io import decode
+
+            target = _merge(target, decode(json.loads((folder / _VALUES).read_text()), {}))
+    else:
+        path = input_dir / f"optimizer_{optimizer_index}_rank{accelerator.process_index}.bin"
+        target = _copy_local(target, _agreed_load(path, True), path)
+    set_optimizer_state_dict(root, optimizer, target)
