@@ -76,6 +76,7 @@ LAYOUT: dict[str, dict[str, str]] = {
     "deepspeed": {
         **_names("plugins.deepspeed", "DummyOptim DummyScheduler HfDeepSpeedConfig get_active_deepspeed_plugin map_pytorch_optim_to_deepspeed"),
         **_names("internals_compat", "DeepSpeedEngineWrapper DeepSpeedOptimizerWrapper"),
+        "DeepSpeedSchedulerWrapper": "strategies.deepspeed",
     },
     "environment": {
         **_names(
@@ -91,7 +92,7 @@ LAYOUT: dict[str, dict[str, str]] = {
         ),
     },
     "fsdp_utils": {
-        "merge_fsdp_weights": "strategies.fsdp_checkpoint",
+        **_names("strategies.fsdp_checkpoint", "merge_fsdp_weights save_fsdp_model load_fsdp_model save_fsdp_optimizer load_fsdp_optimizer"),
         **_names(
             "fsdp_helpers",
             "get_parameters_from_modules enable_fsdp_ram_efficient_loading disable_fsdp_ram_efficient_loading fsdp2_canonicalize_names "
@@ -136,6 +137,7 @@ LAYOUT: dict[str, dict[str, str]] = {
     ),
     "memory": _names("memory", "clear_device_cache find_executable_batch_size release_memory should_reduce_batch_size"),
     "modeling": {
+        "clean_device_map": "device_map",
         "WEIGHTS_INDEX_NAME": "checkpoint_loading",
         "load_checkpoint_in_model": "checkpoint_loading",
         "load_state_dict": "checkpoint_loading",
