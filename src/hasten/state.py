@@ -25,6 +25,7 @@ import torch.distributed as dist
 from . import environment
 from .enums import DistributedType, PrecisionType
 from .errors import ConfigError, DistributedSetupError
+from .hang_watchdog import DEFAULT_HANG_TIMEOUT
 
 _GPU_TYPES = {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}
 
@@ -57,6 +58,17 @@ def _register_exit_teardown() -> None:
     if not _exit_hook_registered:
         atexit.register(_finish_process_group_at_exit)
         _exit_hook_registered = True
+
+
+def _default_group_timeout() -> timedelta | None:
+    """The process group's timeout when the user gave none: the hang timeout plus a margin.
+
+    It bounds what hasten's hang watchdog cannot see (DDP's gradient all-reduce inside ``backward``),
+    while hasten's own collectives still end with the watchdog's report first. ``HASTEN_HANG_TIMEOUT=0``
+    keeps PyTorch's default.
+    """
+    hang = environment.get_float("HANG_TIMEOUT", DEFAULT_HANG_TIMEOUT)
+    return timedelta(seconds=hang + 60) if hang and hang > 0 else None
 
 
 class ProcessControl:
@@ -228,6 +240,7 @@ class PartialState(ProcessControl):
         timeout = kwargs.pop("timeout", None)
         if isinstance(timeout, (int, float)):
             timeout = timedelta(seconds=timeout)
+        timeout = timeout or _default_group_timeout()
         init_method = kwargs.pop("init_method", None) or "env://"
         options = {"timeout": timeout} if timeout is not None else {}
         dist.init_process_group(
