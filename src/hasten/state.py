@@ -16,6 +16,7 @@ import os
 import sys
 import time
 import warnings
+import weakref
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -522,6 +523,15 @@ class GradientState:
         if dataloader in self.dataloader_references:
             self.dataloader_references.remove(dataloader)
         self.active_dataloader = self.dataloader_references[-1]
+        self._last_dataloader = weakref.ref(dataloader)
+
+    def last_dataloader(self):
+        """The prepared dataloader whose iteration ended last (None if none did or it is gone).
+
+        ``gather_for_metrics`` called after a loop uses its layout to return the dataset exactly.
+        """
+        ref = self.__dict__.get("_last_dataloader")
+        return ref() if ref is not None else None
 
     def __repr__(self) -> str:
         return f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
