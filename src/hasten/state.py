@@ -27,6 +27,7 @@ from . import environment
 from .enums import DistributedType, PrecisionType
 from .errors import ConfigError, DistributedSetupError
 from .hang_watchdog import DEFAULT_HANG_TIMEOUT
+from .oom_recovery import sockets_opened_by
 
 _GPU_TYPES = {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}
 
@@ -244,13 +245,9 @@ class PartialState(ProcessControl):
         timeout = timeout or _default_group_timeout()
         init_method = kwargs.pop("init_method", None) or "env://"
         options = {"timeout": timeout} if timeout is not None else {}
-        dist.init_process_group(
-            backend=backend,
-            init_method=init_method,
-            rank=self.launch.rank,
-            world_size=self.launch.world_size,
-            **options,
-            **kwargs,
+        self._group_options = options
+        self._group_sockets = sockets_opened_by(
+            lambda: dist.init_process_group(backend=backend, init_method=init_method, rank=self.launch.rank, world_size=self.launch.world_size, **options, **kwargs)
         )
         self.backend = backend
         self._owns_process_group = True
@@ -313,6 +310,14 @@ class PartialState(ProcessControl):
         dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1)
         self._owns_process_group = True
         _register_exit_teardown()
+
+    def rebuild_process_group(self, store, backend: str, rank: int, world_size: int) -> None:
+        """Replace an aborted default process group with a fresh one over ``store`` (same ranks and timeout).
+
+        Used by ``find_executable_batch_size`` after an out-of-memory error interrupted a collective.
+        """
+        options = self.__dict__.get("_group_options", {})
+        self._group_sockets = sockets_opened_by(lambda: dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, **options))
 
     def set_device(self) -> None:
         """Make this process's device the current one of its family (CUDA/XPU)."""
