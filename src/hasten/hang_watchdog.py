@@ -8,7 +8,8 @@ collective). One daemon thread per process does the rest:
   store at most once per period, and only when it changed;
 - after ``min(30 s, timeout / 4)`` in one collective it prints one "still waiting" line with where
   the other ranks last were;
-- after ``HASTEN_HANG_TIMEOUT`` seconds (default 300; ``0`` turns the watchdog off) it asks every
+- after ``HASTEN_HANG_TIMEOUT`` seconds (default: the process group timeout given to
+  ``InitProcessGroupKwargs``, else 300; ``0`` turns the watchdog off) it asks every
   rank for its stack through the store, prints the report (operation, collective number, where
   each rank last was, the stacks), writes it as ``hang_rank<N>.json`` into ``HASTEN_HANG_REPORT_DIR``
   (``hasten launch`` summarises those) and ends the process with exit code 1.
@@ -63,9 +64,20 @@ def sequence() -> int:
     return _seq
 
 
+def hang_timeout() -> float:
+    """Seconds before a stuck collective ends the job: ``HASTEN_HANG_TIMEOUT``, else the process group's
+    timeout the user gave (``InitProcessGroupKwargs(timeout=...)``), else :data:`DEFAULT_HANG_TIMEOUT`."""
+    from .state import PartialState  # state imports this module
+
+    explicit = environment.get_float("HANG_TIMEOUT")
+    if explicit is not None:
+        return explicit
+    return PartialState._shared_state.get("_user_group_timeout") or DEFAULT_HANG_TIMEOUT
+
+
 def _start() -> None:
     global _watchdog
-    timeout = environment.get_float("HANG_TIMEOUT", DEFAULT_HANG_TIMEOUT)
+    timeout = hang_timeout()
     if timeout is None or timeout <= 0 or not (dist.is_available() and dist.is_initialized()):
         _watchdog = _Disabled()
         return

@@ -43,6 +43,7 @@ from .errors import HastenError
 
 GRACE_SECONDS = 2.0
 _POLL_SECONDS = 0.2
+_UNWATCHED_WAIT = 1800.0  # PyTorch's default group timeout, when the hang watchdog is off
 _generations = itertools.count(1)
 
 
@@ -132,10 +133,8 @@ def _all_present(store, keys: list[str], seconds: float) -> bool:
 
 
 def _outcome_timeout() -> float:
-    from . import environment
-
-    timeout = environment.get_float("HANG_TIMEOUT", hang_watchdog.DEFAULT_HANG_TIMEOUT)
-    return timeout if timeout and timeout > 0 else 1800.0
+    timeout = hang_watchdog.hang_timeout()
+    return timeout if timeout > 0 else _UNWATCHED_WAIT
 
 
 def _abort_default_group() -> None:

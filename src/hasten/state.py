@@ -242,6 +242,7 @@ class PartialState(ProcessControl):
         timeout = kwargs.pop("timeout", None)
         if isinstance(timeout, (int, float)):
             timeout = timedelta(seconds=timeout)
+        self._user_group_timeout = timeout.total_seconds() if timeout is not None else None
         timeout = timeout or _default_group_timeout()
         init_method = kwargs.pop("init_method", None) or "env://"
         options = {"timeout": timeout} if timeout is not None else {}
