@@ -39,3 +39,11 @@ def test_oom_on_one_rank_inside_a_ddp_step_recovers_at_the_halved_size():
     for rank in (0, 1):
         assert f"rank {rank}: tried [16, 8], ended at batch size 8 after 4 steps" in proc.stdout, proc.stdout + proc.stderr
     assert proc.stdout.count("weights equal across ranks and to the reference") == 2, proc.stdout
+
+
+def test_another_error_inside_the_attempt_ends_the_job_at_once():
+    start = time.monotonic()
+    proc = torchrun(SCRIPTS / "fault_runtime_oom.py", "error", env=clean_env(HASTEN_HANG_TIMEOUT="120"), check=False, timeout=180)
+    elapsed = time.monotonic() - start
+    assert proc.returncode != 0 and "ValueError: a bug in the training step (rank 0 only)" in proc.stderr, proc.stderr
+    assert elapsed < 60, f"the job took {elapsed:.0f} s to end"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import gc
 import inspect
+import traceback
 from typing import Callable
 
 import torch
@@ -76,13 +77,16 @@ def _run_attempt(function, batch_size: int, args, kwargs):
     try:
         result = function(batch_size, *args, **kwargs)
     except Exception as caught:  # noqa: BLE001 - only OOMs are retried; the rest re-raised below
+        oom = should_reduce_batch_size(caught)
         if attempt is None:
-            if should_reduce_batch_size(caught):
-                return "oom", None, caught
+            if oom:
+                return "oom", None, _without_frames(caught)
             raise
-        agreed = attempt.finish("oom" if should_reduce_batch_size(caught) else "error")
-        if agreed == "oom":
-            return "oom", None, caught if should_reduce_batch_size(caught) else None
+        if not oom and not attempt.aborting():
+            attempt.give_up()  # a real error: tell the others and end now, without waiting for them
+            raise
+        if attempt.finish("oom" if oom else "error") == "oom":
+            return "oom", None, _without_frames(caught) if oom else None
         raise
     if attempt is None:
         return "ok", result, None
@@ -93,6 +97,12 @@ def _run_attempt(function, batch_size: int, args, kwargs):
             f"error at batch size {batch_size}; this rank stops too. See that rank's traceback."
         )
     return agreed, result, None
+
+
+def _without_frames(error: BaseException) -> BaseException:
+    """Release the failed attempt's frames (its model, activations) before the retry; keep the message."""
+    traceback.clear_frames(error.__traceback__)
+    return error
 
 
 def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128, reduce_batch_size_fn: Callable[[int], int] | None = None):

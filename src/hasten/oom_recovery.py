@@ -69,6 +69,7 @@ class Attempt:
         self.prefix = f"hasten_oom/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{self.generation}"
         self._lock = threading.Lock()
         self._aborted = False
+        self.failed_ranks: list[int] = []
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="hasten-oom-watcher", daemon=True)
         self._watcher.start()
@@ -79,7 +80,7 @@ class Attempt:
     def _watch(self) -> None:
         while not self._stop.wait(_POLL_SECONDS):
             try:
-                if self.store.check([self._key("decision")]) and self.store.get(self._key("decision")) == b"abort":
+                if self.aborting():
                     self._abort()
                     return
             except Exception:  # the store is gone: the job is ending, nothing to unblock
@@ -94,6 +95,16 @@ class Attempt:
 
     def _decide(self, decision: str) -> str:
         return self.store.compare_set(self._key("decision"), "", decision).decode()
+
+    def aborting(self) -> bool:
+        """True when the ranks decided to abort this attempt (an error here is then its consequence)."""
+        key = self._key("decision")
+        return bool(self.store.check([key])) and self.store.get(key) == b"abort"
+
+    def give_up(self) -> None:
+        """Publish a failure that is not an OOM, so that the other ranks stop instead of waiting for this one."""
+        self._stop.set()
+        self.store.set(self._key(f"rank{self.rank}"), "error")
 
     def finish(self, outcome: str) -> str:
         """Publish this rank's ``outcome`` ("ok", "oom" or "error"); return the agreed one for every rank.

@@ -2,9 +2,11 @@
 
 At batch size 16, rank 0 raises an out-of-memory error at step 1, before its forward, while rank 1
 is already in the step's gradient all-reduce. Both ranks must abandon the attempt, agree on 8 and
-train the whole epoch at 8 with the same weights. Usage: fault_runtime_oom.py
+train the whole epoch at 8 with the same weights. With ``error``, rank 0 raises a ValueError there
+instead: the job must end at once, not wait for rank 0's outcome. Usage: fault_runtime_oom.py [error]
 """
 
+import sys
 import time
 
 import torch
@@ -30,6 +32,8 @@ def train(batch_size):
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     steps = 0
     for step, (x, y) in enumerate(loader):
+        if batch_size == 16 and rank == 0 and step == 1 and "error" in sys.argv:
+            raise ValueError("a bug in the training step (rank 0 only)")
         if batch_size == 16 and rank == 0 and step == 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated, rank 0 only)")
         accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
