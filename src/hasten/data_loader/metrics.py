@@ -95,11 +95,15 @@ class _EpochLayout:
     def of(cls, loader) -> _EpochLayout | None:
         final = getattr(loader, "final_round", None)
         total = getattr(loader, "total_batch_size", None)
-        if final is None or not total:
+        try:
+            rounds = len(loader)
+        except TypeError:  # an iterable dataset without a length
+            return None
+        if final is None or not total or rounds < 1:
             return None
         world = len(final.sizes)
         full = (total // world,) * world
-        return cls(tuple([full] * (len(loader) - 1) + [final.sizes]), final)
+        return cls(tuple([full] * (rounds - 1) + [final.sizes]), final)
 
     def per_rank(self) -> tuple[int, ...]:
         return tuple(sum(sizes) for sizes in zip(*self.rounds))
