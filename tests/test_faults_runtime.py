@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from helpers import SCRIPTS, clean_env, torchrun
+from helpers import SCRIPTS, clean_env, hasten_launch, torchrun
 
 pytestmark = pytest.mark.slow
 
@@ -32,10 +32,11 @@ def test_after_loop_gather_for_metrics_is_the_dataset_on_every_rank():
         assert f"rank {rank}: 48 of 48 after-loop gathers exact" in proc.stdout, proc.stdout + proc.stderr
 
 
-def test_oom_on_one_rank_inside_a_ddp_step_recovers_at_the_halved_size():
+@pytest.mark.parametrize("launcher", [torchrun, hasten_launch], ids=["torchrun", "hasten-launch"])
+def test_oom_on_one_rank_inside_a_ddp_step_recovers_at_the_halved_size(launcher):
     # Rank 0 runs out of memory while rank 1 waits in the step's gradient all-reduce. Before the fix
     # the agreement collective met the all-reduce and gloo aborted both ranks.
-    proc = torchrun(SCRIPTS / "fault_runtime_oom.py", env=clean_env(HASTEN_HANG_TIMEOUT="60"), timeout=180)
+    proc = launcher(SCRIPTS / "fault_runtime_oom.py", env=clean_env(HASTEN_HANG_TIMEOUT="60"), timeout=180)
     for rank in (0, 1):
         assert f"rank {rank}: tried [16, 8], ended at batch size 8 after 4 steps" in proc.stdout, proc.stdout + proc.stderr
     assert proc.stdout.count("weights equal across ranks and to the reference") == 2, proc.stdout
