@@ -98,3 +98,16 @@ def test_tqdm_on_main_process():
     assert list(bar) == [0, 1, 2]
     with pytest.raises(TypeError, match="as a keyword"):
         tqdm(True, range(3))
+
+
+def test_find_executable_batch_size_accepts_callables_without_a_name():
+    import functools
+
+    def train(batch_size, scale):
+        if batch_size > 8:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 1 GiB")
+        return batch_size * scale
+
+    assert find_executable_batch_size(functools.partial(train, scale=2), starting_batch_size=32)() == 16
+    with pytest.raises(TypeError, match="Batch size was passed into `train`"):
+        find_executable_batch_size(functools.partial(train), starting_batch_size=32)(4, 2)

@@ -65,3 +65,28 @@ def test_split_for_process_padding():
     assert ops.split_for_process([1], 2, 1, apply_padding=True) == [1]
     with pytest.raises(ValueError, match="same length"):
         ops.split_for_process({"a": [1], "b": [1, 2]}, 2, 0)
+
+
+def test_hang_timeout_precedence(monkeypatch):
+    from hasten import hang_watchdog
+    from hasten.state import PartialState
+
+    monkeypatch.delenv("HASTEN_HANG_TIMEOUT", raising=False)
+    monkeypatch.delenv("ACCELERATE_HANG_TIMEOUT", raising=False)
+    monkeypatch.setitem(PartialState._shared_state, "_user_group_timeout", None)
+    assert hang_watchdog.hang_timeout() == hang_watchdog.DEFAULT_HANG_TIMEOUT == 300
+    monkeypatch.setitem(PartialState._shared_state, "_user_group_timeout", 5400.0)  # InitProcessGroupKwargs(timeout=...)
+    assert hang_watchdog.hang_timeout() == 5400.0
+    monkeypatch.setenv("HASTEN_HANG_TIMEOUT", "42")
+    assert hang_watchdog.hang_timeout() == 42.0
+
+
+def test_the_hang_watchdog_records_each_collective_without_io():
+    from hasten import hang_watchdog
+
+    before = hang_watchdog.sequence()
+    hang_watchdog.enter("gather")
+    assert hang_watchdog._current[:2] == (before + 1, "gather")
+    hang_watchdog.leave()
+    assert hang_watchdog._current is None and hang_watchdog.sequence() == before + 1
+    hang_watchdog.reset()  # one process: the watchdog stayed off; forget that for later tests

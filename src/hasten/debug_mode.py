@@ -5,31 +5,19 @@ Enabled by ``HASTEN_DEBUG_MODE=1`` (also under plain torchrun), ``hasten launch 
 exchanges the operation's name, its sequence number and its input shapes; a mismatch raises
 :class:`~hasten.errors.DistributedOperationException` on every rank, listing each process's shapes.
 
-Each rank also records the collective it is in under a key of the rendezvous store. A watchdog
-thread notices when the rank has waited longer than ``HASTEN_HANG_TIMEOUT`` seconds (default 120),
-prints the operation, where every other rank last was and this rank's Python stack, writes the same
-as ``hang_rank<N>.json`` into ``HASTEN_HANG_REPORT_DIR`` (for ``hasten launch`` to summarise) and
-ends the process with exit code 1, so a job fails in seconds instead of timing out after 30 minutes.
+A collective that never completes is reported in every mode, debug or not, by
+:mod:`hasten.hang_watchdog` (``HASTEN_HANG_TIMEOUT``).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
-import os
-import sys
-import threading
-import time
-import traceback
-from pathlib import Path
 
 import torch.distributed as dist
 
-from . import environment
+from . import environment, hang_watchdog
 from .errors import DistributedOperationException
 
-DEFAULT_HANG_TIMEOUT = 120.0
 _SHAPE_FREE = {"gather_object", "broadcast_object_list", "wait_for_everyone"}
 
 
@@ -58,122 +46,19 @@ def _describe(name: str, args, kwargs):
     return get_shape(data)
 
 
-class _Monitor:
-    """Tracks the collective this rank is in and reports when it waits too long."""
-
-    def __init__(self) -> None:
-        self.rank = dist.get_rank()
-        self.world = dist.get_world_size()
-        self.timeout = environment.get_float("HANG_TIMEOUT", DEFAULT_HANG_TIMEOUT)
-        self.seq = 0
-        self.current: tuple[int, str, float] | None = None
-        self.store = _default_store()
-        self._publish("started")
-        thread = threading.Thread(target=self._watch, name="hasten-hang-watchdog", daemon=True)
-        thread.start()
-
-    def _publish(self, status: str) -> None:
-        if self.store is None:
-            return
-        op = self.current[1] if self.current else ""
-        with contextlib.suppress(Exception):
-            self.store.set(f"hasten_debug/rank{self.rank}", json.dumps({"seq": self.seq, "op": op, "status": status}))
-
-    def enter(self, name: str) -> int:
-        self.seq += 1
-        self.current = (self.seq, name, time.monotonic())
-        self._publish("waiting")
-        return self.seq
-
-    def leave(self) -> None:
-        self._publish("done")
-        self.current = None
-
-    def peers(self) -> str:
-        """Where every other rank last was, as told by the store."""
-        if self.store is None:
-            return "(the rendezvous store is not reachable, so the other ranks' positions are unknown)"
-        lines = []
-        for rank in range(self.world):
-            if rank == self.rank:
-                continue
-            key = f"hasten_debug/rank{rank}"
-            try:
-                info = json.loads(self.store.get(key)) if self.store.check([key]) else None
-            except Exception:  # the store may be gone when the peer process died
-                info = None
-            if info is None:
-                lines.append(f"  - rank {rank}: has not entered any hasten collective")
-            else:
-                where = f"collective #{info['seq']} `{info['op']}`" if info["op"] else f"collective #{info['seq']}"
-                lines.append(f"  - rank {rank}: last entered {where}, status: {info['status']}")
-        return "\n".join(lines)
-
-    def _watch(self) -> None:
-        period = min(1.0, max(self.timeout / 10, 0.05))
-        while True:
-            time.sleep(period)
-            current = self.current
-            if current is not None and time.monotonic() - current[2] > self.timeout:
-                self._report(*current)
-                os._exit(1)
-
-    def _report(self, seq: int, name: str, started: float) -> None:
-        waited = time.monotonic() - started
-        frame = sys._current_frames().get(threading.main_thread().ident)
-        stack = "".join(traceback.format_stack(frame)) if frame is not None else "(stack unavailable)"
-        peers = self.peers()
-        message = (
-            f"\n[hasten debug] rank {self.rank} has waited {waited:.1f} s (HASTEN_HANG_TIMEOUT={self.timeout:g}) in "
-            f"`hasten.operations.{name}` (collective #{seq}).\nWhere the other ranks are:\n{peers}\n"
-            f"A rank that never entered collective #{seq} skipped it or is stuck elsewhere; every rank must call the "
-            f"same collectives in the same order.\nStack of rank {self.rank}:\n{stack}"
-        )
-        print(message, file=sys.stderr, flush=True)
-        report_dir = environment.get_str("HANG_REPORT_DIR")
-        if report_dir:
-            record = {"rank": self.rank, "operation": f"hasten.operations.{name}", "collective": seq, "waited_s": round(waited, 2), "stack": stack, "peers": peers}
-            with contextlib.suppress(OSError):
-                Path(report_dir, f"hang_rank{self.rank}.json").write_text(json.dumps(record, indent=1))
-
-
-def _default_store():
+def check(name: str, args, kwargs) -> None:
+    """Verify that every rank calls ``name`` (as its same numbered collective) with compatible inputs."""
+    seq = hang_watchdog.sequence()
+    payload = (name, seq, _describe(name, args, kwargs))
+    everyone: list = [None] * dist.get_world_size()
     try:
-        return dist.distributed_c10d._get_default_store()
-    except Exception:  # private API; debug mode still checks shapes without it
-        return None
-
-
-_monitor: _Monitor | None = None
-
-
-def monitor() -> _Monitor:
-    """The process's hang monitor, created on first use."""
-    global _monitor
-    if _monitor is None or _monitor.world != dist.get_world_size():
-        _monitor = _Monitor()
-    return _monitor
-
-
-@contextlib.contextmanager
-def checked(name: str, function, args, kwargs):
-    """Verify that every rank calls ``name`` with compatible inputs, then run the body under the hang monitor."""
-    mon = monitor()
-    seq = mon.enter(name)
-    try:
-        payload = (name, seq, _describe(name, args, kwargs))
-        everyone: list = [None] * mon.world
-        try:
-            dist.all_gather_object(everyone, payload)
-        except RuntimeError as error:
-            raise DistributedOperationException(
-                f"Operation `hasten.operations.{name}` (collective #{seq}) failed while the ranks compared their "
-                f"inputs: {error}\nWhere the other ranks are:\n{mon.peers()}"
-            ) from error
-        _compare(name, everyone)
-        yield
-    finally:
-        mon.leave()
+        dist.all_gather_object(everyone, payload)
+    except RuntimeError as error:
+        raise DistributedOperationException(
+            f"Operation `hasten.operations.{name}` (collective #{seq}) failed while the ranks compared their "
+            f"inputs: {error}\nWhere the other ranks are:\n{hang_watchdog.peers()}"
+        ) from error
+    _compare(name, everyone)
 
 
 def _compare(name: str, everyone: list) -> None:

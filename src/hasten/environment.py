@@ -24,7 +24,7 @@ SETTINGS: dict[str, str] = {
     "MIXED_PRECISION": "default mixed precision: no, fp16, bf16 or fp8",
     "USE_CPU": "force the CPU even when an accelerator is present",
     "DEBUG_MODE": "check every collective's inputs across ranks before running it",
-    "HANG_TIMEOUT": "seconds a rank may wait in a collective before its stack is printed (debug mode)",
+    "HANG_TIMEOUT": "seconds a rank may wait in one hasten collective before the job ends with a hang report (default: the InitProcessGroupKwargs timeout, else 300; 0 turns it off)",
     "HANG_REPORT_DIR": "folder where a rank stuck in a collective writes hang_rank<N>.json for the launcher",
     "GRADIENT_ACCUMULATION_STEPS": "default gradient accumulation steps",
     "GRADIENT_CLIPPING": "DeepSpeed gradient clipping",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import gc
 import inspect
+import traceback
 from typing import Callable
 
 import torch
@@ -62,18 +63,46 @@ class BatchSizeExhaustedError(HastenError, RuntimeError):
     """Even batch size 1 ran out of memory."""
 
 
-def _any_rank(flag: bool) -> bool:
-    """True on every rank when ``flag`` is True on at least one (a no-op on one process)."""
-    import torch.distributed as dist
+def _name(function) -> str:
+    """A callable's name for messages: ``functools.partial`` objects and callable instances have no ``__name__``."""
+    inner = function.func if isinstance(function, functools.partial) else function
+    return getattr(inner, "__name__", None) or type(inner).__name__
 
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return flag
-    from .state import PartialState
 
-    device = PartialState().device if dist.get_backend() == "nccl" else torch.device("cpu")
-    value = torch.tensor([1 if flag else 0], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+def _run_attempt(function, batch_size: int, args, kwargs):
+    """Run one attempt; return (agreed outcome, result, OOM error) with every rank agreeing on the outcome."""
+    from . import oom_recovery
+
+    attempt = oom_recovery.Attempt() if oom_recovery.distributed() else None
+    try:
+        result = function(batch_size, *args, **kwargs)
+    except Exception as caught:  # noqa: BLE001 - only OOMs are retried; the rest re-raised below
+        oom = should_reduce_batch_size(caught)
+        if attempt is None:
+            if oom:
+                return "oom", None, _without_frames(caught)
+            raise
+        if not oom and not attempt.aborting():
+            attempt.give_up()  # a real error: tell the others and end now, without waiting for them
+            raise
+        if attempt.finish("oom" if oom else "error") == "oom":
+            return "oom", None, _without_frames(caught) if oom else None
+        raise
+    if attempt is None:
+        return "ok", result, None
+    agreed = attempt.finish("ok")
+    if agreed == "error":
+        raise oom_recovery.PeerFailedError(
+            f"find_executable_batch_size: rank(s) {attempt.failed_ranks} failed with an error that is not an out-of-memory "
+            f"error at batch size {batch_size}; this rank stops too. See that rank's traceback."
+        )
+    return agreed, result, None
+
+
+def _without_frames(error: BaseException) -> BaseException:
+    """Release the failed attempt's frames (its model, activations) before the retry; keep the message."""
+    traceback.clear_frames(error.__traceback__)
+    return error
 
 
 def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128, reduce_batch_size_fn: Callable[[int], int] | None = None):
@@ -81,12 +110,12 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
 
     The decorated function takes the batch size as its first argument; call it without that argument.
     Each OOM halves the batch size (``reduce_batch_size_fn`` changes the rule). In a multi-process run,
-    all ranks agree after every attempt: if any rank ran out of memory, every rank retries at the
-    smaller size, so ranks never diverge. When batch size 1 fails, the error says so and keeps the
-    original OOM as its cause.
-
-    Note: the agreement happens between attempts; an OOM on one rank in the middle of a collective the
-    others already entered cannot be recovered here (the job then fails at its collective timeout).
+    all ranks agree after every attempt, through the rendezvous store: if any rank ran out of memory,
+    every rank retries at the smaller size, so ranks never diverge. This holds when the OOM strikes on
+    one rank while the others wait in a collective of the attempt (DDP's gradient all-reduce): the
+    process group is then aborted and rebuilt (see :mod:`hasten.oom_recovery`), so objects holding it
+    must be prepared inside the decorated function. When batch size 1 fails, the error says so and
+    keeps the original OOM as its cause. ``function`` may be any callable (``functools.partial`` too).
     """
     if function is None:
         return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size, reduce_batch_size_fn=reduce_batch_size_fn)
@@ -96,9 +125,10 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
     def decorator(*args, **kwargs):
         params = list(inspect.signature(function).parameters)
         if len(params) < len(args) + 1:
+            name = _name(function)
             raise TypeError(
-                f"Batch size was passed into `{function.__name__}` as the first argument when called. Remove it "
-                f"and call `{function.__name__}({', '.join(repr(a) for a in args[1:]) if args else ''})` instead: the "
+                f"Batch size was passed into `{name}` as the first argument when called. Remove it "
+                f"and call `{name}({', '.join(repr(a) for a in args[1:]) if args else ''})` instead: the "
                 "decorator passes the batch size itself."
             )
         batch_size = starting_batch_size
@@ -106,15 +136,8 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
         while True:
             if batch_size <= 0:
                 raise BatchSizeExhaustedError("find_executable_batch_size: no batch size fits, not even 1; reduce the model or sequence size.")
-            error: BaseException | None = None
-            result = None
-            try:
-                result = function(batch_size, *args, **kwargs)
-            except Exception as caught:  # noqa: BLE001 - only OOMs are handled, the rest re-raised below
-                if not should_reduce_batch_size(caught):
-                    raise
-                error = caught
-            if not _any_rank(error is not None):
+            outcome, result, error = _run_attempt(function, batch_size, args, kwargs)
+            if outcome == "ok":
                 return result
             clear_device_cache(garbage_collection=True)
             if batch_size == 1:
@@ -123,6 +146,6 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
                     + ("" if error is not None else " on another process")
                     + "; the model does not fit. Reduce its size, use mixed precision, or shard it (FSDP/DeepSpeed)."
                 ) from error
-            batch_size = max(reduce(batch_size), 1) if batch_size > 1 else 0
+            batch_size = max(reduce(batch_size), 1)
 
     return decorator

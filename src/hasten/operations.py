@@ -5,8 +5,10 @@ Transformers ``BatchEncoding``) nesting tensors, and returns the same structure.
 a tensor where one is required raises ``TypeError`` naming its path, e.g. ``batch['labels'][2]``.
 
 On a single process the collectives return their input (``gather``/``reduce`` return copies).
-In debug mode (``HASTEN_DEBUG_MODE=1``, ``hasten launch --debug``) each collective first checks
-that every rank calls the same operation with compatible shapes (see :mod:`hasten.debug_mode`).
+In every mode a collective that does not complete within ``HASTEN_HANG_TIMEOUT`` ends the job with a
+report (see :mod:`hasten.hang_watchdog`). In debug mode (``HASTEN_DEBUG_MODE=1``, ``hasten launch
+--debug``) each collective first checks that every rank calls the same operation with compatible
+shapes (see :mod:`hasten.debug_mode`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import debug_mode
+from . import debug_mode, hang_watchdog
 from .errors import DistributedOperationException  # noqa: F401  (re-exported for compatibility)
 
 
@@ -271,15 +273,20 @@ def _world() -> tuple[int, int]:
 
 
 def _collective(name: str):
-    """Mark a public collective: debug-mode verification and hang monitoring wrap it when enabled."""
+    """Mark a public collective: the hang watchdog records it, and debug mode first verifies the inputs."""
 
     def decorate(function):
         @functools.wraps(function)
         def wrapper(*args, **kwargs):
-            if _world()[0] > 1 and debug_mode.active():  # one process has nothing to check (the cheap test first)
-                with debug_mode.checked(name, function, args, kwargs):
-                    return function(*args, **kwargs)
-            return function(*args, **kwargs)
+            if _world()[0] == 1:  # one process has nothing to wait for
+                return function(*args, **kwargs)
+            hang_watchdog.enter(name)
+            try:
+                if debug_mode.active():
+                    debug_mode.check(name, args, kwargs)
+                return function(*args, **kwargs)
+            finally:
+                hang_watchdog.leave()
 
         return wrapper
 

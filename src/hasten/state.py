@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import warnings
+import weakref
 from datetime import timedelta
 from typing import Any, Callable
 
@@ -26,6 +27,8 @@ import torch.distributed as dist
 from . import environment
 from .enums import DistributedType, PrecisionType
 from .errors import ConfigError, DistributedSetupError
+from .hang_watchdog import DEFAULT_HANG_TIMEOUT
+from .oom_recovery import sockets_opened_by
 
 _GPU_TYPES = {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}
 
@@ -58,6 +61,17 @@ def _register_exit_teardown() -> None:
     if not _exit_hook_registered:
         atexit.register(_finish_process_group_at_exit)
         _exit_hook_registered = True
+
+
+def _default_group_timeout() -> timedelta | None:
+    """The process group's timeout when the user gave none: the hang timeout plus a margin.
+
+    It bounds what hasten's hang watchdog cannot see (DDP's gradient all-reduce inside ``backward``),
+    while hasten's own collectives still end with the watchdog's report first. ``HASTEN_HANG_TIMEOUT=0``
+    keeps PyTorch's default.
+    """
+    hang = environment.get_float("HANG_TIMEOUT", DEFAULT_HANG_TIMEOUT)
+    return timedelta(seconds=hang + 60) if hang and hang > 0 else None
 
 
 class ProcessControl:
@@ -229,15 +243,13 @@ class PartialState(ProcessControl):
         timeout = kwargs.pop("timeout", None)
         if isinstance(timeout, (int, float)):
             timeout = timedelta(seconds=timeout)
+        self._user_group_timeout = timeout.total_seconds() if timeout is not None else None
+        timeout = timeout or _default_group_timeout()
         init_method = kwargs.pop("init_method", None) or "env://"
         options = {"timeout": timeout} if timeout is not None else {}
-        dist.init_process_group(
-            backend=backend,
-            init_method=init_method,
-            rank=self.launch.rank,
-            world_size=self.launch.world_size,
-            **options,
-            **kwargs,
+        self._group_options = options
+        self._group_sockets = sockets_opened_by(
+            lambda: dist.init_process_group(backend=backend, init_method=init_method, rank=self.launch.rank, world_size=self.launch.world_size, **options, **kwargs)
         )
         self.backend = backend
         self._owns_process_group = True
@@ -300,6 +312,14 @@ class PartialState(ProcessControl):
         dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1)
         self._owns_process_group = True
         _register_exit_teardown()
+
+    def rebuild_process_group(self, store, backend: str, rank: int, world_size: int) -> None:
+        """Replace an aborted default process group with a fresh one over ``store`` (same ranks and timeout).
+
+        Used by ``find_executable_batch_size`` after an out-of-memory error interrupted a collective.
+        """
+        options = self.__dict__.get("_group_options", {})
+        self._group_sockets = sockets_opened_by(lambda: dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, **options))
 
     def set_device(self) -> None:
         """Make this process's device the current one of its family (CUDA/XPU)."""
@@ -535,6 +555,15 @@ class GradientState:
         if dataloader in self.dataloader_references:
             self.dataloader_references.remove(dataloader)
         self.active_dataloader = self.dataloader_references[-1]
+        self._last_dataloader = weakref.ref(dataloader)
+
+    def last_dataloader(self):
+        """The prepared dataloader whose iteration ended last (None if none did or it is gone).
+
+        ``gather_for_metrics`` called after a loop uses its layout to return the dataset exactly.
+        """
+        ref = self.__dict__.get("_last_dataloader")
+        return ref() if ref is not None else None
 
     def __repr__(self) -> str:
         return f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
