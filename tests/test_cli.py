@@ -34,7 +34,7 @@ FROZEN_LAUNCH_FLAGS = """
 --num_machines --num_cpu_threads_per_process --enable_cpu_affinity --dynamo_backend --dynamo_mode
 --dynamo_use_fullgraph --dynamo_use_dynamic --dynamo_use_regional_compilation --use_deepspeed --use_fsdp
 --use_megatron_lm --gpu_ids --same_network --machine_rank --main_process_ip --main_process_port --tee --log_dir
---role --rdzv_backend --rdzv_conf --max_restarts --monitor_interval --deepspeed_config_file --zero_stage
+--role --rdzv_backend --rdzv_conf --max_restarts --requeue_on_preemption --monitor_interval --deepspeed_config_file --zero_stage
 --offload_optimizer_device --offload_param_device --offload_optimizer_nvme_path --offload_param_nvme_path
 --gradient_accumulation_steps --gradient_clipping --zero3_init_flag --zero3_save_16bit_model --deepspeed_hostfile
 --deepspeed_exclusion_filter --deepspeed_inclusion_filter --deepspeed_multinode_launcher

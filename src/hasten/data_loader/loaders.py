@@ -16,6 +16,7 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
+from .. import preemption
 from ..errors import ConfigError
 from ..operations import broadcast, broadcast_object_list, send_to_device
 from ..rng import synchronize_rng_state, synchronize_rng_states
@@ -288,9 +289,13 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
                     self.end_of_dataloader = True
                     self._yielded += 1
                     yield current
+                    if preemption.save_due:
+                        preemption.save_and_exit()
                     break
                 self._yielded += 1
                 yield current
+                if preemption.save_due:
+                    preemption.save_and_exit()
                 current = upcoming
             self.iteration += 1
             self._yielded = 0
@@ -420,6 +425,8 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
                     self._final, self.end_of_dataloader = final, True
                 self._yielded += 1
                 yield local
+                if preemption.save_due:
+                    preemption.save_and_exit()
                 if is_last:
                     break
             self.iteration += 1
