@@ -62,8 +62,22 @@ def _stopped_steps(output: str) -> dict[int, int]:
     return {int(rank): int(step) for rank, step in re.findall(r"rank (\d) stopped after step (\d+)", output)}
 
 
-def test_sigterm_saves_at_the_same_step_and_resumes_bitwise(tmp_path):
-    hasten_launch(SCRIPT, str(tmp_path / "full"), launch_args=("--num_processes", "2"))
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> dict[str, torch.Tensor]:
+    """Final weights of the training run without any signal."""
+    folder = tmp_path_factory.mktemp("full")
+    hasten_launch(SCRIPT, str(folder), launch_args=("--num_processes", "2"))
+    return load_file(str(folder / "final.safetensors"))
+
+
+def _assert_same_weights(expected: dict[str, torch.Tensor], folder: Path) -> None:
+    got = load_file(str(folder / "final.safetensors"))
+    assert expected.keys() == got.keys()
+    for name in expected:
+        assert torch.equal(expected[name], got[name]), name
+
+
+def test_sigterm_saves_at_the_same_step_and_resumes_bitwise(tmp_path, uninterrupted):
     result, elapsed = _interrupt(tmp_path / "cut", signal.SIGTERM)
     log = result.stdout + result.stderr
     assert result.returncode == PREEMPTED_EXIT_CODE, log[-4000:]
@@ -77,11 +91,20 @@ def test_sigterm_saves_at_the_same_step_and_resumes_bitwise(tmp_path):
 
     resumed = hasten_launch(SCRIPT, str(tmp_path / "cut"), launch_args=("--num_processes", "2"))
     assert resumed.stdout.count(f"resumed at step {steps[0]}") == 2, resumed.stdout
-    full = load_file(str(tmp_path / "full" / "final.safetensors"))
-    cut = load_file(str(tmp_path / "cut" / "final.safetensors"))
-    assert full.keys() == cut.keys()
-    for name in full:
-        assert torch.equal(full[name], cut[name]), name
+    _assert_same_weights(uninterrupted, tmp_path / "cut")
+
+
+def test_save_at_the_end_of_an_epoch_resumes_bitwise(tmp_path, uninterrupted):
+    # Signalled after step 6 of an 8-step epoch, the ranks agree on step 7 or 8; at 8 the save waits for
+    # the next epoch's first batch request, when the loop's epoch counter and the loader agree.
+    cut = tmp_path / "cut"
+    result = hasten_launch(SCRIPT, str(cut), "--signal-launcher-at", "6", launch_args=("--num_processes", "2"), check=False)
+    assert result.returncode == PREEMPTED_EXIT_CODE, (result.stdout + result.stderr)[-4000:]
+    steps = _stopped_steps(result.stdout)
+    assert steps[0] == steps[1] in (7, 8), result.stdout
+    resumed = hasten_launch(SCRIPT, str(cut), launch_args=("--num_processes", "2"))
+    assert resumed.stdout.count(f"resumed at step {steps[0]}") == 2 and "stopped after step 24" in resumed.stdout, resumed.stdout
+    _assert_same_weights(uninterrupted, cut)
 
 
 def test_sigusr1_with_accumulation_requeues_under_slurm(tmp_path):

@@ -13,9 +13,10 @@ before they take a machine. ``hasten launch`` forwards the signal to every worke
    Why n + 1 is reachable by all: the gradient all-reduce of step n + 1 needs the proposer, and the
    proposer enters it only after every rank acknowledged, so no rank can finish step n + 1 without
    knowing the target, and no rank has finished it yet.
-3. After the agreed step, the next batch a prepared dataloader is asked for is not drawn: instead
-   every rank calls ``save_state()`` (one complete checkpoint) and the process exits with
-   :data:`PREEMPTED_EXIT_CODE`. ``hasten launch`` reports it and exits with the same code.
+3. After the agreed step, the next batch the loader that fed it is asked for (mid-epoch, or the
+   first of the next epoch) is not drawn: instead every rank calls ``save_state()`` (one complete
+   checkpoint) and the process exits with :data:`PREEMPTED_EXIT_CODE`. ``hasten launch`` reports it
+   and exits with the same code.
 
 Without such a project folder the signal ends the process as it would without hasten, after one
 line that says how to enable this. The per-step cost when no signal came is one global counter
@@ -36,6 +37,7 @@ from pathlib import Path
 
 from . import environment
 from .errors import HastenError
+from .state import GradientState
 
 PREEMPTED_EXIT_CODE = 75
 """Exit code of a worker and of ``hasten launch`` after a preemption signal when the checkpoint was saved
@@ -58,6 +60,7 @@ _steps = 0
 _target: int | None = None
 _signal_name = "SIGTERM"
 _accelerator_ref = None
+_feeder = None  # weak reference to the dataloader that fed the agreed step
 _watcher: tuple[threading.Thread, threading.Event] | None = None
 
 
@@ -166,7 +169,7 @@ def after_optimizer_step() -> None:
 
 
 def _agree() -> None:
-    global _target, save_due
+    global _target, save_due, _feeder
     accelerator = _accelerator()
     if accelerator is None:
         return
@@ -178,6 +181,9 @@ def _agree() -> None:
             "the ranks do not step together (does every rank call optimizer.step() the same number of times?)."
         )
     save_due = _steps == _target
+    if save_due:
+        loader = GradientState().active_dataloader
+        _feeder = weakref.ref(loader) if loader is not None else None
 
 
 def _propose(accelerator) -> int:
@@ -197,6 +203,18 @@ def _propose(accelerator) -> int:
                 "a rank may have died. The job stops without a preemption checkpoint."
             ) from None
     return target
+
+
+def batch_requested(loader) -> None:
+    """Called by a prepared dataloader while :data:`save_due`, before it hands out a batch mid-epoch or starts
+    an epoch: saves and exits if ``loader`` fed the agreed step (an evaluation loader in between does not).
+
+    Not after the last batch of an epoch: the loop's own epoch counter has not moved on yet there, while
+    the loader's position already has; at the start of the next epoch both agree.
+    """
+    feeder = _feeder() if _feeder is not None else None
+    if feeder is None or feeder is loader:
+        save_and_exit()
 
 
 def save_and_exit() -> None:

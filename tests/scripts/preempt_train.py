@@ -3,9 +3,12 @@
 Follows docs/checkpointing.md's resume recipe (``use_stateful_dataloader=True``): resumes from the latest
 automatic checkpoint when there is one. Rank 0 writes ``step`` (the optimizer steps done) to
 ``PROJECT_DIR/progress`` after each step and, at the end, the final weights to ``PROJECT_DIR/final.safetensors``.
-Each rank prints ``rank R stopped after step S`` however it ends. A short sleep per step leaves time to signal.
+Each rank prints ``rank R stopped after step S`` however it ends. A short sleep per step leaves time to signal;
+``--signal-launcher-at S`` makes rank 0 send SIGTERM to the launcher after step S (8 steps make one epoch).
 """
 
+import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -22,6 +25,7 @@ folder = Path(sys.argv[1])
 folder.mkdir(parents=True, exist_ok=True)
 with_project = "--no-project" not in sys.argv
 accumulate = 2 if "--accumulate" in sys.argv else 1
+signal_at = int(sys.argv[sys.argv.index("--signal-launcher-at") + 1]) if "--signal-launcher-at" in sys.argv else None
 
 
 class Progress:
@@ -69,6 +73,8 @@ try:
                 progress.step += 1
                 if rank == 0:
                     (folder / "progress").write_text(str(progress.step))
+                    if progress.step == signal_at:
+                        os.kill(os.getppid(), signal.SIGTERM)  # as a scheduler would, at a known step
                 time.sleep(0.15)
 finally:
     print(f"rank {rank} stopped after step {progress.step}", flush=True)

@@ -272,6 +272,8 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         return iterator
 
     def __iter__(self):
+        if preemption.save_due:
+            preemption.batch_requested(self)
         iterator = self._start()
         self.begin()
         try:
@@ -289,13 +291,11 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
                     self.end_of_dataloader = True
                     self._yielded += 1
                     yield current
-                    if preemption.save_due:
-                        preemption.save_and_exit()
                     break
                 self._yielded += 1
                 yield current
                 if preemption.save_due:
-                    preemption.save_and_exit()
+                    preemption.batch_requested(self)
                 current = upcoming
             self.iteration += 1
             self._yielded = 0
@@ -407,6 +407,8 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         return batch, sizes, final, is_last
 
     def __iter__(self):
+        if preemption.save_due:
+            preemption.batch_requested(self)
         self._propagate_epoch()
         skip, self._resume_at = self._resume_at, 0
         self._yielded = skip
@@ -425,10 +427,10 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
                     self._final, self.end_of_dataloader = final, True
                 self._yielded += 1
                 yield local
-                if preemption.save_due:
-                    preemption.save_and_exit()
                 if is_last:
                     break
+                if preemption.save_due:
+                    preemption.batch_requested(self)
             self.iteration += 1
             self._yielded = 0
         finally:
