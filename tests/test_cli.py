@@ -34,7 +34,7 @@ FROZEN_LAUNCH_FLAGS = """
 --num_machines --num_cpu_threads_per_process --enable_cpu_affinity --dynamo_backend --dynamo_mode
 --dynamo_use_fullgraph --dynamo_use_dynamic --dynamo_use_regional_compilation --use_deepspeed --use_fsdp
 --use_megatron_lm --gpu_ids --same_network --machine_rank --main_process_ip --main_process_port --tee --log_dir
---role --rdzv_backend --rdzv_conf --max_restarts --monitor_interval --deepspeed_config_file --zero_stage
+--role --rdzv_backend --rdzv_conf --max_restarts --requeue_on_preemption --monitor_interval --deepspeed_config_file --zero_stage
 --offload_optimizer_device --offload_param_device --offload_optimizer_nvme_path --offload_param_nvme_path
 --gradient_accumulation_steps --gradient_clipping --zero3_init_flag --zero3_save_16bit_model --deepspeed_hostfile
 --deepspeed_exclusion_filter --deepspeed_inclusion_filter --deepspeed_multinode_launcher
@@ -178,6 +178,44 @@ def test_invalid_config_file_is_reported_with_file_and_key(tmp_path, script):
     bad.write_text("distributed_type: MULTI_CPU\nnum_proceses: 2\n")
     with pytest.raises(ConfigError, match=r"Invalid launch config .*bad\.yaml:\n  - unknown key 'num_proceses'\. Did you mean 'num_processes'\?"):
         launch_cmd.prepare_launch(_args("--config_file", str(bad), script), hardware=CPU)
+
+
+def test_mistyped_launch_flag_suggests_the_right_one(script, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["launch", "--nmu_processes", "2", script])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: hasten launch [options] training_script [script arguments]\n")
+    assert "hasten launch: error: unknown option --nmu_processes. Did you mean '--num_processes'? `hasten launch --help` lists the options." in err
+
+
+def test_mistyped_flag_with_equals_sign_and_unknown_flag_without_match(capsys):
+    with pytest.raises(SystemExit):
+        main(["launch", "--mixed-precison=bf16", "train.py"])
+    assert "unknown option --mixed-precison. Did you mean '--mixed-precision'?" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["env", "--zzz"])
+    assert "hasten env: error: unknown option --zzz. `hasten env --help` lists the options." in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["launch"], ["launch", "--num_processes", "2"]])
+def test_launch_without_script_says_one_is_needed(argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "training_script_args" not in err
+    assert err.endswith(
+        "hasten launch: error: hasten launch needs the training script to run, after the options: hasten launch [options] "
+        "train.py [script arguments], for example `hasten launch --num_processes 2 train.py --lr 1e-3`.\n"
+    )
+
+
+def test_hand_written_mixed_precision_no_launches(tmp_path, script):
+    config_file = tmp_path / "hand.yaml"
+    config_file.write_text("distributed_type: MULTI_CPU\nmixed_precision: no\nnum_processes: 2\nuse_cpu: true\n")
+    plan = launch_cmd.prepare_launch(_args("--config_file", str(config_file), script), hardware=CPU)
+    assert plan.settings.config.mixed_precision == "no" and plan.env["HASTEN_MIXED_PRECISION"] == "no"
 
 
 def test_errors_exit_before_anything_starts(script, monkeypatch, capsys):
@@ -404,3 +442,20 @@ def test_dialogue_with_simulated_gpus_gives_the_walkthrough_file(tmp_path, scrip
     assert {key: written[key] for key in expected} == expected
     plan = launch_cmd.prepare_launch(_args("--config_file", str(tmp_path / "answers.yaml"), script), hardware=Hardware("cuda", 2))
     assert (plan.nproc_per_node, plan.env["HASTEN_DEEPSPEED_ZERO_STAGE"], plan.env["HASTEN_MIXED_PRECISION"]) == (2, "3", "fp16")
+
+
+@pytest.mark.slow
+def test_dialogue_asks_for_a_whole_number(tmp_path):
+    code = f"from hasten.commands.main import main\nraise SystemExit(main(['config', '--config_file', {str(tmp_path / 'a.yaml')!r}]))"
+    env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm-256color"}
+    child = pexpect.spawn(sys.executable, ["-c", code], env=env, encoding="utf-8", dimensions=(60, 300), timeout=60)
+    try:
+        child.expect_exact("compute environment")
+        child.send("\r")
+        child.expect_exact("multi-GPU (not available: no GPU found on this machine)")
+        child.send("2\r")
+        child.expect_exact("different machines")
+        child.send("two\r")
+        child.expect_exact("Please enter a whole number, such as 2.")
+    finally:
+        child.terminate(force=True)

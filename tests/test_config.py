@@ -289,3 +289,70 @@ def test_launch_environment_exports_the_settings(tmp_path):
     fp8 = cfg.resolve_settings(flags={}, loaded=cfg.read_config_file(FIXTURES / "accelerate_0_34_fp8.yaml"), env={}, hardware=lambda: CPU)
     fp8_env = cfg.launch_environment(fp8)
     assert (fp8_env["HASTEN_FP8_BACKEND"], fp8_env["HASTEN_FP8_AMAX_HISTORY_LEN"], fp8_env["HASTEN_FP8_OVERRIDE_WGRAD"]) == ("TE", "16", "true")
+
+
+# ------------------------------------------------------------------------------ bad input, one clear line each
+
+
+@pytest.mark.parametrize("bare", ["no", "off", "No", "OFF"])
+def test_bare_no_for_mixed_precision_means_no(tmp_path, bare):
+    path = tmp_path / "hand_written.yaml"
+    path.write_text(f"distributed_type: MULTI_CPU\nmixed_precision: {bare}\nnum_processes: 2\n")
+    assert yaml.safe_load(path.read_text())["mixed_precision"] is False  # what YAML makes of it
+    assert cfg.read_config_file(path).config.mixed_precision == "no"
+
+
+def test_bare_yes_for_mixed_precision_is_still_refused(tmp_path):
+    path = tmp_path / "hand_written.yaml"
+    path.write_text("mixed_precision: yes\n")
+    with pytest.raises(ConfigError, match=r"mixed_precision: True is not valid; expected one of: no, fp16, bf16, fp8"):
+        cfg.read_config_file(path)
+
+
+def test_binary_file_as_config_says_it_is_not_text(tmp_path):
+    path = tmp_path / "model.yaml"
+    path.write_bytes(b"PK\x03\x04\x14\x00\x00\x00\x08\x00\xb7\xfa\xff\x00")
+    with pytest.raises(ConfigError) as info:
+        cfg.read_config_file(path)
+    assert str(info.value) == (
+        f"Launch config file {path} is not a text file (byte 10 is not UTF-8 text): a launch config is YAML or JSON text. "
+        "Pass the file written by `hasten config`, or check that --config_file names the right file."
+    )
+
+
+def test_folder_as_config_says_it_is_a_folder(tmp_path):
+    (tmp_path / "default_config.yaml").write_text("num_processes: 2\n")
+    with pytest.raises(ConfigError) as info:
+        cfg.read_config_file(tmp_path)
+    assert str(info.value) == (
+        f"--config_file {tmp_path} is a folder, not a file. Pass the config file itself such as {tmp_path / 'default_config.yaml'}, "
+        "or leave --config_file out to use the default file written by `hasten config`."
+    )
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ConfigError, match=r"empty is a folder, not a file\. Pass the config file itself, or leave"):
+        cfg.read_config_file(empty)
+
+
+def test_duplicated_yaml_key_names_the_key_and_both_lines(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: bf16\nnum_processes: 4\n")
+    with pytest.raises(ConfigError) as info:
+        cfg.read_config_file(path)
+    assert str(info.value) == (
+        f"Launch config file {path} sets 'num_processes' twice (lines 2 and 4); only one value can be in force. Delete one of them."
+    )
+
+
+def test_duplicated_key_inside_a_section(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("deepspeed_config:\n  zero_stage: 2\n  offload_param_device: cpu\n  zero_stage: 3\n")
+    with pytest.raises(ConfigError, match=r"sets 'zero_stage' twice \(lines 2 and 4\)"):
+        cfg.read_config_file(path)
+
+
+def test_duplicated_json_key_names_the_key(tmp_path):
+    path = tmp_path / "twice.json"
+    path.write_text('{"num_processes": 2, "num_processes": 4}')
+    with pytest.raises(ConfigError, match=r"twice\.json sets 'num_processes' twice; only one value can be in force\. Delete one of them\."):
+        cfg.read_config_file(path)

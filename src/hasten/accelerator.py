@@ -21,7 +21,7 @@ from typing import Callable
 
 import torch
 
-from . import environment, operations
+from . import environment, operations, preemption
 from .accelerator_compat import AcceleratorCompatibility, refuse_unsupported_plugins
 from .compilation import compile_model
 from .data_loader import DataLoaderStateMixin, gather_for_metrics, prepare_data_loader, skip_first_batches
@@ -154,6 +154,7 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
 
         self._tracker_hub = TrackerHub(log_with, self.project_configuration.logging_dir, self.is_main_process)
         environment.check_os_kernel()
+        preemption.install(self)
 
     def _set_handlers(self, handlers: list) -> None:
         for attribute in _HANDLERS.values():

@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 from . import environment
 from .enums import ComputeEnvironment, DistributedType, DynamoBackend, PrecisionType, SageMakerDistributedType
+from .config_text import read_config_data
 from .errors import ConfigError, did_you_mean
 from .fileio import atomic_write
 
@@ -270,6 +271,8 @@ def _as_float(value: Any) -> float:
 
 
 def _as_choice(value: Any, choices: tuple) -> Any:
+    if value is False and "no" in (str(c).lower() for c in choices):  # YAML 1.1 reads a bare `no` or `off` as false
+        return next(c for c in choices if str(c).lower() == "no")
     if isinstance(choices[0], int):
         try:
             if _as_int(value) in choices:
@@ -468,25 +471,7 @@ def read_config_file(path: str | os.PathLike) -> LoadedConfig:
         ConfigError: the file is missing, unparsable, or has an unknown key or a bad value.
     """
     path = Path(path).expanduser()
-    if not path.is_file():
-        raise ConfigError(
-            f"Launch config file {path} does not exist. Pass an existing file with --config_file, or create one "
-            "with `hasten config` (interactive) or `hasten config default`."
-        )
-    text = path.read_text(encoding="utf-8")
-    try:
-        if path.suffix == ".json":
-            data = json.loads(text) if text.strip() else {}
-        else:
-            import yaml
-
-            data = yaml.safe_load(text) or {}
-    except ValueError as exc:  # json.JSONDecodeError and yaml.YAMLError's parser errors
-        raise ConfigError(f"Launch config file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
-    except Exception as exc:
-        if type(exc).__module__.startswith("yaml"):
-            raise ConfigError(f"Launch config file {path} is not valid YAML: {exc}") from None
-        raise
+    data = read_config_data(path)
     config, present, notes = config_from_dict(data, str(path))
     return LoadedConfig(config=config, path=path, present=present, notes=notes)
 

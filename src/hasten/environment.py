@@ -84,6 +84,8 @@ SETTINGS: dict[str, str] = {
     "AS_ACCELERATE": "`hasten launch` makes its processes import hasten as `accelerate` (as --as_accelerate)",
     "ENABLE_RICH": "accepted for compatibility; has no effect",
     "CPU_AFFINITY": "pin each process to the CPUs of its NUMA node",
+    "PREEMPTION_GRACE": "seconds workers get after SIGTERM/SIGUSR1 to finish the step and save before they are killed (default 25)",
+    "PREEMPTION_DIR": "folder where rank 0 records a preemption checkpoint for the launcher (set by `hasten launch`)",
 }
 
 # Settings that Accelerate reads without a prefix, accepted as a last fallback.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from . import preemption
 from .errors import ConfigError
 from .operations import send_to_device
 from .state import GradientState, warn_once
@@ -113,6 +114,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if not self._is_overflow:
             self._steps += 1
         self.gradient_state._backward_calls = 0
+        preemption.after_optimizer_step()
         return result
 
     def _scaled_step(self, closure):

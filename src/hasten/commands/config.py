@@ -105,6 +105,9 @@ def config_command(args: argparse.Namespace) -> int:
     return 0
 
 
+_WANTED = {int: "Please enter a whole number, such as 2.", float: "Please enter a number, such as 1.0."}
+
+
 class _Asker:
     """Thin layer over questionary: choices, free text with a bracketed default, and yes/no questions."""
 
@@ -140,7 +143,7 @@ class _Asker:
             try:
                 value = convert(answer.strip())
             except ValueError:
-                return "Please enter a valid value."
+                return _WANTED.get(convert, "Please enter a valid value.")
             problem = check(value) if check else None
             return problem or True
 

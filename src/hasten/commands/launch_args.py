@@ -90,6 +90,12 @@ FLAGS: tuple[Flag, ...] = (
     Flag("rdzv_backend", _DISTRIBUTED, "Rendezvous backend: static (default) or c10d, etcd, etcd-v2.", "rdzv_backend"),
     Flag("rdzv_conf", _DISTRIBUTED, "Extra rendezvous settings, as key1=value1,key2=value2."),
     Flag("max_restarts", _DISTRIBUTED, "Restarts of the whole group of processes before giving up (default 0).", type=int, metavar="N"),
+    Flag(
+        "requeue_on_preemption",
+        _DISTRIBUTED,
+        "After SIGTERM/SIGUSR1 (preemption), run `scontrol requeue $SLURM_JOB_ID` (Slurm jobs).",
+        switch=True,
+    ),
     Flag("monitor_interval", _DISTRIBUTED, "Seconds between checks of the processes' state (default 0.1).", type=float, metavar="S"),
     Flag("deepspeed_config_file", _DEEPSPEED, "DeepSpeed JSON config file.", "deepspeed_config.deepspeed_config_file"),
     Flag("zero_stage", _DEEPSPEED, "ZeRO stage.", "deepspeed_config.zero_stage", metavar="{0,1,2,3}"),

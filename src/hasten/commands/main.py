@@ -10,6 +10,8 @@ import argparse
 import importlib
 import sys
 
+from ..errors import did_you_mean
+
 # command name -> (module that registers it, one-line help)
 COMMANDS = {
     "config": ("hasten.commands.config", "Write the launch config file (interactive)."),
@@ -21,15 +23,39 @@ COMMANDS = {
 }
 
 
+class HastenParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose subcommands can replace argparse's "arguments are required" line with
+    their own explanation (``missing_arguments_help``), and that names close options for a mistyped one."""
+
+    def __init__(self, *args, missing_arguments_help: str | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.missing_arguments_help = missing_arguments_help
+
+    def error(self, message: str):
+        """Print the usage and ``message`` (or the subcommand's own help for missing arguments), exit 2."""
+        if self.missing_arguments_help and message.startswith("the following arguments are required"):
+            message = self.missing_arguments_help
+        super().error(message)
+
+    def reject_unknown(self, extras: list[str]) -> None:
+        """Fail on arguments no option takes, with a did-you-mean for each mistyped ``--option``."""
+        known = [name for name in self._option_string_actions if name.startswith("--")]
+        options = [extra.split("=", 1)[0] for extra in extras if extra.startswith("--")]
+        if not options:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        hints = [f"unknown option {name}.{did_you_mean(name, known)}" for name in options]
+        self.error(f"{' '.join(hints)} `{self.prog} --help` lists the options.")
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     """The ``hasten`` parser. Only the subcommand named in ``argv`` is imported and fully built; the
     others are listed by name (all of them are built when ``argv`` is None)."""
-    parser = argparse.ArgumentParser(
+    parser = HastenParser(
         prog="hasten",
         description="Run one PyTorch training script on CPU, one or many GPUs, or many machines.",
         allow_abbrev=False,
     )
-    subparsers = parser.add_subparsers(title="commands", dest="command", metavar="<command>")
+    subparsers = parser.add_subparsers(title="commands", dest="command", metavar="<command>", parser_class=HastenParser)
     wanted = next((arg for arg in argv if not arg.startswith("-")), None) if argv is not None else None
     for name, (module, help_text) in COMMANDS.items():
         if argv is None or name == wanted:
@@ -45,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
 
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        subparsers = parser._subparsers._group_actions[0].choices if parser._subparsers else {}
+        subparsers.get(args.command, parser).reject_unknown(extras)
     if args.command is None:
         parser.print_help()
         return 1

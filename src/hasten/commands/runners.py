@@ -5,6 +5,7 @@ process directly, several through torch's elastic agent (in this process, as ``t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import uuid
 from pathlib import Path
 
 from ..errors import ConfigError
+from . import preempted
 from .launch import LaunchPlan, parse_rdzv_conf
 
 _FRAMES = 4
@@ -23,6 +25,7 @@ _FRAMES = 4
 def run_plan(plan: LaunchPlan) -> int:
     """Start the job described by ``plan`` and wait for it; returns its exit code."""
     config = plan.settings.config
+    preempted.prepare(plan)
     try:
         if config.mpirun_config.mpirun_hostfile:
             code = run_mpirun(plan)
@@ -30,19 +33,21 @@ def run_plan(plan: LaunchPlan) -> int:
             code = run_single(plan)
         else:
             code = run_elastic(plan)
+        code = preempted.conclude(plan, code, signalled=code - 128 in (signal.SIGTERM, signal.SIGUSR1))
         if code != 0 and plan.hang_dir is not None:
             report = summarize_hang_reports(plan.hang_dir)
             if report:
                 print(report, file=sys.stderr, flush=True)
         return code
     finally:
+        preempted.cleanup(plan)
         if plan.owns_hang_dir and plan.hang_dir is not None:
             shutil.rmtree(plan.hang_dir, ignore_errors=True)
 
 
 def _wait(process: subprocess.Popen) -> int:
     """Wait for ``process``, passing SIGTERM on to it; after Ctrl-C give it time to stop by itself."""
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: process.send_signal(signum))
+    previous = {sig: signal.signal(sig, lambda signum, frame: process.send_signal(signum)) for sig in (signal.SIGTERM, signal.SIGUSR1)}
     try:
         return process.wait()
     except KeyboardInterrupt:  # a terminal sends SIGINT to the child too; interrupt it only if it ignores that
@@ -52,7 +57,8 @@ def _wait(process: subprocess.Popen) -> int:
             process.send_signal(signal.SIGINT)
             return process.wait()
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def run_single(plan: LaunchPlan) -> int:
@@ -101,12 +107,14 @@ def run_elastic(plan: LaunchPlan) -> int:
         start_method="spawn",
         local_addr=local_addr,
         logs_specs=DefaultLogsSpecs(log_dir=args.log_dir, redirects=Std.NONE, tee=Std.from_str(args.tee or "0")),
+        **preempted.elastic_options({f.name for f in dataclasses.fields(LaunchConfig)}),
     )
     os.environ.update(plan.env)  # the agent hands its own environment to the workers
     try:
         elastic_launch(launch_config, entrypoint=plan.command[0])(*plan.command[1:])
     except ChildFailedError as exc:
-        print(describe_failures(exc.failures, config.num_processes), file=sys.stderr, flush=True)
+        if preempted.saved_record(plan) is None:  # a worker signalled alone: its group saved and exited with 75
+            print(describe_failures(exc.failures, config.num_processes), file=sys.stderr, flush=True)
         _explain_deepspeed(plan, exc.failures)
         first = exc.get_first_failure()[1].exitcode
         return first if first > 0 else 1
@@ -118,7 +126,8 @@ def run_elastic(plan: LaunchPlan) -> int:
         )
         return 1
     except SignalException as exc:
-        print(f"hasten launch: stopped by signal {exc.sigval.name}; the processes were terminated.", file=sys.stderr)
+        if preempted.saved_record(plan) is None:
+            print(f"hasten launch: stopped by signal {exc.sigval.name}; the processes were terminated.", file=sys.stderr)
         return 128 + int(exc.sigval)
     return 0
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
+from .. import preemption
 from ..errors import ConfigError
 from ..operations import broadcast, broadcast_object_list, send_to_device
 from ..rng import synchronize_rng_state, synchronize_rng_states
@@ -255,6 +256,8 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         return iterator
 
     def __iter__(self):
+        if preemption.save_due:
+            preemption.batch_requested(self)
         iterator = self._start()
         self.begin()
         try:
@@ -275,6 +278,8 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
                     break
                 self._yielded += 1
                 yield current
+                if preemption.save_due:
+                    preemption.batch_requested(self)
                 current = upcoming
             self.iteration += 1
             self._yielded = 0
@@ -386,6 +391,8 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         return batch, sizes, final, is_last
 
     def __iter__(self):
+        if preemption.save_due:
+            preemption.batch_requested(self)
         self._propagate_epoch()
         skip, self._resume_at = self._resume_at, 0
         self._yielded = skip
@@ -406,6 +413,8 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
                 yield local
                 if is_last:
                     break
+                if preemption.save_due:
+                    preemption.batch_requested(self)
             self.iteration += 1
             self._yielded = 0
         finally:
