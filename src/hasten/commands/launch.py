@@ -62,10 +62,11 @@ def add_parser(subparsers, help_text: str) -> argparse.ArgumentParser:
         description=DESCRIPTION,
         usage="hasten launch [options] training_script [script arguments]",
         allow_abbrev=False,
-        missing_arguments_help=(
-            "hasten launch needs the training script to run, after the options: hasten launch [options] "
-            "train.py [script arguments], for example `hasten launch --num_processes 2 train.py --lr 1e-3`."
-        ),
+    )
+    # Read by hasten's own parser class; harmless on the plain parser of a caller's subparsers (trl's CLI).
+    parser.missing_arguments_help = (
+        "hasten launch needs the training script to run, after the options: hasten launch [options] "
+        "train.py [script arguments], for example `hasten launch --num_processes 2 train.py --lr 1e-3`."
     )
     add_launch_arguments(parser)
     parser.set_defaults(func=launch_command)
