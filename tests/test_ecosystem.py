@@ -4,14 +4,10 @@ Two launches: ``eco_transformers.py`` (transformers ``Trainer`` with accumulatio
 ``save_total_limit`` and resume; ``from_pretrained(device_map="auto")``; a peft LoRA loop) and
 ``eco_diffusers.py`` (a diffusers-style loop that saves on the main process only and resumes with the
 manual skip). Each process of a launch writes one JSON result per part, read by the tests below.
-
-Parts that need a module path or name hasten does not have yet are expected to fail (``xfail``,
-strict: they must start passing as soon as the name exists).
 """
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import importlib.util
 import json
@@ -26,43 +22,6 @@ import pytest
 from helpers import ROOT, SCRIPTS, clean_env, free_port
 
 LAUNCH = ("--as_accelerate", "--cpu", "--num_processes", "2", "-q")
-
-
-def _missing(*names: str) -> list[str]:
-    """Those of ``module:name`` (or ``module``) that hasten lacks."""
-    missing = []
-    for entry in names:
-        module, _, name = entry.partition(":")
-        try:
-            found = importlib.import_module(module)
-        except ImportError:
-            missing.append(entry)
-            continue
-        if name and not hasattr(found, name):
-            missing.append(entry)
-    return missing
-
-
-def _needs(*names: str):
-    """xfail (strict) while any of ``names`` is missing from hasten; nothing once they all exist."""
-    missing = _missing(*dict.fromkeys(names))
-    return pytest.mark.xfail(bool(missing), reason=f"transformers/peft/diffusers import names hasten lacks: {', '.join(missing)}", strict=True)
-
-
-# Imported by transformers when `transformers.trainer` and `transformers.integrations.accelerate` load.
-_TRAINER = (
-    "hasten.utils:DeepSpeedSchedulerWrapper", "hasten.utils:load_fsdp_model", "hasten.utils:load_fsdp_optimizer",
-    "hasten.utils:save_fsdp_model", "hasten.utils:save_fsdp_optimizer", "hasten.utils.constants:FSDP_AUTO_WRAP_POLICY",
-    "hasten.utils.constants:FSDP_SHARDING_STRATEGY", "hasten.utils.deepspeed:HfDeepSpeedConfig", "hasten.utils.memory:release_memory",
-    "hasten.utils.memory:should_reduce_batch_size", "hasten.utils.memory:clear_device_cache", "hasten.utils.imports:is_fp8_available",
-    "hasten.utils.modeling:get_max_layer_size", "hasten.parallelism_config:ParallelismConfig",
-)
-_DEVICE_MAP = ("hasten.utils.modeling:clean_device_map", "hasten.utils.modeling:get_max_layer_size", "hasten.utils.memory:clear_device_cache")
-_PEFT = (
-    "hasten.utils.dataclasses:get_module_class_from_name", "hasten.utils.imports:is_bf16_available", "hasten.utils.imports:is_xpu_available",
-    "hasten.utils.memory:clear_device_cache",
-)
-_DIFFUSERS = ("hasten.utils.memory:clear_device_cache", "hasten.utils.modeling:convert_file_size_to_int")
 
 
 def _require(*packages: str) -> None:
@@ -128,7 +87,6 @@ def transformers_run(tmp_path_factory):
 
 
 @pytest.mark.slow
-@_needs(*_TRAINER)
 def test_trainer_accumulates_evaluates_rotates_and_resumes_to_the_same_weights(transformers_run):
     for result in _results(*transformers_run, "trainer"):
         assert result["accelerate_version"] == "1.15.0" and result["accelerator_class"] == "hasten.accelerator.Accelerator"
@@ -141,14 +99,12 @@ def test_trainer_accumulates_evaluates_rotates_and_resumes_to_the_same_weights(t
 
 
 @pytest.mark.slow
-@_needs(*_TRAINER, *_DEVICE_MAP)
 def test_from_pretrained_with_device_map_auto(transformers_run):
     for result in _results(*transformers_run, "device_map"):
         assert result["devices"] and result["logits_max_abs_diff"] == 0.0
 
 
 @pytest.mark.slow
-@_needs(*_PEFT)
 def test_peft_lora_trains_the_adapter_only_and_in_sync(transformers_run):
     for result in _results(*transformers_run, "peft"):
         assert result["trainable"] == 4 and result["lora_b_norm"] > 0  # lora_B starts at zero
@@ -158,13 +114,6 @@ def test_peft_lora_trains_the_adapter_only_and_in_sync(transformers_run):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="needs helper 'behave': save_state called by the main process alone under DDP, and load_state leaving "
-    "prepared loaders at the start by default (without it the main-only save gathers from every rank and the job "
-    "crashes or hangs, and the manual skip skips twice)"
-    + (f"; and names hasten lacks: {', '.join(_missing(*_DIFFUSERS))}" if _missing(*_DIFFUSERS) else ""),
-    strict=True,
-)
 def test_diffusers_style_main_only_save_and_manual_skip_resume(tmp_path):
     _require("diffusers")
     output = _launch(SCRIPTS / "eco_diffusers.py", tmp_path, timeout=240)
@@ -177,7 +126,6 @@ def test_diffusers_style_main_only_save_and_manual_skip_resume(tmp_path):
 
 
 @pytest.mark.slow
-@_needs(*_TRAINER)
 def test_transformers_trainer_example_trains_evaluates_and_resumes(tmp_path):
     example = ROOT / "examples" / "transformers_trainer.py"
     first = _launch(example, "--output_dir", tmp_path, timeout=420)
