@@ -1,8 +1,11 @@
 """diffusers' checkpoint pattern on 2 processes: the main process saves alone, the resumed loop skips by hand.
 
-``full DIR``: 12 DDP steps; after step 6 ``if accelerator.is_main_process: accelerator.save_state(DIR/main_only)``
-(no collective may be entered while the other process trains on), after step 9 every process saves
-``DIR/everyone``; records the final weights.
+``full DIR``: 12 DDP steps; after step 3 every process saves ``DIR/everyone`` (both processes' random
+states, no grace waited); after steps 4, 5 and 6 ``if accelerator.is_main_process: accelerator.save_state(...)``
+(no collective may be entered while the other process trains on): the first waits the grace, the next
+two wait for nobody (the run is marked main-only); the last is ``DIR/main_only``. After step 9 every
+process saves ``DIR/late``, process 1 late on purpose: it learns that it was left out (no hang), and the
+save after step 10 (``DIR/rejoined``) waits for it again. Records the final weights and prints each save's time.
 ``resume DIR``: a new launch loads ``DIR/main_only`` and resumes twice: with the manual skip of diffusers'
 scripts (``if step < resume_step: continue``) and with ``skip_first_batches``; each must train exactly
 the 6 remaining steps and end with the weights of the uninterrupted run.
@@ -11,6 +14,7 @@ the 6 remaining steps and end with the weights of the uninterrupted run.
 
 import json
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -27,6 +31,7 @@ mode, folder = sys.argv[1], Path(sys.argv[2])
 participants.JOIN_GRACE_S = 3.0  # the main process waits this long for processes that never come
 participants.ATTENDANCE_TIMEOUT_S = 3.0
 STEPS, SAVE_AT, RESUME_STEP = 12, 6, 6
+MAIN_ONLY = {4: "main_only_a", 5: "main_only_b", SAVE_AT: "main_only"}
 
 
 def build(**kwargs):
@@ -50,25 +55,49 @@ def weights(accelerator, model):
     return {k: v.tolist() for k, v in accelerator.unwrap_model(model).state_dict().items()}
 
 
+def timed_save(accelerator, path) -> float:
+    started = time.monotonic()
+    accelerator.save_state(path)
+    return time.monotonic() - started
+
+
 def full():
     accelerator, model, optimizer, loader = build()
     assert len(loader) == STEPS
+    times = {}
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for step, (x, y) in enumerate(loader):
             train_step(accelerator, model, optimizer, x, y)
-            if step + 1 == SAVE_AT and accelerator.is_main_process:
-                accelerator.save_state(folder / "main_only")
+            if step + 1 == 3:
+                times["everyone"] = timed_save(accelerator, folder / "everyone")
+                assert not participants.solo_run(), "a save by every process must not mark the run main-only"
+            if step + 1 in MAIN_ONLY and accelerator.is_main_process:
+                times[MAIN_ONLY[step + 1]] = timed_save(accelerator, folder / MAIN_ONLY[step + 1])
+                assert participants.solo_run(), "after a save no other process came to, the run is marked main-only"
             if step + 1 == 9:
-                accelerator.save_state(folder / "everyone")
+                if not accelerator.is_main_process:
+                    time.sleep(1.5)  # the main process, in a main-only run, writes without waiting for it
+                times["late"] = timed_save(accelerator, folder / "late")
+            if step + 1 == 10:
+                times["rejoined"] = timed_save(accelerator, folder / "rejoined")
+                assert not participants.solo_run(), "a process that came late makes the writer wait for it again"
+    print(f"rank {accelerator.process_index}: save times " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in times.items()))
     main_only_warnings = [str(w.message) for w in caught if "without process(es) [1]" in str(w.message)]
+    late_warnings = [str(w.message) for w in caught if "came after the main process" in str(w.message)]
+    assert len(late_warnings) == (0 if accelerator.is_main_process else 1), f"the late process must learn it was left out: {late_warnings}"
     if accelerator.is_main_process:
+        assert times["everyone"] < participants.JOIN_GRACE_S, f"every process saved: nobody should wait the grace: {times}"
+        assert times["main_only_a"] >= participants.JOIN_GRACE_S, f"the first main-only save waits the grace: {times}"
         assert len(main_only_warnings) == 1, f"the main-only save must say once what it left out: {main_only_warnings}"
         assert "random number generator states of process(es) [1]" in main_only_warnings[0], main_only_warnings
-        assert not (folder / "main_only" / "random_states_1.json").exists() and (folder / "main_only" / "random_states_0.json").exists()
+        for name in MAIN_ONLY.values():
+            assert not (folder / name / "random_states_1.json").exists() and (folder / name / "random_states_0.json").exists()
         (folder / "full.json").write_text(json.dumps(weights(accelerator, model)))
     accelerator.wait_for_everyone()
-    assert (folder / "everyone" / "random_states_1.json").exists(), "a save by every process holds every process's random states"
+    for name in ("everyone", "rejoined"):
+        assert (folder / name / "random_states_1.json").exists(), f"{name}: a save by every process holds every process's random states"
+    assert not (folder / "late" / "random_states_1.json").exists()
     print(f"rank {accelerator.process_index}: full run done")
 
 

@@ -14,6 +14,10 @@ key-value store (the one the process group was set up with), which is no collect
   closes the door: a process that was not there (a main-only save) is reported once, and its random
   states are not in the checkpoint. The door is closed atomically (``compare_set``), so a late process
   learns it was left out instead of waiting for ever.
+  Once a save ended with no other process at all (the script saves from the main process alone), the
+  run is marked *solo* in the store and the next saves do not wait: they take the states already handed
+  over and close the door at once, so repeated main-only saves cost no grace. A process that then calls
+  ``save_state`` after all (it finds the door closed) clears the mark, and the next saves wait again.
 * **Sharded engines** (FSDP, DeepSpeed): every process writes its shards, so every process must call
   ``save_state``. Each process registers, then waits at most :data:`ATTENDANCE_TIMEOUT_S` seconds for
   the others before any collective; a process that does not come is a clear :class:`CheckpointError`
@@ -34,6 +38,7 @@ from .state_io import decode, encode
 JOIN_GRACE_S = 10.0
 ATTENDANCE_TIMEOUT_S = 60.0
 _CLOSED = b"closed"
+_SOLO_KEY = "hasten/save/solo"
 _POLL_S = 0.02
 
 
@@ -77,6 +82,7 @@ def hand_over(target, step: int, rank: int, states: Any) -> Callable[[], None] |
     key = f"{_prefix(target, step)}/rng/{rank}"
     blob = _pack(states)
     if store.compare_set(key, "", blob) != blob:
+        store.delete_key(_SOLO_KEY)  # this process does save: the writer waits for it again next time
         return None
 
     def wait_published() -> None:
@@ -89,14 +95,17 @@ def hand_over(target, step: int, rank: int, states: Any) -> Callable[[], None] |
 def collect(target, step: int, ranks: list[int], deadline: float) -> tuple[dict[int, Any], list[int]]:
     """On the writing process: the states handed over by ``ranks`` until ``deadline`` (``time.monotonic()``).
 
+    In a solo run (an earlier save got no other process) it does not wait for the deadline.
     Returns ``(states by rank, ranks that did not come)``; the door is closed for the latter.
     """
     store = _store()
     prefix = _prefix(target, step)
     pending = {rank: f"{prefix}/rng/{rank}" for rank in ranks}
-    while pending and time.monotonic() < deadline and not all(store.check([key]) for key in pending.values()):
+    solo = store.check([_SOLO_KEY])
+    while not solo and time.monotonic() < deadline and not all(store.check([key]) for key in pending.values()):
         time.sleep(_POLL_S)
     states, missing = {}, []
+    store.set(_SOLO_KEY, "1")  # before any door closes, so a late process's clearing (after its door closed) wins
     for rank, key in pending.items():
         value = store.compare_set(key, "", _CLOSED)
         if value == _CLOSED:
@@ -104,7 +113,15 @@ def collect(target, step: int, ranks: list[int], deadline: float) -> tuple[dict[
         else:
             states[rank] = _unpack(value)
             store.delete_key(key)
+    if states:
+        store.delete_key(_SOLO_KEY)
     return states, missing
+
+
+def solo_run() -> bool:
+    """Whether this launch's saves are marked main-only: the writer then waits for no other process."""
+    store = _store()
+    return store is not None and store.check([_SOLO_KEY])
 
 
 def announce_published(target, step: int, ranks) -> None:
