@@ -18,6 +18,8 @@ Example::
 from __future__ import annotations
 
 import errno
+import functools
+import os
 import pickle
 import socket
 import sys
@@ -208,15 +210,24 @@ def _launch(
         local_addr=local_addr,
         **options,
     )
+    entrypoint = functools.update_wrapper(functools.partial(_run_tied_to_parent, os.getpid(), function), function)
     with environment.patch_environment(**env):
         try:
-            elastic_launch(config, entrypoint=function)(*args)
+            elastic_launch(config, entrypoint=entrypoint)(*args)
         except ChildFailedError as exc:
             rank, failure = exc.get_first_failure()
             raise HastenError(
                 f"Process {rank} of {nproc * nodes} failed (exit code {failure.exitcode}) while running "
                 f"{getattr(function, '__qualname__', function)}:\n{_failure_detail(failure)}"
             ) from exc
+
+
+def _run_tied_to_parent(parent_pid: int, function: Callable, *args: Any) -> Any:
+    """Run ``function(*args)`` in a started process that ends when the launching process does (however it ends)."""
+    from .commands.worker_bootstrap import die_with_parent
+
+    die_with_parent(parent_pid)
+    return function(*args)
 
 
 def _failure_detail(failure: Any) -> str:
