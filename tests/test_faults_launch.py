@@ -179,3 +179,21 @@ def test_the_bootstrap_ends_at_once_when_its_parent_is_already_gone(tmp_path):
     not_its_parent = os.getppid()  # the child's parent is this process: as if the launcher had died before the child ran
     result = subprocess.run(command(not_its_parent, [str(script)]), env=clean_env(), timeout=60)
     assert result.returncode == -signal.SIGKILL and not marker.exists()
+
+
+@pytest.mark.slow
+def test_killing_machine_0s_launcher_ends_the_job_on_machine_1(tmp_path):
+    out = tmp_path / "out"
+    machines = _start_machines(free_port(), [[WORKER, str(out)]] * 2, tmp_path)
+    try:
+        pids = _wait_for_pids(out, 2)
+        machines[0].send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        code, err, end = _finish(machines[1:])[0]
+        assert code == 1 and end - killed_at < 30, err
+        assert "machine 1 stopped: the job failed on machine 0" in err and "lost the connection to the rendezvous store" in err
+        assert _gone_within(pids, 10)
+    finally:
+        for machine in machines:
+            machine.kill()
+            machine.communicate()
