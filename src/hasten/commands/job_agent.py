@@ -8,6 +8,7 @@ half second, while their workers run and while they wait at the exit barrier, st
 report that record. A machine whose launcher fails before it joins (a bad setting, a missing
 script) writes the same record through :func:`report_failure_before_join`, so machine 0 does not
 wait out the join timeout. Losing the store (it lives in machine 0's launcher) also ends the job.
+Each restart (``--max_restarts``) gives the new workers a fresh store for their process group.
 """
 
 from __future__ import annotations
