@@ -14,3 +14,50 @@ def _fresh_state(monkeypatch):
     hasten.state.reset_state(destroy_process_group=True)
     yield
     hasten.state.reset_state(destroy_process_group=True)
+
+
+_HELPER_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+_GRACE_SECONDS = 5.0
+
+
+def _leftover_children() -> list:
+    """Processes started (directly or not) by this test session that are still running, after a grace period."""
+    import psutil
+
+    def alive() -> list:
+        found = []
+        for child in psutil.Process().children(recursive=True):
+            try:
+                if child.status() != psutil.STATUS_ZOMBIE and not any(name in " ".join(child.cmdline()) for name in _HELPER_PROCESSES):
+                    found.append(child)
+            except psutil.NoSuchProcess:
+                pass
+        return found
+
+    left = alive()
+    if left:
+        psutil.wait_procs(left, timeout=_GRACE_SECONDS)
+        left = alive()
+    return left
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session if a test left a process behind (a worker that outlived its launcher, say), and end it."""
+    import psutil
+
+    left = _leftover_children()
+    if not left:
+        return
+    lines = []
+    for child in left:
+        try:
+            lines.append(f"  pid {child.pid}: {' '.join(child.cmdline())[:200]}")
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    message = f"{len(left)} process(es) started by the tests were still running at the end (now killed):\n" + "\n".join(lines)
+    if reporter is not None:
+        reporter.write_line("")
+        reporter.write_line(message, red=True)
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

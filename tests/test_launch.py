@@ -63,7 +63,9 @@ def test_two_simulated_machines_form_one_job(env, tmp_path):
     main_out, main_err = outputs[0]
     assert SUCCESS in main_out and "Num processes: 2" in main_out
     assert "hasten launch: 2 process(es) on 2 machines (1 here), MULTI_CPU" in main_err
-    assert "hasten launch:" not in outputs[1][1]  # the summary is printed by machine rank 0 only
+    assert "process(es) on 2 machines" not in outputs[1][1]  # the summary is printed by machine rank 0 only
+    for rank, (_, err) in enumerate(outputs):
+        assert f"hasten launch: machine {rank} waiting for all 2 machines to join at 127.0.0.1:{port} (up to 600 s)" in err
 
 
 @pytest.mark.slow

@@ -18,6 +18,8 @@ Example::
 from __future__ import annotations
 
 import errno
+import functools
+import os
 import pickle
 import socket
 import sys
@@ -208,9 +210,10 @@ def _launch(
         local_addr=local_addr,
         **options,
     )
+    entrypoint = _NamedEntrypoint(functools.partial(_run_tied_to_parent, os.getpid(), function), named_after=function)
     with environment.patch_environment(**env):
         try:
-            elastic_launch(config, entrypoint=_named(function))(*args)
+            elastic_launch(config, entrypoint=entrypoint)(*args)
         except ChildFailedError as exc:
             rank, failure = exc.get_first_failure()
             raise HastenError(
@@ -222,17 +225,22 @@ def _launch(
 class _NamedEntrypoint:
     """A callable with the ``__name__``/``__qualname__`` torch elastic reads, around one without (``functools.partial``)."""
 
-    def __init__(self, function: Callable):
+    def __init__(self, function: Callable, named_after: Callable):
         self.function = function
-        self.__name__ = getattr(getattr(function, "func", None), "__name__", type(function).__name__)
+        name = getattr(named_after, "__name__", None)
+        self.__name__ = name or getattr(getattr(named_after, "func", None), "__name__", type(named_after).__name__)
         self.__qualname__ = self.__name__
 
     def __call__(self, *args, **kwargs):
         return self.function(*args, **kwargs)
 
 
-def _named(function: Callable) -> Callable:
-    return function if hasattr(function, "__name__") else _NamedEntrypoint(function)
+def _run_tied_to_parent(parent_pid: int, function: Callable, *args: Any) -> Any:
+    """Run ``function(*args)`` in a started process that ends when the launching process does (however it ends)."""
+    from .commands.worker_bootstrap import die_with_parent
+
+    die_with_parent(parent_pid)
+    return function(*args)
 
 
 def _failure_detail(failure: Any) -> str:

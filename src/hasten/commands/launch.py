@@ -27,7 +27,7 @@ from .. import environment
 from ..config import Hardware, LoadedConfig, ResolvedSettings, Source, detect_hardware, environment_settings
 from ..config import launch_environment, read_config_file, resolve_settings
 from ..enums import DistributedType
-from ..errors import ConfigError, NotSupportedError, did_you_mean, require
+from ..errors import ConfigError, HastenError, NotSupportedError, did_you_mean, require
 from ..launchers import check_port_free
 from .launch_args import add_launch_arguments, flag_settings
 
@@ -90,7 +90,11 @@ def launch_command(args: argparse.Namespace) -> int:
     from . import runners
 
     environment.check_os_kernel()
-    plan = prepare_launch(args)
+    try:
+        plan = prepare_launch(args)
+    except HastenError as exc:
+        _tell_other_machines(args, exc)
+        raise
     for line in plan.warnings:
         print(f"hasten launch: warning: {line}", file=sys.stderr)
     if not args.quiet and plan.settings.config.machine_rank == 0:
@@ -126,6 +130,33 @@ def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -
             f"{loaded.path} uses older keys ({'; '.join(loaded.notes)}); `hasten config update --config_file {loaded.path}` rewrites it."
         )
     return plan
+
+
+def _tell_other_machines(args: argparse.Namespace, exc: HastenError) -> None:
+    """On a job of several machines, pass this machine's failure to the others so they stop waiting for it."""
+    try:
+        config = resolve_settings(
+            flags=flag_settings(args), loaded=_load_config(args.config_file), env=environment_settings(), hardware=detect_hardware
+        ).config
+        target = (config.num_machines, config.machine_rank, config.main_process_ip, config.main_process_port, config.rdzv_backend)
+    except (HastenError, ValueError):
+        flags = (args.num_machines, args.machine_rank, args.main_process_port)
+        if not all(str(value or 0).isdigit() for value in flags):
+            return
+        machines, rank, port = (int(value or 0) for value in flags)
+        target = (machines, rank, args.main_process_ip, port, args.rdzv_backend or "static")
+    machines, rank, host, port, backend = target
+    if machines < 2 or not host or backend not in ("static", "c10d"):
+        return
+    from .job_agent import REPORT_CONNECT_SECONDS, report_failure_before_join
+
+    print(
+        f"hasten launch: machine {rank}: telling the other machines at {host}:{port or 29500} that this one cannot start "
+        f"(waiting up to {REPORT_CONNECT_SECONDS:.0f} s for them)",
+        file=sys.stderr,
+        flush=True,
+    )
+    report_failure_before_join(backend, host, port or 29500, "none", machines, rank, f"hasten launch: error: {exc}")
 
 
 def _unused_settings(settings: ResolvedSettings) -> list[str]:

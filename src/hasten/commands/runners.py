@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 
 from ..errors import ConfigError
-from . import preempted
+from . import preempted, worker_bootstrap
 from .launch import LaunchPlan, parse_rdzv_conf
 
 _FRAMES = 4
@@ -61,9 +61,17 @@ def _wait(process: subprocess.Popen) -> int:
             signal.signal(sig, handler)
 
 
+def worker_command(plan: LaunchPlan) -> list[str]:
+    """The command of one worker: the script (or module, or program) started through the bootstrap
+    that ties the worker's life to this launcher's."""
+    args = plan.args
+    program = [args.training_script, *args.training_script_args]
+    return worker_bootstrap.command(os.getpid(), program, module=args.module, no_python=args.no_python)
+
+
 def run_single(plan: LaunchPlan) -> int:
     """Run the script once, in a child process with the launch variables."""
-    with subprocess.Popen(plan.command, env={**os.environ, **plan.env}) as process:
+    with subprocess.Popen(worker_command(plan), env={**os.environ, **plan.env}) as process:
         return _wait(process)
 
 
@@ -80,6 +88,8 @@ def _rendezvous(plan: LaunchPlan) -> tuple[str, str, dict, str, str | None]:
     endpoint = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     if config.rdzv_backend == "static":
         conf["rank"] = config.machine_rank
+    elif config.rdzv_backend == "c10d":
+        conf.setdefault("is_host", str(config.machine_rank == 0).lower())  # not "whoever matches the address first"
     return config.rdzv_backend, endpoint, conf, "none", "127.0.0.1" if single else None
 
 
@@ -89,7 +99,9 @@ def run_elastic(plan: LaunchPlan) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.elastic.rendezvous.api import RendezvousError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from . import job_agent
 
     args, config = plan.args, plan.settings.config
     backend, endpoint, rdzv_configs, run_id, local_addr = _rendezvous(plan)
@@ -110,11 +122,16 @@ def run_elastic(plan: LaunchPlan) -> int:
         **preempted.elastic_options({f.name for f in dataclasses.fields(LaunchConfig)}),
     )
     os.environ.update(plan.env)  # the agent hands its own environment to the workers
+    command = worker_command(plan)
     try:
-        elastic_launch(launch_config, entrypoint=plan.command[0])(*plan.command[1:])
+        job_agent.launch(launch_config, command[0], command[1:], config.machine_rank, describe_exit, _join_announcement(plan, endpoint))
+    except job_agent.JobFailure as exc:
+        print(f"hasten launch: machine {config.machine_rank} stopped: {exc.describe()}", file=sys.stderr, flush=True)
+        return exc.exitcode
     except ChildFailedError as exc:
         if preempted.saved_record(plan) is None:  # a worker signalled alone: its group saved and exited with 75
-            print(describe_failures(exc.failures, config.num_processes), file=sys.stderr, flush=True)
+            machine = config.machine_rank if config.num_machines > 1 else None
+            print(describe_failures(exc.failures, config.num_processes, machine), file=sys.stderr, flush=True)
         _explain_deepspeed(plan, exc.failures)
         first = exc.get_first_failure()[1].exitcode
         return first if first > 0 else 1
@@ -132,13 +149,30 @@ def run_elastic(plan: LaunchPlan) -> int:
     return 0
 
 
-def describe_failures(failures: dict, world_size: int) -> str:
+def _join_announcement(plan: LaunchPlan, endpoint: str) -> str | None:
+    config = plan.settings.config
+    if config.num_machines == 1 or plan.args.quiet:
+        return None
+    timeout = parse_rdzv_conf(plan.args.rdzv_conf).get("join_timeout" if config.rdzv_backend != "static" else "timeout", "600")
+    return (
+        f"hasten launch: machine {config.machine_rank} waiting for all {config.num_machines} machines to join at "
+        f"{endpoint} (up to {timeout} s)"
+    )
+
+
+def describe_exit(code: int) -> str:
+    """How a process ended, from its exit code (negative: the signal that killed it)."""
+    return f"exit code {code}" if code >= 0 else f"killed by signal {_signal_name(-code)}"
+
+
+def describe_failures(failures: dict, world_size: int, machine: int | None = None) -> str:
     """A few lines saying which ranks failed and how (their own output is above)."""
-    lines = [f"hasten launch: {len(failures)} of {world_size} process(es) failed (their output is above):"]
+    where = f" on machine {machine}" if machine is not None else ""
+    lines = [f"hasten launch: {len(failures)} of {world_size} process(es) failed{where} (their output is above):"]
     others_failed = any(failure.exitcode > 0 for failure in failures.values())
     for rank, failure in sorted(failures.items()):
         code = failure.exitcode
-        how = f"exit code {code}" if code >= 0 else f"killed by signal {_signal_name(-code)}"
+        how = describe_exit(code)
         if code == -signal.SIGTERM and others_failed:
             how = "stopped by the launcher (SIGTERM) after another process failed"
         lines.append(f"  rank {rank} (local rank {failure.local_rank}, pid {failure.pid}): {how}")
@@ -242,6 +276,6 @@ def _user_frames(stack: str) -> list[list[str]]:
             frames.append([text])
         elif text and frames and not set(text) <= set("^~ "):
             frames[-1].append(text)
-    library = ("/torch/", "/hasten/", "/contextlib.py", "/threading.py")
+    library = ("/torch/", "/hasten/", "/contextlib.py", "/threading.py", "runpy")
     mine = [frame for frame in frames if not any(part in frame[0] for part in library)]
     return (mine or frames)[-_FRAMES:]
