@@ -201,13 +201,18 @@ class JobAgent(LocalElasticAgent):
         _wait_for_count(store, _DONE_SEEN, world)
 
     def _publish(self, result: RunResult) -> None:
-        """Write this machine's failure for the others (the first one written wins) and give them a moment to read it."""
+        """Write this machine's failure for the others (the first one written wins) and give them a moment to read it.
+
+        When another machine's record was written first, this launcher reports that one (``remote_failure``).
+        """
         try:
             store = _raw_store(self._store)
             record = failure_record(self.machine_rank, result.failures, self._describe_exit)
             stored = store.compare_set(_FAILURE, "", json.dumps(record)).decode()
             if json.loads(stored).get("machine") != self.machine_rank:
+                # another machine failed first (often the cause: this machine's workers saw its peers vanish)
                 store.add(_FAILURE_SEEN, 1)
+                self.remote_failure = JobFailure(json.loads(stored))
                 return
             _wait_for_count(store, _FAILURE_SEEN, self._worker_group.group_world_size - 1, add=0)
         except Exception as exc:  # the others will notice the lost store instead
