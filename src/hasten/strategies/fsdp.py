@@ -46,6 +46,8 @@ class FSDPStrategy(Strategy):
         self._mesh = None
         # parameters of models before sharding -> (model, name), to rebind optimizers built on them
         self._origins = WeakIdKeyDictionary()
+        # the sharded parameters of every model this strategy prepared (optimizers may be built on them)
+        self._sharded = WeakIdKeyDictionary()
         self._unsynced: set[int] = set()
 
     # ---------------------------------------------------------------------------------- the mesh
@@ -97,6 +99,8 @@ class FSDPStrategy(Strategy):
         source = self._weights_to_broadcast(inner)
         self._shard(inner)
         self._materialize(inner, source)
+        for parameter in inner.parameters():
+            self._sharded[parameter] = True
         return model
 
     def _weights_to_broadcast(self, model: torch.nn.Module) -> dict | None:
@@ -171,8 +175,9 @@ class FSDPStrategy(Strategy):
         """Point an optimizer built on the unsharded model at the sharded parameters (matched by name).
 
         ``fully_shard`` replaces every parameter with a sharded one; an optimizer that still held the
-        old tensors would update copies the model no longer uses. Parameters that belong to no model
-        sharded by this strategy are a :class:`~hasten.errors.ConfigError`.
+        old tensors would update copies the model no longer uses. Parameters that already are sharded
+        ones (the optimizer was built from a model prepared earlier) are kept as they are. Parameters
+        that belong to no model sharded by this strategy are a :class:`~hasten.errors.ConfigError`.
         """
         live = {id(p) for model in prepared for p in model.parameters()}
         rebound = [[self._sharded_parameter(optimizer, p, g, i, live) for i, p in enumerate(group["params"])] for g, group in enumerate(optimizer.param_groups)]
@@ -181,7 +186,7 @@ class FSDPStrategy(Strategy):
         return optimizer
 
     def _sharded_parameter(self, optimizer, parameter, group_index: int, index: int, live: set[int]):
-        if id(parameter) in live:
+        if id(parameter) in live or parameter in self._sharded:
             return parameter
         origin = self._origins.get(parameter)
         if origin is None:
