@@ -133,7 +133,7 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = rng_types if rng_types is not None else ["generator"]
         self.precision = Precision(self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler)
-        self._strategy = select_strategy(self.state, self.precision, ddp_kwargs=self.ddp_handler, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins, fsdp_plugin=fsdp_plugin)
+        self._strategy = select_strategy(self.state, self.precision, ddp_kwargs=self.ddp_handler, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config)
         self.state.distributed_type = self._strategy.distributed_type
         self.step = 0
         self._models: list = []
@@ -367,11 +367,12 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
         if isinstance(data_loader, DataLoaderStateMixin):
             return data_loader
         config = self.dataloader_config
+        dp_size, dp_rank = self._strategy.data_parallel_world
         prepared = prepare_data_loader(
             data_loader,
             self.device,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
+            num_processes=dp_size,
+            process_index=dp_rank,
             split_batches=config.split_batches,
             put_on_device=self.device_placement if device_placement is None else device_placement,
             rng_types=list(self.rng_types),

@@ -35,6 +35,11 @@ class Strategy(ABC):
         """The device of this process."""
         return self.state.device
 
+    @property
+    def data_parallel_world(self) -> tuple[int, int]:
+        """(number of data-parallel ranks, this process's rank among them): how dataloaders are sharded."""
+        return self.state.num_processes, self.state.process_index
+
     # ---------------------------------------------------------------------------------- preparing
 
     def prepare(self, models: list, optimizers: list, schedulers: list, device_placement: list[bool], dataloaders: list) -> tuple[list, list, list]:

@@ -28,17 +28,36 @@ def _on_meta(module: torch.nn.Module) -> bool:
     return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
 
 
+def _is_distributed(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s parameters already are DTensors (it was prepared: sharded or split over ``tp``)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def _prepared_root(model) -> torch.nn.Module | None:
+    """The prepared module of ``model`` (FSDP-sharded, or split over ``tp`` only), or None."""
+    inner = model._orig_mod if is_compiled_module(model) else model
+    return sharded_root(model) or (inner if _is_distributed(inner) else None)
+
+
 class FSDPStrategy(Strategy):
     """Shards models with FSDP2 as a :class:`~hasten.plugins.fsdp.FullyShardedDataParallelPlugin` says.
 
+    With a :class:`~hasten.parallelism.ParallelismConfig` the mesh is the config's (``dp_replicate``,
+    ``dp_shard``, ``tp``): models are first split over ``tp`` as their tensor-parallel plan says, then
+    sharded over the data-parallel ranks (not at all when there is one data-parallel rank).
+
     Args:
         fsdp_plugin: the settings (wrapping, resharding, offload, precision policy, state dict type, ...).
+        parallelism_config: the N-D layout (None: the plugin's sharding strategy decides the mesh).
     """
 
     distributed_type = DistributedType.FSDP
 
-    def __init__(self, state, precision, fsdp_plugin: FullyShardedDataParallelPlugin):
+    def __init__(self, state, precision, fsdp_plugin: FullyShardedDataParallelPlugin, parallelism_config=None):
         super().__init__(state, precision)
+        self.parallelism_config = parallelism_config
         if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
             raise ConfigError(f"fsdp_plugin must be a hasten FullyShardedDataParallelPlugin, got {type(fsdp_plugin).__name__}.")
         self.plugin = fsdp_plugin
@@ -61,11 +80,29 @@ class FSDPStrategy(Strategy):
             self._mesh = self._build_mesh()
         return self._mesh
 
+    @property
+    def _shard_mesh(self):
+        """The mesh ``fully_shard`` shards over: the data-parallel dimensions (None with one data-parallel rank)."""
+        mesh = self.device_mesh
+        if self.parallelism_config is None:
+            return mesh
+        return mesh["dp_replicate", "dp_shard"] if mesh["dp"].size() > 1 else None
+
+    @property
+    def data_parallel_world(self) -> tuple[int, int]:
+        """(data-parallel size, this process's data-parallel rank): tensor-parallel peers read the same batches."""
+        if self.parallelism_config is None:
+            return super().data_parallel_world
+        dp = self.device_mesh["dp"]
+        return dp.size(), dp.get_local_rank()
+
     def _build_mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
 
         self.state.partial_state.ensure_process_group()
         world = self.state.num_processes
+        if self.parallelism_config is not None:
+            return self.parallelism_config.build_device_mesh(self.device.type, world)
         strategy = self.plugin.sharding_strategy
         device_type = self.device.type
         if strategy == "NO_SHARD":
@@ -87,7 +124,7 @@ class FSDPStrategy(Strategy):
         process 0's weights when ``sync_module_states``/``cpu_ram_efficient_loading`` is set.
         """
         inner = model._orig_mod if is_compiled_module(model) else model
-        if sharded_root(model) is not None:
+        if sharded_root(model) is not None or _is_distributed(inner):
             return model
         if device_placement and not _on_meta(inner):
             inner.to(self.device)
@@ -97,7 +134,12 @@ class FSDPStrategy(Strategy):
         for name, parameter in inner.named_parameters():
             self._origins[parameter] = (inner, name)
         source = self._weights_to_broadcast(inner)
-        self._shard(inner)
+        if self.parallelism_config is not None and self.parallelism_config.tp_enabled:
+            from .tensor_parallel import apply_tensor_parallel
+
+            apply_tensor_parallel(inner, self.device_mesh["tp"])
+        if self._shard_mesh is not None:
+            self._shard(inner)
         self._materialize(inner, source)
         for parameter in inner.parameters():
             self._sharded[parameter] = True
@@ -132,7 +174,7 @@ class FSDPStrategy(Strategy):
             for target in targets:
                 checkpoint(target)
         options = {
-            "mesh": self.device_mesh,
+            "mesh": self._shard_mesh,
             "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
             "offload_policy": self._offload_policy(),
             "ignored_params": plugin.ignored_parameters(model) or None,
@@ -243,15 +285,17 @@ class FSDPStrategy(Strategy):
         parameters = [p for p in parameters if p.grad is not None]
         sharded = [p for p in parameters if isinstance(p.grad, DTensor)]
         local = [p for p in parameters if not isinstance(p.grad, DTensor)]
-        norms = [torch.nn.utils.get_total_norm([p.grad for p in sharded], norm_type).full_tensor()] if sharded else []
-        norms += [torch.nn.utils.get_total_norm([p.grad for p in local], norm_type)] if local else []
+        layouts: dict = {}
+        for p in sharded:
+            layouts.setdefault((id(p.grad.device_mesh), tuple(p.grad.placements)), []).append(p)
+        groups = [*layouts.values(), local] if local else list(layouts.values())
+        norms = [torch.nn.utils.get_total_norm([p.grad for p in group], norm_type) for group in groups]
         if not norms:
             return torch.zeros((), device=self.device)
-        norms = torch.stack([n.to(norms[0].device) for n in norms])
+        norms = torch.stack([(n.full_tensor() if isinstance(n, DTensor) else n).to(self.device) for n in norms])
         total = norms.max() if float(norm_type) == float("inf") else norms.pow(norm_type).sum().pow(1.0 / norm_type)
-        for group in (sharded, local):
-            if group:
-                torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+        for group in groups:
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
 
     # ---------------------------------------------------------------------------------- state
@@ -267,7 +311,7 @@ class FSDPStrategy(Strategy):
         Keys are the model's own parameter names (FSDP2 adds no prefix, and compile's ``_orig_mod.`` is
         never included).
         """
-        root = sharded_root(model)
+        root = _prepared_root(model)
         if root is None:
             return super().get_state_dict(model, unwrap=unwrap)
         return fsdp_checkpoint.full_model_state(root)

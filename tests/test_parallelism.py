@@ -1,0 +1,94 @@
+"""N-D parallelism: ParallelismConfig sizes and errors, tensor-parallel plans (resolution and errors), and real
+processes training FSDP x TP, TP alone and HSDP against one-process references (tests/scripts/parallelism_*.py)."""
+
+import re
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from hasten import ParallelismConfig
+from hasten.environment import patch_environment
+from hasten.errors import ConfigError, NotSupportedError
+from hasten.strategies.tensor_parallel import resolve_plan, tp_plan
+
+from helpers import SCRIPTS, hasten_launch, torchrun
+
+sys.path.insert(0, str(SCRIPTS))
+
+
+def test_sizes_fill_the_shard_dimension_and_must_multiply_to_the_world():
+    assert ParallelismConfig(tp_size=2).sizes(4) == {"dp_replicate": 1, "dp_shard": 2, "tp": 2}
+    assert ParallelismConfig(dp_replicate_size=2, dp_shard_size=2).sizes(4) == {"dp_replicate": 2, "dp_shard": 2, "tp": 1}
+    with pytest.raises(ConfigError, match="lays out 6 processes, but 4 run"):
+        ParallelismConfig(dp_shard_size=3, tp_size=2).sizes(4)
+    with pytest.raises(ConfigError, match="at least 1"):
+        ParallelismConfig(tp_size=0)
+    with pytest.raises(NotSupportedError, match="context and sequence parallelism are not supported"):
+        ParallelismConfig(cp_size=2)
+
+
+def test_launch_settings_fill_unset_sizes():
+    assert ParallelismConfig.from_launch_settings() is None
+    with patch_environment(HASTEN_PARALLELISM_CONFIG_TP_SIZE="2", HASTEN_PARALLELISM_CONFIG_DP_SHARD_SIZE="2"):
+        config = ParallelismConfig.from_launch_settings()
+        assert (config.dp_replicate_size, config.dp_shard_size, config.tp_size) == (1, 2, 2)
+        assert ParallelismConfig(tp_size=1).tp_size == 1, "an argument wins over the launch settings"
+
+
+class MLP(nn.Module):
+    _tp_plan = {"up": "colwise", "down": "rowwise"}
+
+    def __init__(self, hidden=8):
+        super().__init__()
+        self.up = nn.Linear(4, hidden)
+        self.down = nn.Linear(hidden, 4)
+
+
+def test_plans_resolve_patterns_and_refuse_what_does_not_fit():
+    assert resolve_plan(MLP(), MLP._tp_plan, 2) == {"up": "colwise", "down": "rowwise"}
+    layers = nn.Module()
+    layers.layers = nn.ModuleList(MLP() for _ in range(2))
+    assert resolve_plan(layers, {"layers.*.up": "colwise"}, 2) == {"layers.0.up": "colwise", "layers.1.up": "colwise"}
+    with pytest.raises(ConfigError, match=r"'layers\.\*\.gate' -> 'colwise' names no module of Module"):
+        resolve_plan(layers, {"layers.*.gate": "colwise"}, 2)
+    with pytest.raises(ConfigError, match=r"tp_size=3 does not divide dimension 0 \(size 8\) of up.weight.*'up' -> 'colwise'"):
+        resolve_plan(MLP(), MLP._tp_plan, 3)
+    with pytest.raises(ConfigError, match="style 'packed_moe'"):
+        resolve_plan(MLP(), {"up": "packed_moe"}, 2)
+
+
+def test_transformers_models_carry_their_plan():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+    plan = tp_plan(transformers.LlamaForCausalLM(config))
+    assert plan["model.layers.*.self_attn.q_proj"] == "colwise" and plan["model.layers.*.mlp.down_proj"] == "rowwise"
+    assert plan["lm_head"] == "colwise_gather_output"
+
+
+def _results(out: str, layout: str, nproc: int) -> dict[str, str]:
+    assert all(f"rank {rank}: parallelism {layout} checks passed" in out for rank in range(nproc)), out
+    return dict(re.findall(rf"RESULT {layout} (\w+): (.*?parameter bytes \(\d\.\d+\))", out))
+
+
+@pytest.mark.slow
+def test_tensor_parallel_alone_trains_like_one_process():
+    results = _results(torchrun(SCRIPTS / "parallelism_training.py", "tp", nproc=2, timeout=400).stdout, "tp", 2)
+    assert results.keys() == {"mlp", "llama"}
+    assert "'tp': 2" in results["llama"]
+
+
+@pytest.mark.slow
+def test_launch_flags_lay_out_fsdp_x_tp_which_trains_like_one_process_on_a_quarter_of_the_bytes():
+    flags = ("--cpu", "--num_processes", "4", "--parallelism_config_dp_shard_size", "2", "--parallelism_config_tp_size", "2")
+    results = _results(hasten_launch(SCRIPTS / "parallelism_training.py", "launch", launch_args=flags, timeout=500).stdout, "launch", 4)
+    assert "{'dp_replicate': 1, 'dp_shard': 2, 'tp': 2}" in results["llama"]
+    ratio = float(results["llama"].rsplit("(", 1)[1].rstrip(")"))
+    assert 0.25 <= ratio < 0.26, f"only the norm weights stay whole on the tensor-parallel ranks: {results['llama']}"
+
+
+@pytest.mark.slow
+def test_hsdp_trains_like_one_process():
+    results = _results(torchrun(SCRIPTS / "parallelism_training.py", "hsdp", nproc=4, timeout=500).stdout, "hsdp", 4)
+    assert "{'dp_replicate': 2, 'dp_shard': 2, 'tp': 1}" in results["mlp"]
