@@ -92,3 +92,11 @@ def test_launch_flags_lay_out_fsdp_x_tp_which_trains_like_one_process_on_a_quart
 def test_hsdp_trains_like_one_process():
     results = _results(torchrun(SCRIPTS / "parallelism_training.py", "hsdp", nproc=4, timeout=500).stdout, "hsdp", 4)
     assert "{'dp_replicate': 2, 'dp_shard': 2, 'tp': 1}" in results["mlp"]
+
+
+@pytest.mark.slow
+def test_fsdp_x_tp_checkpoints_resume_in_a_new_process_group_and_merge(tmp_path):
+    for mode in ("save", "resume"):
+        out = torchrun(SCRIPTS / "parallelism_resume.py", mode, str(tmp_path), nproc=4, timeout=500).stdout
+        assert all(f"rank {rank}: parallelism {mode} checks passed" in out for rank in range(4)), out
+    assert (tmp_path / "checkpoint" / "pytorch_model_fsdp_0").is_dir() and (tmp_path / "merged" / "model.safetensors").is_file()

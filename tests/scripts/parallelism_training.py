@@ -104,7 +104,6 @@ def check(layout, name, case):
     losses, norms = train(acc, model, opt, loader, loss_fn, STEPS)
     state = acc.get_state_dict(model)
     mine = local_bytes(model)
-    ratio = mine / full
     ref_losses, ref_norms, ref_state = reference(make, data, loss_fn, dp)
     worst_loss = max(abs(a - b) for a, b in zip(losses, ref_losses))
     worst_norm = max(abs(a - b) / max(1.0, b) for a, b in zip(norms, ref_norms))
@@ -114,11 +113,12 @@ def check(layout, name, case):
         worst_param = max((state[k] - ref_state[k]).abs().max().item() for k in ref_state)
         assert worst_param < 1e-5, f"{name}: parameters differ from the reference by {worst_param:.2g}"
         print(f"RESULT {layout} {name}: mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}, max loss diff {worst_loss:.2g}, "
-              f"max norm diff {worst_norm:.2g}, max parameter diff {worst_param:.2g}, rank 0 holds {mine}/{full} parameter bytes ({ratio:.4f})")
+              f"max norm diff {worst_norm:.2g}, max parameter diff {worst_param:.2g}, rank 0 holds {mine}/{full} parameter bytes ({mine / full:.4f})")
     reset_state()
-    return ratio
 
 
-layout = sys.argv[1]
-ratios = [check(layout, name, case) for name, case in (("mlp", mlp_case), ("llama", llama_case))]
-print(f"rank {dist.get_rank()}: parallelism {layout} checks passed")
+if __name__ == "__main__":
+    layout = sys.argv[1]
+    for name, case in (("mlp", mlp_case), ("llama", llama_case)):
+        check(layout, name, case)
+    print(f"rank {dist.get_rank()}: parallelism {layout} checks passed")
