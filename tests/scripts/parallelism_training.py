@@ -113,12 +113,43 @@ def check(layout, name, case):
         worst_param = max((state[k] - ref_state[k]).abs().max().item() for k in ref_state)
         assert worst_param < 1e-5, f"{name}: parameters differ from the reference by {worst_param:.2g}"
         print(f"RESULT {layout} {name}: mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}, max loss diff {worst_loss:.2g}, "
-              f"max norm diff {worst_norm:.2g}, max parameter diff {worst_param:.2g}, rank 0 holds {mine}/{full} parameter bytes ({mine / full:.4f})")
+              f"max norm diff {worst_norm:.2g}, max parameter diff {worst_param:.2g}, rank 0 holds {mine}/{full} parameter bytes ({mine / full:.4f}) |")
     reset_state()
+
+
+def check_prepare_orders(layout):
+    """Optimizer and model in one call, the optimizer built from the prepared model, or built before: identical losses."""
+    make, data, loss_fn = mlp_case()
+    config = ParallelismConfig(**LAYOUTS[layout]) if layout in LAYOUTS else None
+
+    def one_call(acc):
+        raw = make()
+        return acc.prepare(raw, torch.optim.AdamW(raw.parameters(), lr=1e-2))
+
+    def from_prepared(acc):
+        model = acc.prepare(make())
+        return model, acc.prepare(torch.optim.AdamW(model.parameters(), lr=1e-2))
+
+    def built_before(acc):
+        raw = make()
+        opt = torch.optim.AdamW(raw.parameters(), lr=1e-2)
+        model = acc.prepare(raw)
+        return model, acc.prepare(opt)
+
+    runs = []
+    for order in (one_call, from_prepared, built_before):
+        acc = Accelerator(parallelism_config=config)
+        model, opt = order(acc)
+        runs.append(train(acc, model, opt, acc.prepare(DataLoader(data, batch_size=LOCAL_BATCH)), loss_fn, STEPS)[0])
+        reset_state()
+    assert runs[0] == runs[1] == runs[2], f"the prepare orders train differently under {layout}: {runs}"
+    if dist.get_rank() == 0:
+        print(f"RESULT {layout} orders: three prepare orders, identical losses over {STEPS} steps ({runs[0][0]:.4f} -> {runs[0][-1]:.4f}) |")
 
 
 if __name__ == "__main__":
     layout = sys.argv[1]
+    check_prepare_orders(layout)
     for name, case in (("mlp", mlp_case), ("llama", llama_case)):
         check(layout, name, case)
     print(f"rank {dist.get_rank()}: parallelism {layout} checks passed")
