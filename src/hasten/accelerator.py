@@ -24,7 +24,7 @@ import torch
 from . import environment, operations
 from .accelerator_compat import AcceleratorCompatibility, refuse_unsupported_plugins
 from .compilation import compile_model
-from .data_loader import DataLoaderStateMixin, gather_for_metrics, prepare_data_loader, skip_first_batches
+from .data_loader import DataLoaderStateMixin, prepare_data_loader, skip_first_batches
 from .enums import DistributedType, RNGType
 from .errors import ConfigError
 from .memory import release_memory
@@ -509,7 +509,7 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
 
     def gather_for_metrics(self, input_data, use_gather_object: bool = False):
         """Gather evaluation outputs from all processes, dropping the samples padded in at the end of the data."""
-        return gather_for_metrics(input_data, use_gather_object=use_gather_object)
+        return self._strategy.gather_for_metrics(input_data, use_gather_object=use_gather_object)
 
     def reduce(self, tensor, reduction: str = "sum", scale: float = 1.0):
         """All-reduce (nested) tensors: ``"sum"`` (default here), ``"mean"``, ``"max"``, ``"min"``."""

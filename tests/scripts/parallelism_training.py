@@ -71,7 +71,7 @@ def reference(make, data, loss_fn, dp):
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    return losses, norms, model.state_dict()
+    return losses, norms, model
 
 
 def train(acc, model, opt, loader, loss_fn, steps):
@@ -86,6 +86,16 @@ def train(acc, model, opt, loader, loss_fn, steps):
         opt.zero_grad()
         losses.append(acc.reduce(loss.detach(), "mean").item())
     return losses, norms
+
+
+def check_gather_for_metrics(acc, model, ref_model, inputs):
+    """13 evaluation samples over the data-parallel ranks (the last round padded): exactly the 13 predictions come back."""
+    evaluation = acc.prepare(DataLoader(TensorDataset(inputs), batch_size=LOCAL_BATCH))
+    with torch.no_grad():
+        predictions = torch.cat([acc.gather_for_metrics(model(x)) for (x,) in evaluation])
+        expected = ref_model(inputs)
+    assert predictions.shape == expected.shape, f"gather_for_metrics returns each sample once: {tuple(predictions.shape)} vs {tuple(expected.shape)}"
+    assert torch.allclose(predictions, expected, atol=1e-5), f"per-sample differences {(predictions - expected).abs().amax(1)}"
 
 
 def check(layout, name, case):
@@ -104,7 +114,10 @@ def check(layout, name, case):
     losses, norms = train(acc, model, opt, loader, loss_fn, STEPS)
     state = acc.get_state_dict(model)
     mine = local_bytes(model)
-    ref_losses, ref_norms, ref_state = reference(make, data, loss_fn, dp)
+    ref_losses, ref_norms, ref_model = reference(make, data, loss_fn, dp)
+    ref_state = ref_model.state_dict()
+    if name == "mlp":
+        check_gather_for_metrics(acc, model, ref_model, data.tensors[0][:13])
     worst_loss = max(abs(a - b) for a, b in zip(losses, ref_losses))
     worst_norm = max(abs(a - b) / max(1.0, b) for a, b in zip(norms, ref_norms))
     assert worst_loss < 1e-5 and worst_norm < 1e-5, f"{name}: losses/norms differ from the reference by {worst_loss:.2g}/{worst_norm:.2g}\n{losses}\n{ref_losses}\n{norms}\n{ref_norms}"

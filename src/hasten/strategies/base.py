@@ -108,6 +108,12 @@ class Strategy(ABC):
         """Whether the engine skipped the last optimizer step (fp16 overflow)."""
         return False
 
+    def gather_for_metrics(self, input_data, use_gather_object: bool = False):
+        """Gather evaluation outputs from the data-parallel ranks, without the samples padded in at the end."""
+        from ..data_loader import gather_for_metrics
+
+        return gather_for_metrics(input_data, use_gather_object=use_gather_object)
+
     # ---------------------------------------------------------------------------------- unwrapping
 
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:

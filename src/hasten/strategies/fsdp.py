@@ -96,6 +96,14 @@ class FSDPStrategy(Strategy):
         dp = self.device_mesh["dp"]
         return dp.size(), dp.get_local_rank()
 
+    def gather_for_metrics(self, input_data, use_gather_object: bool = False):
+        """As the base strategy; with tensor parallelism, one copy of each sample (tensor-parallel peers share batches)."""
+        if self.parallelism_config is None or not self.parallelism_config.tp_enabled:
+            return super().gather_for_metrics(input_data, use_gather_object)
+        from .tensor_parallel import gather_for_metrics_over_dp
+
+        return gather_for_metrics_over_dp(input_data, self.parallelism_config.tp_size, use_gather_object)
+
     def _build_mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
 

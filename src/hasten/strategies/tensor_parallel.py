@@ -111,3 +111,31 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh) -> int:
     split = {name: _style(style) for name, style in resolved.items() if style not in _REPLICATED or style == "sequence_parallel"}
     parallelize_module(model, tp_mesh, split)
     return len(split)
+
+
+def gather_for_metrics_over_dp(data, tp_size: int, use_gather_object: bool = False):
+    """``gather_for_metrics`` when tensor-parallel peers hold the same samples: one copy from each data-parallel rank.
+
+    Ranks are laid out with ``tp`` innermost, so every ``tp_size``-th rank's data, in rank order, is the
+    data-parallel gather; the samples padded into the loader's last round are dropped as usual.
+    """
+    from ..data_loader.metrics import _is_tensor_structure
+    from ..operations import concatenate, gather_object, recursively_apply
+    from ..state import GradientState
+
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    loader = GradientState().active_dataloader
+    final = loader.final_round if loader is not None and loader.end_of_dataloader else None
+    if _is_tensor_structure(data):
+        # outputs of tensor-parallel layers may still wait on their collective: pickling would read them early
+        data = recursively_apply(lambda t: t.wait() if isinstance(t, AsyncCollectiveTensor) else t, data)
+    copies = gather_object([data])[::tp_size]
+    if use_gather_object or not _is_tensor_structure(data):
+        gathered = [item for copy in copies for item in (copy if isinstance(copy, (list, tuple)) else [copy])]
+    else:
+        gathered = concatenate([recursively_apply(lambda t: t[None] if t.ndim == 0 else t, copy) for copy in copies])
+    if final is not None and final.padded:
+        real = final.real
+        gathered = gathered[:real] if isinstance(gathered, list) else recursively_apply(lambda t: t[:real], gathered)
+    return gathered
