@@ -2,10 +2,8 @@
 processes training FSDP x TP, TP alone and HSDP against one-process references (tests/scripts/parallelism_*.py)."""
 
 import re
-import sys
 
 import pytest
-import torch
 from torch import nn
 
 from hasten import ParallelismConfig
@@ -14,8 +12,6 @@ from hasten.errors import ConfigError, NotSupportedError
 from hasten.strategies.tensor_parallel import resolve_plan, tp_plan
 
 from helpers import SCRIPTS, hasten_launch, torchrun
-
-sys.path.insert(0, str(SCRIPTS))
 
 
 def test_sizes_fill_the_shard_dimension_and_must_multiply_to_the_world():
@@ -101,3 +97,17 @@ def test_fsdp_x_tp_checkpoints_resume_in_a_new_process_group_and_merge(tmp_path)
         out = torchrun(SCRIPTS / "parallelism_resume.py", mode, str(tmp_path), nproc=4, timeout=500).stdout
         assert all(f"rank {rank}: parallelism {mode} checks passed" in out for rank in range(4)), out
     assert (tmp_path / "checkpoint" / "pytorch_model_fsdp_0").is_dir() and (tmp_path / "merged" / "model.safetensors").is_file()
+
+
+def test_the_config_file_section_reaches_the_processes(tmp_path):
+    from hasten import config as cfg
+
+    path = tmp_path / "nd.yaml"
+    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nuse_cpu: true\nnum_processes: 4\n"
+                    "parallelism_config:\n  parallelism_config_dp_shard_size: 2\n  parallelism_config_tp_size: 2\n")
+    settings = cfg.resolve_settings(flags={}, loaded=cfg.read_config_file(path), env={}, hardware=lambda: cfg.Hardware("cpu", 0))
+    env = cfg.launch_environment(settings)
+    assert (env["HASTEN_PARALLELISM_CONFIG_DP_SHARD_SIZE"], env["HASTEN_PARALLELISM_CONFIG_TP_SIZE"]) == ("2", "2")
+    with patch_environment(**{k: v for k, v in env.items() if k.startswith("HASTEN_PARALLELISM_CONFIG_")}):
+        config = ParallelismConfig.from_launch_settings()
+    assert config.sizes(4) == {"dp_replicate": 1, "dp_shard": 2, "tp": 2}
