@@ -31,6 +31,8 @@ def test_launch_settings_fill_unset_sizes():
         config = ParallelismConfig.from_launch_settings()
         assert (config.dp_replicate_size, config.dp_shard_size, config.tp_size) == (1, 2, 2)
         assert ParallelismConfig(tp_size=1).tp_size == 1, "an argument wins over the launch settings"
+    with patch_environment(PARALLELISM_CONFIG_TP_SIZE="2"):
+        assert ParallelismConfig.from_launch_settings().tp_size == 2, "Accelerate's unprefixed variables are read too"
 
 
 class MLP(nn.Module):

@@ -90,7 +90,7 @@ SETTINGS: dict[str, str] = {
 }
 
 # Settings that Accelerate reads without a prefix, accepted as a last fallback.
-_BARE_ALIASES = {name: name for name in SETTINGS if name.startswith("FSDP_")}
+_BARE_ALIASES = {name: name for name in SETTINGS if name.startswith(("FSDP_", "PARALLELISM_CONFIG_"))}
 
 _TRUE = {"1", "true", "yes", "y", "on"}
 _FALSE = {"0", "false", "no", "n", "off", ""}
