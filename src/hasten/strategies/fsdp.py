@@ -35,6 +35,19 @@ def _is_distributed(module: torch.nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in module.parameters())
 
 
+def _copies(grad, world: int) -> int:
+    """How many processes hold each element of a DTensor's local piece: its replicated mesh dimensions, and
+    every process outside its mesh (a parameter sharded over ``dp`` only is whole on each ``tp`` peer)."""
+    mesh = grad.device_mesh
+    count = world // mesh.size()
+    for dim, placement in enumerate(grad.placements):
+        if placement.is_replicate():
+            count *= mesh.size(dim)
+        elif placement.is_partial():
+            raise NotImplementedError("clip_grad_norm_ got a partial (not yet reduced) gradient")
+    return count
+
+
 def _prepared_root(model) -> torch.nn.Module | None:
     """The prepared module of ``model`` (FSDP-sharded, or split over ``tp`` only), or None."""
     inner = model._orig_mod if is_compiled_module(model) else model
@@ -284,25 +297,38 @@ class FSDPStrategy(Strategy):
             root.set_requires_gradient_sync(id(root) not in self._unsynced)
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip to a global norm over the sharded (``DTensor``) gradients of all processes; return the norm before clipping.
+        """Clip to a global norm over the gradients of all processes; return the norm before clipping.
 
-        The norm equals DDP's on the same gradients (up to float rounding), and is a plain tensor.
+        Gradients may be sharded over ``dp_shard``, split over ``tp``, or whole (the same on every
+        process): each process adds the ``norm_type``-th powers of its local pieces, counting a piece
+        that ``k`` processes hold ``1/k`` times, and one all-reduce gives the total. The norm equals
+        DDP's on the same gradients (up to float rounding), and is a plain tensor.
         """
         from torch.distributed.tensor import DTensor
 
         parameters = [p for p in parameters if p.grad is not None]
-        sharded = [p for p in parameters if isinstance(p.grad, DTensor)]
-        local = [p for p in parameters if not isinstance(p.grad, DTensor)]
-        layouts: dict = {}
-        for p in sharded:
-            layouts.setdefault((id(p.grad.device_mesh), tuple(p.grad.placements)), []).append(p)
-        groups = [*layouts.values(), local] if local else list(layouts.values())
-        norms = [torch.nn.utils.get_total_norm([p.grad for p in group], norm_type) for group in groups]
-        if not norms:
+        if not parameters:
             return torch.zeros((), device=self.device)
-        norms = torch.stack([(n.full_tensor() if isinstance(n, DTensor) else n).to(self.device) for n in norms])
-        total = norms.max() if float(norm_type) == float("inf") else norms.pow(norm_type).sum().pow(1.0 / norm_type)
-        for group in groups:
+        infinite = float(norm_type) == float("inf")
+        distributed = any(isinstance(p.grad, DTensor) for p in parameters)
+        world = self.state.num_processes if distributed else 1
+        pieces, layouts = {}, {}
+        for p in parameters:
+            grad = p.grad
+            local, copies = (grad.to_local(), _copies(grad, self.state.num_processes)) if isinstance(grad, DTensor) else (grad, world)
+            pieces.setdefault(copies, []).append(local)
+            key = (id(grad.device_mesh), tuple(grad.placements)) if isinstance(grad, DTensor) else None
+            layouts.setdefault(key, []).append(p)
+        parts = []
+        for copies, tensors in pieces.items():
+            norm = torch.nn.utils.get_total_norm(tensors, norm_type).to(self.device, torch.float32)
+            parts.append(norm if infinite else norm.pow(norm_type) / copies)
+        total = torch.stack(parts).max() if infinite else torch.stack(parts).sum()
+        if distributed:
+            dist.all_reduce(total, op=dist.ReduceOp.MAX if infinite else dist.ReduceOp.SUM)
+        if not infinite:
+            total = total.pow(1.0 / norm_type)
+        for group in layouts.values():
             torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
 
