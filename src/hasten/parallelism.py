@@ -81,10 +81,16 @@ class ParallelismConfig:
             )
         return sizes
 
-    def build_device_mesh(self, device_type: str, world_size: int):
-        """The ``DeviceMesh`` of this layout, with the dimensions ``dp_replicate``, ``dp_shard``, ``tp`` and the flattened ``dp``."""
+    def build_device_mesh(self, device_type: str, world_size: int | None = None):
+        """The ``DeviceMesh`` of this layout, with the dimensions ``dp_replicate``, ``dp_shard``, ``tp`` and the flattened ``dp``.
+
+        ``world_size`` defaults to the size of the initialised process group.
+        """
+        import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
+        if world_size is None:
+            world_size = dist.get_world_size() if dist.is_initialized() else 1
         sizes = self.sizes(world_size)
         mesh = init_device_mesh(device_type, tuple(sizes[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
         mesh["dp_replicate", "dp_shard"]._flatten("dp")
