@@ -66,8 +66,12 @@ class AcceleratorCompatibility:
         return getattr(self._strategy, "device_mesh", None)
 
     def _mesh_rank(self, name: str, default: int) -> int:
+        from .parallelism import data_parallel_mesh
+
         mesh = self.torch_device_mesh if self.state.parallelism_config is not None else None
-        return default if mesh is None else mesh[name].get_local_rank()
+        if mesh is None:
+            return default
+        return (data_parallel_mesh(mesh) if name == "dp" else mesh[name]).get_local_rank()
 
     @property
     def data_parallel_rank(self) -> int:

@@ -17,6 +17,15 @@ from .errors import ConfigError, NotSupportedError
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
 
 
+def data_parallel_mesh(mesh):
+    """The flattened ``dp`` (``dp_replicate`` x ``dp_shard``) sub-mesh of a mesh built by :meth:`ParallelismConfig.build_device_mesh`.
+
+    Flattening again returns the same mesh; reading it this way avoids torch's deprecation of
+    slicing a flattened dimension from the root mesh (``mesh["dp"]``).
+    """
+    return mesh["dp_replicate", "dp_shard"]._flatten("dp")
+
+
 @dataclass
 class ParallelismConfig:
     """Accelerate's N-D parallelism layout: data replicate / data shard / tensor / context / sequence sizes.
@@ -93,7 +102,7 @@ class ParallelismConfig:
             world_size = dist.get_world_size() if dist.is_initialized() else 1
         sizes = self.sizes(world_size)
         mesh = init_device_mesh(device_type, tuple(sizes[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
-        mesh["dp_replicate", "dp_shard"]._flatten("dp")
+        data_parallel_mesh(mesh)
         return mesh
 
     @property

@@ -17,6 +17,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..enums import DistributedType
 from ..errors import CheckpointError, ConfigError
+from ..parallelism import data_parallel_mesh
 from ..plugins.fsdp import FullyShardedDataParallelPlugin
 from ..wrappers import is_compiled_module
 from . import fsdp_checkpoint
@@ -99,14 +100,14 @@ class FSDPStrategy(Strategy):
         mesh = self.device_mesh
         if self.parallelism_config is None:
             return mesh
-        return mesh["dp_replicate", "dp_shard"] if mesh["dp"].size() > 1 else None
+        return mesh["dp_replicate", "dp_shard"] if data_parallel_mesh(mesh).size() > 1 else None
 
     @property
     def data_parallel_world(self) -> tuple[int, int]:
         """(data-parallel size, this process's data-parallel rank): tensor-parallel peers read the same batches."""
         if self.parallelism_config is None:
             return super().data_parallel_world
-        dp = self.device_mesh["dp"]
+        dp = data_parallel_mesh(self.device_mesh)
         return dp.size(), dp.get_local_rank()
 
     def gather_for_metrics(self, input_data, use_gather_object: bool = False):
