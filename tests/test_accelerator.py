@@ -226,10 +226,9 @@ def test_no_warnings_in_a_clean_loop():
 
 
 def test_compatibility_members_of_a_data_parallel_job():
-    from hasten import ParallelismConfig
     from hasten.errors import NotSupportedError
 
-    acc = Accelerator(parallelism_config=ParallelismConfig(dp_shard_size=1))
+    acc = Accelerator()
     assert acc.should_save_model and acc.deepspeed_plugin is None and acc.fp8_backend == "NO"
     assert (acc.data_parallel_rank, acc.tensor_parallel_rank, acc.pipeline_parallel_rank, acc.context_parallel_rank) == (0, 0, 0, 0)
     assert not acc.is_composable_parallelism_enabled and acc.torch_device_mesh is None

@@ -38,7 +38,8 @@ FROZEN_LAUNCH_FLAGS = """
 --offload_optimizer_device --offload_param_device --offload_optimizer_nvme_path --offload_param_nvme_path
 --gradient_accumulation_steps --gradient_clipping --zero3_init_flag --zero3_save_16bit_model --deepspeed_hostfile
 --deepspeed_exclusion_filter --deepspeed_inclusion_filter --deepspeed_multinode_launcher
---deepspeed_moe_layer_cls_names --fsdp_version --fsdp_offload_params --fsdp_min_num_params --fsdp_sharding_strategy
+--deepspeed_moe_layer_cls_names --parallelism_config_dp_replicate_size --parallelism_config_dp_shard_size
+--parallelism_config_tp_size --parallelism_config_cp_size --parallelism_config_sp_size --fsdp_version --fsdp_offload_params --fsdp_min_num_params --fsdp_sharding_strategy
 --fsdp_reshard_after_forward --fsdp_auto_wrap_policy --fsdp_transformer_layer_cls_to_wrap --fsdp_backward_prefetch
 --fsdp_state_dict_type --fsdp_forward_prefetch --fsdp_use_orig_params --fsdp_cpu_ram_efficient_loading
 --fsdp_sync_module_states --fsdp_activation_checkpointing --fp8_backend --fp8_use_autocast_during_eval --fp8_margin

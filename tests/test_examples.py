@@ -116,3 +116,14 @@ def test_transformers_no_trainer_script_trains_checkpoints_and_saves(tmp_path):
     eval_loss = re.search(r"epoch 0: eval_loss ([0-9.]+) perplexity [0-9.]+ over 157 values", out)
     assert eval_loss and float(eval_loss.group(1)) < 3.6, out
     assert {"config.json", "model.safetensors", "all_results.json", "step_20", "clm_no_trainer"} <= {p.name for p in tmp_path.iterdir()}
+
+
+@pytest.mark.slow
+def test_tp_fsdp_llama_learns_on_four_processes_holding_a_quarter_each():
+    proc = hasten_launch(EXAMPLES / "tp_fsdp_llama.py", "--steps", "40", launch_args=("--cpu", "--num_processes", "4"), timeout=TIMEOUT)
+    assert "mesh {'dp_replicate': 1, 'dp_shard': 2, 'tp': 2}" in proc.stdout, proc.stdout
+    fractions = [float(f) for f in re.findall(r"holds ([0-9.]+) of the parameter bytes", proc.stdout)]
+    assert len(fractions) == 4 and all(0.25 <= f < 0.26 for f in fractions), fractions
+    before = float(re.search(r"held-out loss before training ([0-9.]+)", proc.stdout).group(1))
+    after = float(re.search(r"held-out loss after 40 steps ([0-9.]+)", proc.stdout).group(1))
+    assert before > 5.0 and after < 3.2, (before, after)

@@ -177,6 +177,12 @@ def test_fsdp_trains_like_ddp_on_two_processes():
 
 
 @pytest.mark.slow
+def test_the_three_prepare_orders_train_identically():
+    out = torchrun(SCRIPTS / "fsdp_prepare_orders.py").stdout
+    assert all(f"rank {rank}: fsdp prepare orders give identical losses over 20 steps" in out for rank in (0, 1)), out
+
+
+@pytest.mark.slow
 def test_fsdp_checkpoints_resume_in_a_new_process_group(tmp_path):
     for mode, nproc in (("save", 2), ("resume", 2), ("reshard", 1)):
         out = torchrun(SCRIPTS / "fsdp_resume.py", mode, str(tmp_path), nproc=nproc).stdout

@@ -39,7 +39,7 @@ _EXPORTS = {
     "load_checkpoint_in_model": "checkpoint_loading",
     "notebook_launcher": "launchers",
     "debug_launcher": "launchers",
-    "ParallelismConfig": "unsupported",
+    "ParallelismConfig": "parallelism",
     "prepare_pippy": "unsupported",
     "is_rich_available": "unsupported",
     "install_as_accelerate": "accelerate_alias",
@@ -79,7 +79,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from .plugins.deepspeed import DeepSpeedPlugin
     from .plugins.dynamo import TorchDynamoPlugin
     from .plugins.fsdp import FullyShardedDataParallelPlugin
-    from .unsupported import ParallelismConfig, is_rich_available, prepare_pippy
+    from .parallelism import ParallelismConfig
+    from .unsupported import is_rich_available, prepare_pippy
     from .data_loader import skip_first_batches
     from .enums import DDPCommunicationHookType, DistributedType
     from .memory import find_executable_batch_size

@@ -24,7 +24,7 @@ import torch
 from . import environment, operations, preemption
 from .accelerator_compat import AcceleratorCompatibility, refuse_unsupported_plugins
 from .compilation import compile_model
-from .data_loader import DataLoaderStateMixin, gather_for_metrics, prepare_data_loader, skip_first_batches
+from .data_loader import DataLoaderStateMixin, prepare_data_loader, skip_first_batches
 from .enums import DistributedType, RNGType
 from .errors import ConfigError
 from .memory import release_memory
@@ -139,7 +139,7 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = rng_types if rng_types is not None else ["generator"]
         self.precision = Precision(self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler)
-        self._strategy = select_strategy(self.state, self.precision, ddp_kwargs=self.ddp_handler, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins, fsdp_plugin=fsdp_plugin)
+        self._strategy = select_strategy(self.state, self.precision, ddp_kwargs=self.ddp_handler, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config)
         self.state.distributed_type = self._strategy.distributed_type
         self.step = 0
         self._models: list = []
@@ -405,11 +405,12 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
             self._adopt(data_loader)
             return data_loader
         config = self.dataloader_config
+        dp_size, dp_rank = self._strategy.data_parallel_world
         prepared = prepare_data_loader(
             data_loader,
             self.device,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
+            num_processes=dp_size,
+            process_index=dp_rank,
             split_batches=config.split_batches,
             put_on_device=self.device_placement if device_placement is None else device_placement,
             rng_types=list(self.rng_types),
@@ -546,7 +547,7 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
 
     def gather_for_metrics(self, input_data, use_gather_object: bool = False):
         """Gather evaluation outputs from all processes, dropping the samples padded in at the end of the data."""
-        return gather_for_metrics(input_data, use_gather_object=use_gather_object)
+        return self._strategy.gather_for_metrics(input_data, use_gather_object=use_gather_object)
 
     def reduce(self, tensor, reduction: str = "sum", scale: float = 1.0):
         """All-reduce (nested) tensors: ``"sum"`` (default here), ``"mean"``, ``"max"``, ``"min"``."""

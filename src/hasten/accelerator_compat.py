@@ -1,8 +1,9 @@
 """The rarely used members of Accelerate's ``Accelerator`` that hasten keeps for compatibility.
 
-They live here so the facade stays about the training loop. Parallelism that hasten does not implement
-(tensor, context, sequence and pipeline parallelism, Megatron-LM, LOMO optimizers) answers with the
-values of a pure data-parallel job, or raises :class:`~hasten.errors.NotSupportedError` when asked to act.
+They live here so the facade stays about the training loop. The parallelism ranks read the
+``ParallelismConfig``'s device mesh; what hasten does not implement (context, sequence and pipeline
+parallelism, Megatron-LM, ``torch_tp_plugin``, LOMO optimizers) answers with the values of a pure
+data-parallel job, or raises :class:`~hasten.errors.NotSupportedError` when asked to act.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from .errors import NotSupportedError
 def refuse_unsupported_plugins(torch_tp_plugin=None, megatron_lm_plugin=None, parallelism_config=None) -> None:
     """Raise ``NotSupportedError`` for ``Accelerator`` arguments naming engines hasten does not support."""
     if torch_tp_plugin is not None:
-        raise NotSupportedError("torch_tp_plugin (tensor parallelism) is not supported by hasten; use FSDP2 or DeepSpeed ZeRO to fit large models.")
+        raise NotSupportedError("torch_tp_plugin is not supported by hasten; use parallelism_config=ParallelismConfig(tp_size=N) with a model that carries a _tp_plan.")
     if megatron_lm_plugin is not None:
         raise NotSupportedError("megatron_lm_plugin is not supported by hasten; use FSDP2 or DeepSpeed ZeRO.")
     if parallelism_config is not None and not hasattr(parallelism_config, "dp_shard_size"):
@@ -47,33 +48,45 @@ class AcceleratorCompatibility:
 
     @property
     def parallelism_config(self):
-        """Always None: hasten lays out data parallelism through its strategies."""
-        return None
+        """The :class:`~hasten.parallelism.ParallelismConfig` laying out the mesh (None without one)."""
+        return self.state.parallelism_config
 
     @property
     def is_composable_parallelism_enabled(self) -> bool:
-        """Always False: tensor/context/sequence parallelism are not supported."""
-        return False
+        """True when a ``ParallelismConfig`` lays out the processes on one mesh."""
+        return self.state.parallelism_config is not None
 
     @property
     def torch_device_mesh(self):
-        """The device mesh of the FSDP strategy (None for other strategies)."""
-        return getattr(self._strategy, "_mesh", None)
+        """The device mesh of the FSDP strategy (None for other strategies).
+
+        With a ``ParallelismConfig`` its dimensions are ``dp_replicate``, ``dp_shard``, ``tp``, and
+        ``mesh["dp"]`` is the flattened data-parallel sub-mesh.
+        """
+        return getattr(self._strategy, "device_mesh", None)
+
+    def _mesh_rank(self, name: str, default: int) -> int:
+        from .parallelism import data_parallel_mesh
+
+        mesh = self.torch_device_mesh if self.state.parallelism_config is not None else None
+        if mesh is None:
+            return default
+        return (data_parallel_mesh(mesh) if name == "dp" else mesh[name]).get_local_rank()
 
     @property
     def data_parallel_rank(self) -> int:
-        """This process's rank among the data-parallel replicas (its global rank)."""
-        return self.process_index
+        """This process's rank among the data-parallel ranks (those reading different batches)."""
+        return self._mesh_rank("dp", self.process_index)
 
     @property
     def data_parallel_shard_rank(self) -> int:
-        """This process's rank in the sharding group (its global rank)."""
-        return self.process_index
+        """This process's rank in its sharding group."""
+        return self._mesh_rank("dp_shard", self.process_index)
 
     @property
     def tensor_parallel_rank(self) -> int:
-        """Always 0: no tensor parallelism."""
-        return 0
+        """This process's rank among its tensor-parallel peers (0 without tensor parallelism)."""
+        return self._mesh_rank("tp", 0)
 
     @property
     def pipeline_parallel_rank(self) -> int:

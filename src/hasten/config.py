@@ -127,7 +127,7 @@ class Fp8Section:
 
 @dataclass(kw_only=True, slots=True)
 class ParallelismSection:
-    """``parallelism_config``: N-D parallelism degrees (stored; hasten does not run them yet)."""
+    """``parallelism_config``: N-D parallelism sizes (``ParallelismConfig``; hasten runs dp_replicate, dp_shard and tp)."""
 
     parallelism_config_dp_replicate_size: int | None = _opt(kind="int")
     parallelism_config_dp_shard_size: int | None = _opt(kind="int")
@@ -713,6 +713,7 @@ _ENV_NAMES: dict[str, str] = {
     "deepspeed_config.gradient_clipping": "GRADIENT_CLIPPING",
     **{f"fsdp_config.{k}": k.upper() for k in _fields(FsdpSection) if k != "fsdp_transformer_layer_cls_to_wrap"},
     "fsdp_config.fsdp_transformer_layer_cls_to_wrap": "FSDP_TRANSFORMER_CLS_TO_WRAP",
+    **{f"parallelism_config.parallelism_config_{k}_size": f"PARALLELISM_CONFIG_{k.upper()}_SIZE" for k in ("dp_replicate", "dp_shard", "tp", "cp", "sp")},
     "fp8_config.backend": "FP8_BACKEND",
     "fp8_config.fp8_format": "FP8_FORMAT",
     "fp8_config.margin": "FP8_MARGIN",

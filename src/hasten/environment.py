@@ -47,6 +47,11 @@ SETTINGS: dict[str, str] = {
     "DEEPSPEED_MOE_LAYER_CLS_NAMES": "comma-separated MoE layer classes",
     "CONFIG_DS_FIELDS": "comma-separated DeepSpeed fields that came from the launch config",
     "USE_FSDP": "use the FSDP2 strategy",
+    "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "ParallelismConfig: data-parallel replicas of the sharded model (HSDP)",
+    "PARALLELISM_CONFIG_DP_SHARD_SIZE": "ParallelismConfig: processes each parameter is sharded over (FSDP2)",
+    "PARALLELISM_CONFIG_TP_SIZE": "ParallelismConfig: tensor-parallel processes per layer",
+    "PARALLELISM_CONFIG_CP_SIZE": "ParallelismConfig: context-parallel size (not supported above 1)",
+    "PARALLELISM_CONFIG_SP_SIZE": "ParallelismConfig: sequence-parallel size (not supported above 1)",
     "FSDP_VERSION": "FSDP version (hasten supports 2)",
     "FSDP_SHARDING_STRATEGY": "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD",
     "FSDP_RESHARD_AFTER_FORWARD": "reshard parameters after forward",
@@ -89,7 +94,7 @@ SETTINGS: dict[str, str] = {
 }
 
 # Settings that Accelerate reads without a prefix, accepted as a last fallback.
-_BARE_ALIASES = {name: name for name in SETTINGS if name.startswith("FSDP_")}
+_BARE_ALIASES = {name: name for name in SETTINGS if name.startswith(("FSDP_", "PARALLELISM_CONFIG_"))}
 
 _TRUE = {"1", "true", "yes", "y", "on"}
 _FALSE = {"0", "false", "no", "n", "off", ""}

@@ -43,6 +43,7 @@ _DISTRIBUTED = "Multi-process and multi-machine arguments (passed to torch.distr
 _DEEPSPEED = "DeepSpeed arguments"
 _FSDP = "FSDP arguments"
 _FP8 = "FP8 arguments"
+_PARALLELISM = "N-D parallelism arguments (ParallelismConfig)"
 _MPI = "MPI arguments"
 
 FLAGS: tuple[Flag, ...] = (
@@ -123,6 +124,11 @@ FLAGS: tuple[Flag, ...] = (
         "Comma-separated MoE layer class names.",
         "deepspeed_config.deepspeed_moe_layer_cls_names",
     ),
+    Flag("parallelism_config_dp_replicate_size", _PARALLELISM, "Data-parallel replicas of the sharded model (HSDP).", "parallelism_config.parallelism_config_dp_replicate_size"),
+    Flag("parallelism_config_dp_shard_size", _PARALLELISM, "Processes each parameter is sharded over (FSDP2).", "parallelism_config.parallelism_config_dp_shard_size"),
+    Flag("parallelism_config_tp_size", _PARALLELISM, "Tensor-parallel processes per layer.", "parallelism_config.parallelism_config_tp_size"),
+    Flag("parallelism_config_cp_size", _PARALLELISM, "Context-parallel size (not supported above 1).", "parallelism_config.parallelism_config_cp_size"),
+    Flag("parallelism_config_sp_size", _PARALLELISM, "Sequence-parallel size (not supported above 1).", "parallelism_config.parallelism_config_sp_size"),
     Flag("fsdp_version", _FSDP, "FSDP version (hasten runs FSDP2).", "fsdp_config.fsdp_version", metavar="{1,2}"),
     Flag("fsdp_offload_params", _FSDP, "Offload parameters to the CPU.", "fsdp_config.fsdp_offload_params", metavar=_BOOL),
     Flag("fsdp_min_num_params", _FSDP, "Size threshold of SIZE_BASED_WRAP.", "fsdp_config.fsdp_min_num_params"),

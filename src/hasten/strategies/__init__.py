@@ -9,18 +9,24 @@ from .ddp import DDPStrategy
 from .single import SingleDeviceStrategy
 
 
-def select_strategy(state, precision, *, ddp_kwargs=None, deepspeed_plugin=None, fsdp_plugin=None) -> Strategy:
+def select_strategy(state, precision, *, ddp_kwargs=None, deepspeed_plugin=None, fsdp_plugin=None, parallelism_config=None) -> Strategy:
     """Pick the strategy for this process and record it on ``state``.
 
     DeepSpeed when a ``DeepSpeedPlugin`` is given or ``HASTEN_USE_DEEPSPEED`` is set, FSDP2 when a
-    ``FullyShardedDataParallelPlugin`` is given or ``HASTEN_USE_FSDP`` is set, DDP when several
-    processes run, a single device otherwise.
+    ``FullyShardedDataParallelPlugin`` is given, ``HASTEN_USE_FSDP`` is set or a ``ParallelismConfig``
+    is given (or set by the launch's ``parallelism_config_*`` settings; it then lays out the mesh),
+    DDP when several processes run, a single device otherwise.
     """
+    if parallelism_config is None and deepspeed_plugin is None:
+        from ..parallelism import ParallelismConfig
+
+        parallelism_config = ParallelismConfig.from_launch_settings()
+    state.parallelism_config = parallelism_config
     if deepspeed_plugin is None and environment.get_flag("USE_DEEPSPEED"):
         from ..plugins.deepspeed import DeepSpeedPlugin
 
         deepspeed_plugin = DeepSpeedPlugin()
-    if fsdp_plugin is None and environment.get_flag("USE_FSDP"):
+    if fsdp_plugin is None and (environment.get_flag("USE_FSDP") or (parallelism_config is not None and deepspeed_plugin is None)):
         from ..plugins.fsdp import FullyShardedDataParallelPlugin
 
         fsdp_plugin = FullyShardedDataParallelPlugin()
@@ -30,11 +36,14 @@ def select_strategy(state, precision, *, ddp_kwargs=None, deepspeed_plugin=None,
     if deepspeed_plugin is not None:
         from .deepspeed import DeepSpeedStrategy
 
+        if parallelism_config is not None:
+            raise ConfigError("A ParallelismConfig lays out FSDP2 and tensor parallelism; it cannot be combined with DeepSpeed. Choose one.")
+
         return DeepSpeedStrategy(state, precision, deepspeed_plugin)
     if fsdp_plugin is not None:
         from .fsdp import FSDPStrategy
 
-        return FSDPStrategy(state, precision, fsdp_plugin)
+        return FSDPStrategy(state, precision, fsdp_plugin, parallelism_config=parallelism_config)
     if state.num_processes > 1:
         return DDPStrategy(state, precision, ddp_kwargs=ddp_kwargs)
     return SingleDeviceStrategy(state, precision)

@@ -35,6 +35,11 @@ class Strategy(ABC):
         """The device of this process."""
         return self.state.device
 
+    @property
+    def data_parallel_world(self) -> tuple[int, int]:
+        """(number of data-parallel ranks, this process's rank among them): how dataloaders are sharded."""
+        return self.state.num_processes, self.state.process_index
+
     # ---------------------------------------------------------------------------------- preparing
 
     def prepare(self, models: list, optimizers: list, schedulers: list, device_placement: list[bool], dataloaders: list) -> tuple[list, list, list]:
@@ -102,6 +107,12 @@ class Strategy(ABC):
     def step_was_skipped(self) -> bool:
         """Whether the engine skipped the last optimizer step (fp16 overflow)."""
         return False
+
+    def gather_for_metrics(self, input_data, use_gather_object: bool = False):
+        """Gather evaluation outputs from the data-parallel ranks, without the samples padded in at the end."""
+        from ..data_loader import gather_for_metrics
+
+        return gather_for_metrics(input_data, use_gather_object=use_gather_object)
 
     # ---------------------------------------------------------------------------------- unwrapping
 

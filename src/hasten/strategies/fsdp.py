@@ -17,6 +17,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..enums import DistributedType
 from ..errors import CheckpointError, ConfigError
+from ..parallelism import data_parallel_mesh
 from ..plugins.fsdp import FullyShardedDataParallelPlugin
 from ..wrappers import is_compiled_module
 from . import fsdp_checkpoint
@@ -28,17 +29,49 @@ def _on_meta(module: torch.nn.Module) -> bool:
     return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
 
 
+def _is_distributed(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s parameters already are DTensors (it was prepared: sharded or split over ``tp``)."""
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in module.parameters())
+
+
+def _copies(grad, world: int) -> int:
+    """How many processes hold each element of a DTensor's local piece: its replicated mesh dimensions, and
+    every process outside its mesh (a parameter sharded over ``dp`` only is whole on each ``tp`` peer)."""
+    mesh = grad.device_mesh
+    count = world // mesh.size()
+    for dim, placement in enumerate(grad.placements):
+        if placement.is_replicate():
+            count *= mesh.size(dim)
+        elif placement.is_partial():
+            raise NotImplementedError("clip_grad_norm_ got a partial (not yet reduced) gradient")
+    return count
+
+
+def _prepared_root(model) -> torch.nn.Module | None:
+    """The prepared module of ``model`` (FSDP-sharded, or split over ``tp`` only), or None."""
+    inner = model._orig_mod if is_compiled_module(model) else model
+    return sharded_root(model) or (inner if _is_distributed(inner) else None)
+
+
 class FSDPStrategy(Strategy):
     """Shards models with FSDP2 as a :class:`~hasten.plugins.fsdp.FullyShardedDataParallelPlugin` says.
 
+    With a :class:`~hasten.parallelism.ParallelismConfig` the mesh is the config's (``dp_replicate``,
+    ``dp_shard``, ``tp``): models are first split over ``tp`` as their tensor-parallel plan says, then
+    sharded over the data-parallel ranks (not at all when there is one data-parallel rank).
+
     Args:
         fsdp_plugin: the settings (wrapping, resharding, offload, precision policy, state dict type, ...).
+        parallelism_config: the N-D layout (None: the plugin's sharding strategy decides the mesh).
     """
 
     distributed_type = DistributedType.FSDP
 
-    def __init__(self, state, precision, fsdp_plugin: FullyShardedDataParallelPlugin):
+    def __init__(self, state, precision, fsdp_plugin: FullyShardedDataParallelPlugin, parallelism_config=None):
         super().__init__(state, precision)
+        self.parallelism_config = parallelism_config
         if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
             raise ConfigError(f"fsdp_plugin must be a hasten FullyShardedDataParallelPlugin, got {type(fsdp_plugin).__name__}.")
         self.plugin = fsdp_plugin
@@ -46,6 +79,8 @@ class FSDPStrategy(Strategy):
         self._mesh = None
         # parameters of models before sharding -> (model, name), to rebind optimizers built on them
         self._origins = WeakIdKeyDictionary()
+        # the sharded parameters of every model this strategy prepared (optimizers may be built on them)
+        self._sharded = WeakIdKeyDictionary()
         self._unsynced: set[int] = set()
 
     # ---------------------------------------------------------------------------------- the mesh
@@ -59,11 +94,37 @@ class FSDPStrategy(Strategy):
             self._mesh = self._build_mesh()
         return self._mesh
 
+    @property
+    def _shard_mesh(self):
+        """The mesh ``fully_shard`` shards over: the data-parallel dimensions (None with one data-parallel rank)."""
+        mesh = self.device_mesh
+        if self.parallelism_config is None:
+            return mesh
+        return mesh["dp_replicate", "dp_shard"] if data_parallel_mesh(mesh).size() > 1 else None
+
+    @property
+    def data_parallel_world(self) -> tuple[int, int]:
+        """(data-parallel size, this process's data-parallel rank): tensor-parallel peers read the same batches."""
+        if self.parallelism_config is None:
+            return super().data_parallel_world
+        dp = data_parallel_mesh(self.device_mesh)
+        return dp.size(), dp.get_local_rank()
+
+    def gather_for_metrics(self, input_data, use_gather_object: bool = False):
+        """As the base strategy; with tensor parallelism, one copy of each sample (tensor-parallel peers share batches)."""
+        if self.parallelism_config is None or not self.parallelism_config.tp_enabled:
+            return super().gather_for_metrics(input_data, use_gather_object)
+        from .tensor_parallel import gather_for_metrics_over_dp
+
+        return gather_for_metrics_over_dp(input_data, self.parallelism_config.tp_size, use_gather_object)
+
     def _build_mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
 
         self.state.partial_state.ensure_process_group()
         world = self.state.num_processes
+        if self.parallelism_config is not None:
+            return self.parallelism_config.build_device_mesh(self.device.type, world)
         strategy = self.plugin.sharding_strategy
         device_type = self.device.type
         if strategy == "NO_SHARD":
@@ -85,7 +146,7 @@ class FSDPStrategy(Strategy):
         process 0's weights when ``sync_module_states``/``cpu_ram_efficient_loading`` is set.
         """
         inner = model._orig_mod if is_compiled_module(model) else model
-        if sharded_root(model) is not None:
+        if sharded_root(model) is not None or _is_distributed(inner):
             return model
         if device_placement and not _on_meta(inner):
             inner.to(self.device)
@@ -95,8 +156,15 @@ class FSDPStrategy(Strategy):
         for name, parameter in inner.named_parameters():
             self._origins[parameter] = (inner, name)
         source = self._weights_to_broadcast(inner)
-        self._shard(inner)
+        if self.parallelism_config is not None and self.parallelism_config.tp_enabled:
+            from .tensor_parallel import apply_tensor_parallel
+
+            apply_tensor_parallel(inner, self.device_mesh["tp"])
+        if self._shard_mesh is not None:
+            self._shard(inner)
         self._materialize(inner, source)
+        for parameter in inner.parameters():
+            self._sharded[parameter] = True
         return model
 
     def _weights_to_broadcast(self, model: torch.nn.Module) -> dict | None:
@@ -128,7 +196,7 @@ class FSDPStrategy(Strategy):
             for target in targets:
                 checkpoint(target)
         options = {
-            "mesh": self.device_mesh,
+            "mesh": self._shard_mesh,
             "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
             "offload_policy": self._offload_policy(),
             "ignored_params": plugin.ignored_parameters(model) or None,
@@ -171,8 +239,9 @@ class FSDPStrategy(Strategy):
         """Point an optimizer built on the unsharded model at the sharded parameters (matched by name).
 
         ``fully_shard`` replaces every parameter with a sharded one; an optimizer that still held the
-        old tensors would update copies the model no longer uses. Parameters that belong to no model
-        sharded by this strategy are a :class:`~hasten.errors.ConfigError`.
+        old tensors would update copies the model no longer uses. Parameters that already are sharded
+        ones (the optimizer was built from a model prepared earlier) are kept as they are. Parameters
+        that belong to no model sharded by this strategy are a :class:`~hasten.errors.ConfigError`.
         """
         live = {id(p) for model in prepared for p in model.parameters()}
         rebound = [[self._sharded_parameter(optimizer, p, g, i, live) for i, p in enumerate(group["params"])] for g, group in enumerate(optimizer.param_groups)]
@@ -181,7 +250,7 @@ class FSDPStrategy(Strategy):
         return optimizer
 
     def _sharded_parameter(self, optimizer, parameter, group_index: int, index: int, live: set[int]):
-        if id(parameter) in live:
+        if id(parameter) in live or parameter in self._sharded:
             return parameter
         origin = self._origins.get(parameter)
         if origin is None:
@@ -229,24 +298,39 @@ class FSDPStrategy(Strategy):
             root.set_requires_gradient_sync(id(root) not in self._unsynced)
 
     def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
-        """Clip to a global norm over the sharded (``DTensor``) gradients of all processes; return the norm before clipping.
+        """Clip to a global norm over the gradients of all processes; return the norm before clipping.
 
-        The norm equals DDP's on the same gradients (up to float rounding), and is a plain tensor.
+        Gradients may be sharded over ``dp_shard``, split over ``tp``, or whole (the same on every
+        process): each process adds the ``norm_type``-th powers of its local pieces, counting a piece
+        that ``k`` processes hold ``1/k`` times, and one all-reduce gives the total. The norm equals
+        DDP's on the same gradients (up to float rounding), and is a plain tensor.
         """
         from torch.distributed.tensor import DTensor
 
         parameters = [p for p in parameters if p.grad is not None]
-        sharded = [p for p in parameters if isinstance(p.grad, DTensor)]
-        local = [p for p in parameters if not isinstance(p.grad, DTensor)]
-        norms = [torch.nn.utils.get_total_norm([p.grad for p in sharded], norm_type).full_tensor()] if sharded else []
-        norms += [torch.nn.utils.get_total_norm([p.grad for p in local], norm_type)] if local else []
-        if not norms:
+        if not parameters:
             return torch.zeros((), device=self.device)
-        norms = torch.stack([n.to(norms[0].device) for n in norms])
-        total = norms.max() if float(norm_type) == float("inf") else norms.pow(norm_type).sum().pow(1.0 / norm_type)
-        for group in (sharded, local):
-            if group:
-                torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
+        infinite = float(norm_type) == float("inf")
+        distributed = any(isinstance(p.grad, DTensor) for p in parameters)
+        world = self.state.num_processes if distributed else 1
+        pieces, layouts = {}, {}
+        for p in parameters:
+            grad = p.grad
+            local, copies = (grad.to_local(), _copies(grad, self.state.num_processes)) if isinstance(grad, DTensor) else (grad, world)
+            pieces.setdefault(copies, []).append(local)
+            key = (id(grad.device_mesh), tuple(grad.placements)) if isinstance(grad, DTensor) else None
+            layouts.setdefault(key, []).append(p)
+        parts = []
+        for copies, tensors in pieces.items():
+            norm = torch.nn.utils.get_total_norm(tensors, norm_type).to(self.device, torch.float32)
+            parts.append(norm if infinite else norm.pow(norm_type) / copies)
+        total = torch.stack(parts).max() if infinite else torch.stack(parts).sum()
+        if distributed:
+            dist.all_reduce(total, op=dist.ReduceOp.MAX if infinite else dist.ReduceOp.SUM)
+        if not infinite:
+            total = total.pow(1.0 / norm_type)
+        for group in layouts.values():
+            torch.nn.utils.clip_grads_with_norm_(group, max_norm, total)
         return total
 
     # ---------------------------------------------------------------------------------- state
@@ -267,7 +351,7 @@ class FSDPStrategy(Strategy):
         Keys are the model's own parameter names (FSDP2 adds no prefix, and compile's ``_orig_mod.`` is
         never included).
         """
-        root = sharded_root(model)
+        root = _prepared_root(model)
         if root is None:
             return super().get_state_dict(model, unwrap=unwrap)
         return fsdp_checkpoint.full_model_state(root)

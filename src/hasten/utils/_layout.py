@@ -63,9 +63,10 @@ LAYOUT: dict[str, dict[str, str]] = {
             "quantization",
             "AORecipeKwargs TERecipeKwargs MSAMPRecipeKwargs BnbQuantizationConfig",
         ),
+        "TorchTensorParallelConfig": "parallelism",
         **_names(
             "unsupported",
-            "TorchTensorParallelConfig TorchContextParallelConfig TorchTensorParallelPlugin DeepSpeedSequenceParallelConfig",
+            "TorchContextParallelConfig TorchTensorParallelPlugin DeepSpeedSequenceParallelConfig",
         ),
         **_names(
             "megatron_lm",
@@ -205,7 +206,7 @@ FLAT_ONLY: dict[str, str] = {
     "notebook_launcher": "launchers",
     "debug_launcher": "launchers",
     "LocalSGD": "local_sgd",
-    "ParallelismConfig": "unsupported",
+    "ParallelismConfig": "parallelism",
     "merge_deepspeed_weights": "strategies.deepspeed_checkpoint",
 }
 
