@@ -374,7 +374,6 @@ def test_parallelism_config_mesh_and_json():
 
     config = ParallelismConfig(dp_shard_size=1)
     assert json.loads(config.to_json())["dp_shard_size"] == 1
-    assert config.build_device_mesh("cpu") is None
     with pytest.raises(hasten.errors.ConfigError, match="device_type"):
         config.get_device_mesh()
 

@@ -45,15 +45,17 @@ class ParallelismConfig:
     dp_shard_size: int | None = None
     tp_size: int | None = None
     cp_size: int | None = None
-    cp_backend: str = "torch"
+    cp_backend: str | None = None
     sp_size: int | None = None
-    sp_backend: str = "deepspeed"
+    sp_backend: str | None = None
     tp_handler: object = None
     cp_handler: object = None
     sp_handler: object = None
 
     def __post_init__(self):
         self.device_mesh = None
+        self.cp_backend = self.cp_backend or "torch"
+        self.sp_backend = self.sp_backend or "deepspeed"
         for name in ("dp_replicate_size", "tp_size", "cp_size", "sp_size"):
             if getattr(self, name) is None:
                 setattr(self, name, environment.get_int(f"PARALLELISM_CONFIG_{name.upper()}", 1))
@@ -93,17 +95,13 @@ class ParallelismConfig:
             )
         return sizes
 
-    def build_device_mesh(self, device_type: str, world_size: int | None = None):
-        """The ``DeviceMesh`` of this layout, with the dimensions ``dp_replicate``, ``dp_shard``, ``tp`` and the flattened ``dp``.
-
-        ``world_size`` defaults to the size of the initialised process group.
-        """
+    def build_device_mesh(self, device_type: str):
+        """The ``DeviceMesh`` of this layout over the initialised process group's ranks, with the dimensions
+        ``dp_replicate``, ``dp_shard``, ``tp`` and the flattened ``dp``."""
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
-        if world_size is None:
-            world_size = dist.get_world_size() if dist.is_initialized() else 1
-        sizes = self.sizes(world_size)
+        sizes = self.sizes(dist.get_world_size() if dist.is_initialized() else 1)
         mesh = init_device_mesh(device_type, tuple(sizes[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
         data_parallel_mesh(mesh)
         return mesh

@@ -124,7 +124,7 @@ class FSDPStrategy(Strategy):
         self.state.partial_state.ensure_process_group()
         world = self.state.num_processes
         if self.parallelism_config is not None:
-            return self.parallelism_config.build_device_mesh(self.device.type, world)
+            return self.parallelism_config.build_device_mesh(self.device.type)
         strategy = self.plugin.sharding_strategy
         device_type = self.device.type
         if strategy == "NO_SHARD":
