@@ -115,12 +115,19 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
         _hand_over(writer, contents, state, asynchronous)
         _count_iteration(project, output_dir)
         return writer.final
+    others = [] if sharded else _folder_peers(writer, state, on_each_node)
+
+    def after_failure(error: BaseException) -> None:
+        if others:
+            participants.announce_failed(writer.final, contents.step, others, _one_line(error, writer.final))
+
     writer.begin()
     try:
         saved_models = _write_contents(writer, contents, state)
-        joined = [] if sharded else _collect_other_rng_states(writer, contents, state, started + participants.JOIN_GRACE_S, on_each_node)
-    except BaseException:
+        joined = _collect_other_rng_states(writer, contents, state, others, started + participants.JOIN_GRACE_S)
+    except BaseException as error:
         writer.discard()
+        after_failure(error)
         raise
     info = {
         "world_size": state.num_processes,
@@ -140,9 +147,13 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
 
     if asynchronous:
         group = side_group(state.num_processes) if sharded else None
-        start_background_save(writer, info, group, after_publish, [_torch_optimizer(o) for o in contents.optimizers])
+        start_background_save(writer, info, group, after_publish, [_torch_optimizer(o) for o in contents.optimizers], after_failure)
     else:
-        writer.finalize(info)
+        try:
+            writer.finalize(info)
+        except BaseException as error:
+            after_failure(error)
+            raise
         after_publish()
     _count_iteration(project, output_dir)
     return target
@@ -210,10 +221,21 @@ def _hand_over(writer: CheckpointWriter, contents: CheckpointContents, state: Pa
         wait_published()
 
 
-def _collect_other_rng_states(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, deadline: float, on_each_node: bool) -> list[int]:
-    """Replicated save: write the random states the other processes of this folder handed over; returns their ranks."""
+def _folder_peers(writer: CheckpointWriter, state: PartialState, on_each_node: bool) -> list[int]:
+    """Replicated save, on the writer: the other processes whose random states belong in this folder."""
     per_node = max(state.launch.local_world_size, 1)
-    others = [r for r in range(state.num_processes) if r != state.process_index and (not on_each_node or r // per_node == writer.group)]
+    return [r for r in range(state.num_processes) if r != state.process_index and (not on_each_node or r // per_node == writer.group)]
+
+
+def _one_line(error: BaseException, final: Path) -> str:
+    """The message the other processes raise for a save that failed on the writer."""
+    if isinstance(error, CheckpointError):
+        return str(error)
+    return f"Could not save the checkpoint {final}: the main process failed ({type(error).__name__}: {error}). Earlier checkpoints are untouched."
+
+
+def _collect_other_rng_states(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, others: list[int], deadline: float) -> list[int]:
+    """Replicated save: write the random states the other processes of this folder handed over; returns their ranks."""
     if not others:
         return []
     states, missing = participants.collect(writer.final, contents.step, others, deadline)

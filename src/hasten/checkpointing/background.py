@@ -84,16 +84,21 @@ def side_group(num_processes: int):
     return _side_group
 
 
-def start(writer, info: dict[str, Any], group, after: Callable[[], None], optimizers: list) -> None:
-    """Write, fsync and publish ``writer``'s snapshot in the background, then run ``after`` (rotation).
+def start(writer, info: dict[str, Any], group, after: Callable[[], None], optimizers: list, on_error: Callable[[BaseException], None]) -> None:
+    """Write, fsync and publish ``writer``'s snapshot in the background, then run ``after`` (rotation);
+    on a failure run ``on_error(error)`` (the error is raised at the next wait point).
 
     ``optimizers`` (torch optimizers) do not step until the live tensors the writer kept are written.
     """
 
     def work(gate: _StepGate) -> None:
-        writer.write_pending()
-        gate.open()
-        writer.finalize(info, group=group)
+        try:
+            writer.write_pending()
+            gate.open()
+            writer.finalize(info, group=group)
+        except BaseException as error:
+            on_error(error)
+            raise
         after()
 
     _begin(_PendingSave(writer.final, work, optimizers))

@@ -38,6 +38,7 @@ from .state_io import decode, encode
 JOIN_GRACE_S = 10.0
 ATTENDANCE_TIMEOUT_S = 60.0
 _CLOSED = b"closed"
+_FAILED = b"failed:"
 _SOLO_KEY = "hasten/save/solo"
 _POLL_S = 0.02
 
@@ -87,7 +88,10 @@ def hand_over(target, step: int, rank: int, states: Any) -> Callable[[], None] |
 
     def wait_published() -> None:
         store.wait([f"{key}/published"])  # the store's own timeout bounds it (the writer is alive and writing)
+        outcome = store.get(f"{key}/published")
         store.delete_key(f"{key}/published")
+        if outcome.startswith(_FAILED):
+            raise CheckpointError(outcome[len(_FAILED) :].decode("utf-8"))
 
     return wait_published
 
@@ -129,6 +133,18 @@ def announce_published(target, step: int, ranks) -> None:
     store = _store()
     for rank in ranks:
         store.set(f"{_prefix(target, step)}/rng/{rank}/published", "1")
+
+
+def announce_failed(target, step: int, ranks, message: str) -> None:
+    """Tell ``ranks`` (every other process of the folder) that the save failed: those waiting for the
+    publish, or arriving later, raise :class:`CheckpointError` with ``message`` instead of waiting."""
+    store = _store()
+    if store is None:
+        return
+    for rank in ranks:
+        key = f"{_prefix(target, step)}/rng/{rank}"
+        store.delete_key(key)  # states handed over but not collected: nobody will read them
+        store.set(f"{key}/published", _FAILED + message.encode("utf-8"))
 
 
 def check_attendance(target, step: int, rank: int, world: int, what: str) -> None:
