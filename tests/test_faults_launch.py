@@ -7,6 +7,7 @@ Two machines are simulated by two ``hasten launch`` processes on 127.0.0.1 (one 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -197,3 +198,13 @@ def test_killing_machine_0s_launcher_ends_the_job_on_machine_1(tmp_path):
         for machine in machines:
             machine.kill()
             machine.communicate()
+
+
+@pytest.mark.slow
+def test_lines_printed_at_once_by_two_processes_stay_whole():
+    # Under `python -u` (the launcher's former way of getting prompt output) a line and its newline were two
+    # writes, and 100 to 970 of these 6000 lines came out mixed with the other process's text.
+    out = hasten_launch(SCRIPTS / "print_long_lines.py", str(time.time() + 6), launch_args=("--cpu", "--num_processes", "2", "-q")).stdout
+    lines = [line for line in out.splitlines() if line.startswith("LINE")]
+    mixed = [line for line in lines if not re.fullmatch(r"LINE (\d) \d+ (\d)\2{299}", line)]
+    assert len(lines) == 6000 and not mixed, mixed[:3]

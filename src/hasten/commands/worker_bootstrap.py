@@ -6,12 +6,15 @@ out-of-memory killer included: no handler runs then). On Linux the kernel does i
 for SIGKILL when the thread that started it dies (``prctl(PR_SET_PDEATHSIG)``), before any user code
 runs; elsewhere a daemon thread polls the parent's pid. Usage (the launcher builds these lines)::
 
-    python -u -m hasten.commands.worker_bootstrap PARENT_PID train.py --lr 1e-3
-    python -u -m hasten.commands.worker_bootstrap PARENT_PID -m package.module --lr 1e-3
-    python -u -m hasten.commands.worker_bootstrap PARENT_PID --exec ./program --flag
+    python -m hasten.commands.worker_bootstrap PARENT_PID train.py --lr 1e-3
+    python -m hasten.commands.worker_bootstrap PARENT_PID -m package.module --lr 1e-3
+    python -m hasten.commands.worker_bootstrap PARENT_PID --exec ./program --flag
 
 A script runs as ``python train.py`` would run it (``__main__``, ``sys.argv``, ``sys.path[0]``); a
 program given with ``--exec`` replaces this process (the parent-death signal survives ``exec``).
+Python's output streams are line-buffered: each line reaches the log as soon as it is printed, and in
+one write, so the lines of several processes sharing the launcher's output never mix (``python -u``
+writes a line and its newline separately, and two processes' text then lands on one line).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def _end_self() -> None:
 def command(parent_pid: int, program: list[str], module: bool = False, no_python: bool = False) -> list[str]:
     """The command line that starts ``program`` (a script and its arguments) through this bootstrap."""
     mode = ["--exec"] if no_python else ["-m"] if module else []
-    return [sys.executable, "-u", "-m", MODULE, str(parent_pid), *mode, *program]
+    return [sys.executable, "-m", MODULE, str(parent_pid), *mode, *program]
 
 
 def run(argv: list[str]) -> None:
@@ -73,6 +76,8 @@ def run(argv: list[str]) -> None:
     die_with_parent(parent_pid)
     if rest[0] == "--exec":
         os.execvp(rest[1], rest[1:])
+    for stream in (sys.stdout, sys.stderr):
+        stream.reconfigure(line_buffering=True, write_through=False)  # also under PYTHONUNBUFFERED=1
     if rest[0] == "-m":
         sys.argv = [rest[1], *rest[2:]]
         runpy.run_module(rest[1], run_name="__main__", alter_sys=True)
