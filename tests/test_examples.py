@@ -109,7 +109,9 @@ def test_transformers_script_differs_from_its_accelerate_version_only_in_imports
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None, reason="transformers is not installed (pip install transformers): the real-client test needs it")
 def test_transformers_no_trainer_script_trains_checkpoints_and_saves(tmp_path):
     args = ("--max_train_steps", "30", "--checkpointing_steps", "20", "--output_dir", str(tmp_path), "--with_tracking")
-    out = hasten_launch(EXAMPLES / "transformers_no_trainer.py", *args, timeout=TIMEOUT).stdout
+    # transformers imports peft when it is installed (the ecosystem tests install it), and peft imports accelerate:
+    # users with such libraries launch with --as_accelerate so that those imports reach hasten.
+    out = hasten_launch(EXAMPLES / "transformers_no_trainer.py", *args, launch_args=("--as_accelerate", "--num_processes", "2"), timeout=TIMEOUT).stdout
     losses = _numbers(r"step (\d+): loss ([0-9.]+)", out)
     assert sorted(losses) == [10, 20, 30] and losses[30] < 3.6, out  # from ln(256) = 5.5 at the start
     # 157 validation blocks: the per-batch losses repeated to the batch size, gathered without the padding.
