@@ -23,7 +23,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     """The current environment without launcher/hasten variables, plus ``extra``."""
     drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
     env = {k: v for k, v in os.environ.items() if k not in drop and not k.startswith(("HASTEN_", "ACCELERATE_", "OMPI_", "PMI_", "SLURM_"))}
-    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": ""})  # gloo on the CPU, also on a GPU machine
+    env.update({"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
     env.update(extra)
     return env
 

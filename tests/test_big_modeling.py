@@ -41,7 +41,11 @@ from hasten.offload import OffloadedWeightsLoader, load_offloaded_weight, load_o
 from hasten.serialization import save_model_weights
 
 SCRIPT = Path(__file__).parent / "scripts" / "big_model_rss.py"
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def needs_cuda(test):
+    """A GPU test: selected by ``pytest -m cuda``, skipped without CUDA."""
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test))
 
 
 class Block(nn.Module):
