@@ -28,7 +28,7 @@ def _contestants():
     import torch
     import torch.distributed as dist
 
-    from hasten.operations import gather, reduce
+    from hasten.runtime.operations import gather, reduce
 
     world = dist.get_world_size()
 
@@ -79,7 +79,7 @@ def worker(args) -> None:
 
 def _record_cost(calls: int = 200_000) -> list[float]:
     """Seconds per enter/leave pair of the hang watchdog: what every collective pays for it."""
-    from hasten import hang_watchdog
+    from hasten.runtime import hang_watchdog
 
     samples = []
     for _ in range(5):

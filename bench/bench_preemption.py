@@ -1,8 +1,8 @@
 """Cost of the preemption check when no signal comes, per training step, against a raw PyTorch step.
 
 hasten's per-step preemption work is a counter increment and a flag read at each real optimizer step
-(``hasten.preemption.after_optimizer_step``) and a flag read after each batch a prepared dataloader
-hands out (``hasten.preemption.save_due``). Two measurements, one process, 1 torch thread:
+(``hasten.runtime.preemption.after_optimizer_step``) and a flag read after each batch a prepared dataloader
+hands out (``hasten.runtime.preemption.save_due``). Two measurements, one process, 1 torch thread:
 
 * ``micro``: the check alone (hook call + flag read), timed over ``--calls`` calls, in nanoseconds.
 * ``steps``: a raw loop (MLP 256-512-256, batch 32, AdamW: forward, backward, step, zero_grad) and the
@@ -29,7 +29,7 @@ BATCH, WIDTH, HIDDEN = 32, 256, 512
 
 def check_cost_ns(calls: int) -> float:
     """Nanoseconds per step of the no-signal check (hook + flag read), minus an empty loop's."""
-    from hasten import preemption
+    from hasten.runtime import preemption
 
     hook = preemption.after_optimizer_step
     start = time.perf_counter_ns()
@@ -59,7 +59,7 @@ def run_steps(steps: int, with_check: bool) -> float:
     """Seconds per step of ``steps`` raw steps, with or without the preemption check after each."""
     import torch
 
-    from hasten import preemption
+    from hasten.runtime import preemption
 
     model, optimizer, batches = make_loop()
     hook = preemption.after_optimizer_step

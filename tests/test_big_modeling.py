@@ -26,7 +26,7 @@ from hasten.big_modeling import (
     load_checkpoint_and_dispatch,
 )
 from hasten.errors import CheckpointError, ConfigError, NotSupportedError
-from hasten.hooks import (
+from hasten.big_modeling.hooks import (
     AlignDevicesHook,
     ModelHook,
     SequentialHook,
@@ -36,9 +36,9 @@ from hasten.hooks import (
     remove_hook_from_module,
     remove_hook_from_submodules,
 )
-from hasten.modeling import find_tied_parameters, retie_parameters, set_module_tensor_to_device
-from hasten.offload import OffloadedWeightsLoader, load_offloaded_weight, load_offloaded_weights, offload_state_dict, offload_weight
-from hasten.serialization import save_model_weights
+from hasten.big_modeling.modeling import find_tied_parameters, retie_parameters, set_module_tensor_to_device
+from hasten.big_modeling.offload import OffloadedWeightsLoader, load_offloaded_weight, load_offloaded_weights, offload_state_dict, offload_weight
+from hasten.big_modeling.serialization import save_model_weights
 
 SCRIPT = Path(__file__).parent / "scripts" / "big_model_rss.py"
 

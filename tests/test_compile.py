@@ -8,11 +8,11 @@ import torch
 from safetensors.torch import load_file
 
 from hasten import Accelerator
-from hasten.compilation import compile_model, compile_regions
+from hasten.runtime.compilation import compile_model, compile_regions
 from hasten.enums import DynamoBackend
 from hasten.errors import ConfigError
 from hasten.plugins.dynamo import TorchDynamoPlugin, build_dynamo_plugin
-from hasten.wrappers import extract_model_from_parallel, has_compiled_regions, is_compiled_module
+from hasten.runtime.wrappers import extract_model_from_parallel, has_compiled_regions, is_compiled_module
 
 from helpers import SCRIPTS
 

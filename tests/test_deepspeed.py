@@ -57,7 +57,7 @@ def test_zero3_resume_merge_and_errors(tmp_path):
     assert "rank 0: deepspeed checkpoint checks passed" in out and "rank 1: deepspeed checkpoint checks passed" in out
     # The command line merges the same checkpoint into the same weights.
     assert merge_weights.main([str(tmp_path / "ckpt"), str(tmp_path / "cli"), "--unsafe_serialization"]) == 0
-    from hasten.serialization import load
+    from hasten.big_modeling.serialization import load
 
     by_cli = load(tmp_path / "cli" / "pytorch_model.bin")
     by_script = load_file(tmp_path / "merged" / "model.safetensors")

@@ -11,9 +11,9 @@ import torch
 from torch import nn
 
 from hasten.big_modeling import init_empty_weights
-from hasten.device_map import check_device_map, get_balanced_memory, get_max_memory, infer_auto_device_map
+from hasten.big_modeling.device_map import check_device_map, get_balanced_memory, get_max_memory, infer_auto_device_map
 from hasten.errors import ConfigError
-from hasten.modeling import compute_module_sizes, get_max_layer_size, module_parts
+from hasten.big_modeling.modeling import compute_module_sizes, get_max_layer_size, module_parts
 
 
 class Block(nn.Module):
@@ -197,7 +197,7 @@ def test_buffers_of_offloaded_modules_warn_when_they_do_not_fit():
 
 
 def test_clean_device_map_collapses_entries_sharing_a_device():
-    from hasten.device_map import clean_device_map
+    from hasten.big_modeling.device_map import clean_device_map
 
     mixed = {"a.0": 0, "a.1": 0, "b": "cpu"}
     assert clean_device_map(mixed) is mixed and mixed == {"a": 0, "b": "cpu"}

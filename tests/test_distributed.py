@@ -31,7 +31,7 @@ def test_debug_mode_reports_shape_mismatch_under_torchrun():
     proc = torchrun(SCRIPTS / "check_debug_mode.py", "shapes", env=clean_env(HASTEN_DEBUG_MODE="1"), check=False, timeout=60)
     assert proc.returncode != 0
     assert time.monotonic() - start < 15
-    assert "Operation: `hasten.operations.broadcast`" in proc.stderr
+    assert "Operation: `hasten.runtime.operations.broadcast`" in proc.stderr
     assert "Process 0: [1, 5]" in proc.stderr and "Process 1: [1, 2, 5]" in proc.stderr
     assert "unreachable" not in proc.stdout
 
@@ -41,7 +41,7 @@ def test_debug_mode_names_a_rank_that_skipped_a_collective():
     proc = torchrun(SCRIPTS / "check_debug_mode.py", "skip", env=clean_env(HASTEN_DEBUG_MODE="1", HASTEN_HANG_TIMEOUT="3"), check=False, timeout=60)
     assert proc.returncode != 0
     assert time.monotonic() - start < 30
-    assert "rank 0 has waited" in proc.stderr and "`hasten.operations.gather` (collective #2)" in proc.stderr
+    assert "rank 0 has waited" in proc.stderr and "`hasten.runtime.operations.gather` (collective #2)" in proc.stderr
     assert "rank 1: last entered collective #1 `gather`, status: done" in proc.stderr
 
 
@@ -61,4 +61,4 @@ def test_hasten_launch_debug_summarises_the_stuck_rank():
     assert proc.returncode != 0, output
     assert "rank 0 has waited" in output, output
     assert "debug mode: rank(s) 0 were stuck in a collective" in output, output
-    assert "in hasten.operations.gather (collective #2)" in output and "rank 1: last entered collective #1 `gather`" in output, output
+    assert "in hasten.runtime.operations.gather (collective #2)" in output and "rank 1: last entered collective #1 `gather`" in output, output

@@ -16,7 +16,7 @@ def test_a_hung_collective_ends_the_job_outside_debug_mode():
     assert proc.returncode != 0 and "unreachable" not in proc.stdout
     assert elapsed < 40, f"the job took {elapsed:.0f} s to end"
     err = proc.stderr
-    assert "[hasten] rank 0 has waited 1 s in `hasten.operations.gather` (collective #2)" in err, err
+    assert "[hasten] rank 0 has waited 1 s in `hasten.runtime.operations.gather` (collective #2)" in err, err
     assert "rank 0 has waited 4." in err and "(HASTEN_HANG_TIMEOUT=4)" in err, err
     assert "rank 1: last entered collective #1 `gather`, status: done" in err, err
     assert "Stack of rank 1:" in err and "time.sleep(120)" in err, err

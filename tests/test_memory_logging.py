@@ -8,7 +8,7 @@ import torch
 from hasten import Accelerator, find_executable_batch_size
 from hasten.errors import DistributedSetupError
 from hasten.logging import get_logger
-from hasten.memory import BatchSizeExhaustedError, release_memory, should_reduce_batch_size
+from hasten.runtime.memory import BatchSizeExhaustedError, release_memory, should_reduce_batch_size
 from hasten.utils import tqdm
 
 

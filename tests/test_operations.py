@@ -5,7 +5,7 @@ from collections import namedtuple
 import pytest
 import torch
 
-from hasten import operations as ops
+from hasten.runtime import operations as ops
 
 Pair = namedtuple("Pair", "a b")
 
@@ -68,7 +68,7 @@ def test_split_for_process_padding():
 
 
 def test_hang_timeout_precedence(monkeypatch):
-    from hasten import hang_watchdog
+    from hasten.runtime import hang_watchdog
     from hasten.state import PartialState
 
     monkeypatch.delenv("HASTEN_HANG_TIMEOUT", raising=False)
@@ -82,7 +82,7 @@ def test_hang_timeout_precedence(monkeypatch):
 
 
 def test_the_hang_watchdog_records_each_collective_without_io():
-    from hasten import hang_watchdog
+    from hasten.runtime import hang_watchdog
 
     before = hang_watchdog.sequence()
     hang_watchdog.enter("gather")

@@ -15,7 +15,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from hasten.preemption import PREEMPTED_EXIT_CODE
+from hasten.runtime.preemption import PREEMPTED_EXIT_CODE
 from tests.helpers import ROOT, SCRIPTS, clean_env, free_port, hasten_launch
 
 SCRIPT = SCRIPTS / "preempt_train.py"

@@ -13,8 +13,8 @@ from torch import nn
 
 from hasten.big_modeling import init_empty_weights
 from hasten.errors import CheckpointError, ConfigError
-from hasten.fileio import atomic_write
-from hasten.serialization import (
+from hasten.runtime.fileio import atomic_write
+from hasten.big_modeling.serialization import (
     load,
     load_checkpoint_in_model,
     load_state_dict,

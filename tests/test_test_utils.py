@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from hasten import test_utils
-from hasten.availability import is_transformers_available
+from hasten.runtime.availability import is_transformers_available
 from hasten.errors import NotSupportedError
 from hasten.test_utils import testing
 from hasten.test_utils.training import RegressionDataset, RegressionModel, mocked_dataloaders

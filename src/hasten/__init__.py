@@ -8,7 +8,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -23,8 +23,8 @@ _EXPORTS = {
     "ProfileKwargs": "plugins",
     "DDPCommunicationHookType": "enums",
     "skip_first_batches": "data_loader",
-    "find_executable_batch_size": "memory",
-    "synchronize_rng_states": "rng",
+    "find_executable_batch_size": "runtime.memory",
+    "synchronize_rng_states": "runtime.rng",
     "DeepSpeedPlugin": "plugins.deepspeed",
     "FullyShardedDataParallelPlugin": "plugins.fsdp",
     "TorchDynamoPlugin": "plugins.dynamo",
@@ -35,13 +35,13 @@ _EXPORTS = {
     "disk_offload": "big_modeling",
     "dispatch_model": "big_modeling",
     "load_checkpoint_and_dispatch": "big_modeling",
-    "infer_auto_device_map": "device_map",
-    "load_checkpoint_in_model": "checkpoint_loading",
+    "infer_auto_device_map": "big_modeling.device_map",
+    "load_checkpoint_in_model": "big_modeling.checkpoint_loading",
     "notebook_launcher": "launchers",
     "debug_launcher": "launchers",
-    "ParallelismConfig": "parallelism",
-    "prepare_pippy": "unsupported",
-    "is_rich_available": "unsupported",
+    "ParallelismConfig": "runtime.parallelism",
+    "prepare_pippy": "compat.unsupported",
+    "is_rich_available": "compat.unsupported",
     "install_as_accelerate": "accelerate_alias",
 }
 
@@ -73,17 +73,17 @@ if TYPE_CHECKING:  # pragma: no cover
         init_on_device,
         load_checkpoint_and_dispatch,
     )
-    from .checkpoint_loading import load_checkpoint_in_model
-    from .device_map import infer_auto_device_map
+    from .big_modeling.checkpoint_loading import load_checkpoint_in_model
+    from .big_modeling.device_map import infer_auto_device_map
     from .launchers import debug_launcher, notebook_launcher
     from .plugins.deepspeed import DeepSpeedPlugin
     from .plugins.dynamo import TorchDynamoPlugin
     from .plugins.fsdp import FullyShardedDataParallelPlugin
-    from .parallelism import ParallelismConfig
-    from .unsupported import is_rich_available, prepare_pippy
+    from .runtime.parallelism import ParallelismConfig
+    from .compat.unsupported import is_rich_available, prepare_pippy
     from .data_loader import skip_first_batches
     from .enums import DDPCommunicationHookType, DistributedType
-    from .memory import find_executable_batch_size
+    from .runtime.memory import find_executable_batch_size
     from .plugins import (
         AutocastKwargs,
         DataLoaderConfiguration,
@@ -92,5 +92,5 @@ if TYPE_CHECKING:  # pragma: no cover
         InitProcessGroupKwargs,
         ProfileKwargs,
     )
-    from .rng import synchronize_rng_states
+    from .runtime.rng import synchronize_rng_states
     from .state import PartialState

@@ -10,7 +10,7 @@ Add four lines to a script::
 and the same script runs on a CPU, one GPU, many GPUs or many machines, with mixed precision and
 gradient accumulation. The facade only delegates: the distribution engine is a ``Strategy``
 (``hasten.strategies``), data handling lives in ``hasten.data_loader``, collectives in
-``hasten.operations``.
+``hasten.runtime.operations``.
 """
 
 from __future__ import annotations
@@ -21,13 +21,14 @@ from typing import Callable
 
 import torch
 
-from . import environment, operations, preemption
+from . import environment
+from .runtime import operations, preemption
 from .accelerator_compat import AcceleratorCompatibility, refuse_unsupported_plugins
-from .compilation import compile_model
+from .runtime.compilation import compile_model
 from .data_loader import DataLoaderStateMixin, prepare_data_loader, skip_first_batches
 from .enums import DistributedType, RNGType
 from .errors import ConfigError
-from .memory import release_memory
+from .runtime.memory import release_memory
 from .optimizer import AcceleratedOptimizer
 from .plugins import (
     AutocastKwargs,
@@ -707,7 +708,7 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
         Tied weights are stored once. Call it on every process (sharded engines gather the weights); the
         main process writes.
         """
-        from .serialization import save_model_weights
+        from .big_modeling.serialization import save_model_weights
 
         state_dict = self.get_state_dict(model)
         if self.is_main_process:
@@ -718,7 +719,7 @@ class Accelerator(AcceleratorCompatibility, ProcessControl):
 
         A dict of tensors with ``safe_serialization=True`` is written as safetensors, anything else with ``torch.save``.
         """
-        from .serialization import save
+        from .big_modeling.serialization import save
 
         save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node, safe_serialization=safe_serialization)
 

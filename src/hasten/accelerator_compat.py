@@ -48,7 +48,7 @@ class AcceleratorCompatibility:
 
     @property
     def parallelism_config(self):
-        """The :class:`~hasten.parallelism.ParallelismConfig` laying out the mesh (None without one)."""
+        """The :class:`~hasten.runtime.parallelism.ParallelismConfig` laying out the mesh (None without one)."""
         return self.state.parallelism_config
 
     @property
@@ -66,7 +66,7 @@ class AcceleratorCompatibility:
         return getattr(self._strategy, "device_mesh", None)
 
     def _mesh_rank(self, name: str, default: int) -> int:
-        from .parallelism import data_parallel_mesh
+        from .runtime.parallelism import data_parallel_mesh
 
         mesh = self.torch_device_mesh if self.state.parallelism_config is not None else None
         if mesh is None:

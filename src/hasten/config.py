@@ -30,7 +30,7 @@ from . import environment
 from .enums import ComputeEnvironment, DistributedType, DynamoBackend, PrecisionType, SageMakerDistributedType
 from .config_text import read_config_data
 from .errors import ConfigError, did_you_mean
-from .fileio import atomic_write
+from .runtime.fileio import atomic_write
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 DEEPSPEED_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")

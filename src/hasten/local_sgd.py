@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from .errors import ConfigError, NotSupportedError
-from .operations import reduce
+from .runtime.operations import reduce
 
 
 class LocalSGD:

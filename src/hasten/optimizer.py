@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from . import preemption
+from .runtime import preemption
 from .errors import ConfigError
-from .operations import send_to_device
+from .runtime.operations import send_to_device
 from .state import GradientState, warn_once
 
 

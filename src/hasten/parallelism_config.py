@@ -1,5 +1,5 @@
 """``accelerate.parallelism_config``: :class:`ParallelismConfig`, re-exported from where hasten defines it."""
 
-from .parallelism import ParallelismConfig
+from .runtime.parallelism import ParallelismConfig
 
 __all__ = ["ParallelismConfig"]

@@ -27,8 +27,8 @@ import torch.distributed as dist
 from . import environment
 from .enums import DistributedType, PrecisionType
 from .errors import ConfigError, DistributedSetupError
-from .hang_watchdog import DEFAULT_HANG_TIMEOUT
-from .oom_recovery import sockets_opened_by
+from .runtime.hang_watchdog import DEFAULT_HANG_TIMEOUT
+from .runtime.oom_recovery import sockets_opened_by
 
 _GPU_TYPES = {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}
 
@@ -173,7 +173,7 @@ class ProcessControl:
         processes get one extra element when the length does not divide; with ``apply_padding`` the
         others repeat their last element so that every share has the same length (for a later gather).
         """
-        from .operations import split_for_process
+        from .runtime.operations import split_for_process
 
         yield split_for_process(inputs, self.num_processes, self.process_index, apply_padding)
 
@@ -296,7 +296,7 @@ class PartialState(ProcessControl):
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point (a barrier; nothing happens on one process)."""
         if self.num_processes > 1:
-            from .operations import barrier
+            from .runtime.operations import barrier
 
             barrier()
 

@@ -48,7 +48,7 @@ class Tower(nn.Module):
 
 
 def _save(folder: Path, blocks: int, width: int) -> None:
-    from hasten.serialization import save_model_weights
+    from hasten.big_modeling.serialization import save_model_weights
 
     torch.manual_seed(0)
     model = Tower(blocks, width)
@@ -78,8 +78,8 @@ def _peak_rss() -> int:
 
 def _run(folder: Path, budget_mb: float) -> dict:
     from hasten.big_modeling import init_empty_weights, load_checkpoint_and_dispatch
-    from hasten.device_map import device_for
-    from hasten.modeling import compute_module_sizes
+    from hasten.big_modeling.device_map import device_for
+    from hasten.big_modeling.modeling import compute_module_sizes
 
     reference = torch.load(folder / "expected.pt", weights_only=True)
     with init_empty_weights():

@@ -10,7 +10,7 @@ from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 from torch.utils.data.distributed import DistributedSampler
 
 from hasten import Accelerator, DataLoaderConfiguration
-from hasten.operations import gather_object
+from hasten.runtime.operations import gather_object
 
 accelerator = Accelerator()
 N, RANK = accelerator.num_processes, accelerator.process_index

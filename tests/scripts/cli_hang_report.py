@@ -21,7 +21,7 @@ if __name__ == "__main__":
     if os.environ.get("RANK") == "1":
         report = {
             "rank": 1,
-            "operation": "hasten.operations.reduce",
+            "operation": "hasten.runtime.operations.reduce",
             "waited_s": 12.5,
             "stack": STACK,
             "peers": "rank 0 finished the script",

@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from hasten.errors import ConfigError
-from hasten.serialization import load_checkpoint_in_model, save_model_weights
+from hasten.big_modeling.serialization import load_checkpoint_in_model, save_model_weights
 
 
 def check(condition: bool, message: str) -> None:

@@ -15,7 +15,7 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from hasten import Accelerator
-from hasten.compilation import compile_model
+from hasten.runtime.compilation import compile_model
 from hasten.errors import ConfigError
 from hasten.plugins.dynamo import TorchDynamoPlugin
 from hasten.plugins.fsdp import FullyShardedDataParallelPlugin as Plugin

@@ -17,7 +17,7 @@ from parallelism_training import LOCAL_BATCH, llama_case
 from safetensors.torch import load_file, save_file
 
 from hasten import Accelerator, ParallelismConfig
-from hasten.parallelism import data_parallel_mesh
+from hasten.runtime.parallelism import data_parallel_mesh
 from hasten.state import reset_state
 from hasten.strategies.fsdp_checkpoint import merge_fsdp_weights
 

@@ -16,7 +16,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, ParallelismConfig
-from hasten.parallelism import data_parallel_mesh
+from hasten.runtime.parallelism import data_parallel_mesh
 from hasten.state import reset_state
 
 LAYOUTS = {"fsdp_tp": dict(dp_shard_size=2, tp_size=2), "hsdp": dict(dp_replicate_size=2, dp_shard_size=2), "tp": dict(tp_size=2)}

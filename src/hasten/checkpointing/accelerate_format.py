@@ -258,8 +258,8 @@ class AccelerateCheckpointReader:
 
 def _fill_tied(tensors: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
     """Put back the tied weights Accelerate's safetensors files store under one of their names only."""
-    from ..modeling import find_tied_parameters
-    from ..wrappers import extract_model_from_parallel
+    from ..big_modeling.modeling import find_tied_parameters
+    from ..runtime.wrappers import extract_model_from_parallel
 
     for group in find_tied_parameters(extract_model_from_parallel(model, keep_torch_compile=False)):
         present = [name for name in group if name in tensors]
@@ -269,7 +269,7 @@ def _fill_tied(tensors: dict[str, torch.Tensor], model: torch.nn.Module) -> None
 
 
 def rng_states_from_accelerate(states: Any, path: Path) -> dict[str, Any]:
-    """Accelerate's ``random_states_<rank>.pkl`` contents in :func:`hasten.rng.restore_rng_states`'s layout."""
+    """Accelerate's ``random_states_<rank>.pkl`` contents in :func:`hasten.runtime.rng.restore_rng_states`'s layout."""
     try:
         py_version, py_state, py_gauss = states["random_state"]
         kind, keys, pos, has_gauss, cached = states["numpy_random_seed"]

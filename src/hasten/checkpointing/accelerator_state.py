@@ -22,8 +22,8 @@ from typing import Any, Callable
 import torch
 
 from ..errors import CheckpointError, ConfigError
-from ..operations import gather_object
-from ..rng import capture_rng_states, restore_rng_states
+from ..runtime.operations import gather_object
+from ..runtime.rng import capture_rng_states, restore_rng_states
 from ..state import PartialState, warn_once
 from . import participants
 from .background import side_group, wait_for_pending_save

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from ..fileio import atomic_write
+from ..runtime.fileio import atomic_write
 from ..safetensors_io import read_header, read_tensors, write_safetensors
 from ..state import PartialState
 from .state_io import decode, encode

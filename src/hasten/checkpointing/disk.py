@@ -9,7 +9,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from ..fileio import fsync_directory
+from ..runtime.fileio import fsync_directory
 from ..memory_estimate import format_bytes
 from .integrity import Digest, HashQueue
 

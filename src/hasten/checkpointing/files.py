@@ -21,11 +21,11 @@ from typing import Any
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..errors import CheckpointError
-from ..fileio import atomic_write, fsync_directory
+from ..runtime.fileio import atomic_write, fsync_directory
 from ..safetensors_io import read_header, safetensors_size, write_safetensors
-from ..serialization import ALIASES_KEY, dedupe_tensors
+from ..big_modeling.serialization import ALIASES_KEY, dedupe_tensors
 from .disk import HashingFile, failure_message, fsync_path, publish
 from .integrity import HASH_KEY, Digest, HashQueue, corrupt_message, file_digest, find_corrupt, record_key
 from .state_io import decode, encode
@@ -101,7 +101,7 @@ class CheckpointWriter:
 
     def begin(self) -> None:
         """Create the temporary folder (the writing process first clears a leftover from a crash)."""
-        from ..operations import barrier
+        from ..runtime.operations import barrier
 
         if self.is_main:
             try:
@@ -276,7 +276,7 @@ class CheckpointWriter:
 def _gather(obj: Any, group) -> list:
     """Every process's ``obj``, in rank order (over ``group`` when given)."""
     if group is None:
-        from ..operations import gather_object
+        from ..runtime.operations import gather_object
 
         return gather_object([obj])
     import torch.distributed as dist

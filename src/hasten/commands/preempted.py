@@ -1,9 +1,9 @@
-"""The launcher's side of preemption (see :mod:`hasten.preemption` for the workers' side).
+"""The launcher's side of preemption (see :mod:`hasten.runtime.preemption` for the workers' side).
 
 ``hasten launch`` hands SIGTERM and SIGUSR1 on to every worker, gives them
 ``HASTEN_PREEMPTION_GRACE`` seconds (default 25) to finish their step and save before torch's
 elastic agent kills them, then reports what happened: with a checkpoint saved it exits with
-:data:`~hasten.preemption.PREEMPTED_EXIT_CODE` (75), and with ``--requeue_on_preemption`` under
+:data:`~hasten.runtime.preemption.PREEMPTED_EXIT_CODE` (75), and with ``--requeue_on_preemption`` under
 Slurm it runs ``scontrol requeue $SLURM_JOB_ID``.
 """
 
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 from .. import environment
-from ..preemption import MARKER_FILE, PREEMPTED_EXIT_CODE
+from ..runtime.preemption import MARKER_FILE, PREEMPTED_EXIT_CODE
 from .launch import LaunchPlan
 
 DEFAULT_GRACE_SECONDS = 25

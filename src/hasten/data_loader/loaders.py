@@ -15,10 +15,10 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 
-from .. import preemption
+from ..runtime import preemption
 from ..errors import ConfigError
-from ..operations import broadcast, broadcast_object_list, send_to_device
-from ..rng import synchronize_rng_state, synchronize_rng_states
+from ..runtime.operations import broadcast, broadcast_object_list, send_to_device
+from ..runtime.rng import synchronize_rng_state, synchronize_rng_states
 from ..state import GradientState, PartialState
 from .sharding import BatchSamplerShard, FinalRound, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler, get_sampler, split_evenly
 

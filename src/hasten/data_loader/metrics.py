@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import DistributedOperationException
-from ..operations import _leaves, gather, gather_object, gather_with_sizes, recursively_apply
+from ..runtime.operations import _leaves, gather, gather_object, gather_with_sizes, recursively_apply
 from ..state import GradientState, warn_once
 from .sharding import FinalRound
 

@@ -12,7 +12,7 @@ from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSa
 from torch.utils.data.distributed import DistributedSampler
 
 from ..errors import ConfigError
-from ..operations import broadcast_object_list
+from ..runtime.operations import broadcast_object_list
 from ..state import PartialState, warn_once
 from .loaders import DataLoaderDispatcher, DataLoaderShard, _EmptyAwareCollate, _loader_kwargs
 from .sharding import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, get_sampler

@@ -18,7 +18,7 @@ def select_strategy(state, precision, *, ddp_kwargs=None, deepspeed_plugin=None,
     DDP when several processes run, a single device otherwise.
     """
     if parallelism_config is None and deepspeed_plugin is None:
-        from ..parallelism import ParallelismConfig
+        from ..runtime.parallelism import ParallelismConfig
 
         parallelism_config = ParallelismConfig.from_launch_settings()
     state.parallelism_config = parallelism_config

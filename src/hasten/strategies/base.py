@@ -118,7 +118,7 @@ class Strategy(ABC):
 
     def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
         """The user's model without the engine's, compile's and (optionally) precision's wrappers."""
-        from ..wrappers import extract_model_from_parallel
+        from ..runtime.wrappers import extract_model_from_parallel
 
         return extract_model_from_parallel(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
 
@@ -128,7 +128,7 @@ class Strategy(ABC):
         The model itself is left as it is (its mixed precision forward stays in place).
         """
         target = self.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=False) if unwrap else model
-        from ..hooks import has_offloaded_params
+        from ..big_modeling.hooks import has_offloaded_params
 
         if any(has_offloaded_params(module) for module in target.modules()):
             from ..big_modeling import get_state_dict_offloaded_model

@@ -359,7 +359,7 @@ class DeepSpeedStrategy(Strategy):
 
     def save_checkpoint(self, writer, models: list, optimizers: list) -> None:
         """The engine writes its (sharded) checkpoint into ``deepspeed/``; other models are saved whole."""
-        from ..operations import barrier
+        from ..runtime.operations import barrier
 
         for i, model in enumerate(models):
             if model is self.engine:

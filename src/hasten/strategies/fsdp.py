@@ -17,9 +17,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..enums import DistributedType
 from ..errors import CheckpointError, ConfigError
-from ..parallelism import data_parallel_mesh
+from ..runtime.parallelism import data_parallel_mesh
 from ..plugins.fsdp import FullyShardedDataParallelPlugin
-from ..wrappers import is_compiled_module
+from ..runtime.wrappers import is_compiled_module
 from . import fsdp_checkpoint
 from .base import Strategy
 from .fsdp_checkpoint import sharded_root
@@ -58,7 +58,7 @@ def _prepared_root(model) -> torch.nn.Module | None:
 class FSDPStrategy(Strategy):
     """Shards models with FSDP2 as a :class:`~hasten.plugins.fsdp.FullyShardedDataParallelPlugin` says.
 
-    With a :class:`~hasten.parallelism.ParallelismConfig` the mesh is the config's (``dp_replicate``,
+    With a :class:`~hasten.runtime.parallelism.ParallelismConfig` the mesh is the config's (``dp_replicate``,
     ``dp_shard``, ``tp``): models are first split over ``tp`` as their tensor-parallel plan says, then
     sharded over the data-parallel ranks (not at all when there is one data-parallel rank).
 

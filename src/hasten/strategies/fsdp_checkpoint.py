@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import CheckpointError
-from ..wrappers import extract_model_from_parallel, is_compiled_module
+from ..runtime.wrappers import extract_model_from_parallel, is_compiled_module
 
 FSDP_MODEL_NAME = "pytorch_model_fsdp"
 MODEL_SHARDS = FSDP_MODEL_NAME + "_{}"
@@ -351,7 +351,7 @@ def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.
     Under a process group, call it on every process: all check the checkpoint, the main process merges
     and the others wait for it.
     """
-    from ..serialization import save_model_weights
+    from ..big_modeling.serialization import save_model_weights
 
     _model_entries(_model_shards_folder(Path(checkpoint_dir)))
     written: list[Path] = []
@@ -389,7 +389,7 @@ def _adapter_filter(model, adapter_only: bool):
 
 
 def _save_torch(obj, path: Path) -> None:
-    from ..fileio import atomic_write
+    from ..runtime.fileio import atomic_write
 
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
@@ -543,7 +543,7 @@ def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, 
         dcp.save({"optimizer": _tensor_tree(state) or {}}, checkpoint_id=folder)
         if accelerator.process_index == 0:
             from ..checkpointing.state_io import encode
-            from ..fileio import atomic_write
+            from ..runtime.fileio import atomic_write
 
             tree, _ = encode(_other_values(state), "optimizer")
             atomic_write(folder / _VALUES, lambda tmp: tmp.write_text(json.dumps(tree)))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from .. import availability
+from ..runtime import availability
 from ..environment import parse_choice_from_env, parse_flag_from_env
 
 
@@ -325,7 +325,7 @@ class MockingTestCase(unittest.TestCase):
 
 def are_the_same_tensors(tensor) -> bool:
     """Whether ``tensor`` is equal on every process (a collective)."""
-    from ..operations import gather
+    from ..runtime.operations import gather
     from ..state import PartialState
 
     state = PartialState()

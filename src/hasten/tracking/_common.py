@@ -9,7 +9,7 @@ import warnings
 from typing import Any
 
 from ..errors import ConfigError
-from ..fileio import atomic_write
+from ..runtime.fileio import atomic_write
 
 
 def as_step(step: Any) -> int | None:

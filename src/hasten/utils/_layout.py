@@ -16,22 +16,22 @@ def _names(module: str, names: str) -> dict[str, str]:
 
 
 _CHECKPOINT_NAMES = _names(
-    "checkpoint_loading",
+    "big_modeling.checkpoint_loading",
     "MODEL_NAME SAFE_MODEL_NAME WEIGHTS_NAME SAFE_WEIGHTS_NAME WEIGHTS_INDEX_NAME SAFE_WEIGHTS_INDEX_NAME "
     "WEIGHTS_PATTERN_NAME SAFE_WEIGHTS_PATTERN_NAME",
 )
 
 LAYOUT: dict[str, dict[str, str]] = {
-    "ao": _names("quantization", "convert_model_to_fp8_ao filter_first_and_last_linear_layers filter_linear_layers find_first_last_linear_layers has_ao_layers"),
+    "ao": _names("compat.quantization", "convert_model_to_fp8_ao filter_first_and_last_linear_layers filter_linear_layers find_first_last_linear_layers has_ao_layers"),
     "bnb": _names(
-        "quantization",
+        "compat.quantization",
         "get_keys_to_not_convert get_parameter_device get_quantized_model_device_map has_4bit_bnb_layers load_and_quantize_model "
         "quantize_and_offload_8bit replace_with_bnb_layers",
     ),
     "constants": {
         **_CHECKPOINT_NAMES,
         **_names(
-            "constants",
+            "compat.constants",
             "OPTIMIZER_NAME SCHEDULER_NAME SAMPLER_NAME SCALER_NAME RNG_STATE_NAME FSDP_MODEL_NAME PROFILE_PATTERN_NAME "
             "FSDP_SHARDING_STRATEGY FSDP_AUTO_WRAP_POLICY FSDP_BACKWARD_PREFETCH FSDP_STATE_DICT_TYPE FSDP2_STATE_DICT_TYPE "
             "DEEPSPEED_MULTINODE_LAUNCHERS TORCH_DYNAMO_MODES STR_OPERATION_TO_FUNC TORCH_LAUNCH_PARAMS CUDA_DISTRIBUTED_TYPES "
@@ -57,26 +57,26 @@ LAYOUT: dict[str, dict[str, str]] = {
         "DeepSpeedPlugin": "plugins.deepspeed",
         "FullyShardedDataParallelPlugin": "plugins.fsdp",
         "TorchDynamoPlugin": "plugins.dynamo",
-        "get_module_class_from_name": "modeling_compat",
-        "TensorInformation": "operations_compat",
+        "get_module_class_from_name": "compat.modeling",
+        "TensorInformation": "compat.operations",
         **_names(
-            "quantization",
+            "compat.quantization",
             "AORecipeKwargs TERecipeKwargs MSAMPRecipeKwargs BnbQuantizationConfig",
         ),
-        "TorchTensorParallelConfig": "parallelism",
+        "TorchTensorParallelConfig": "runtime.parallelism",
         **_names(
-            "unsupported",
+            "compat.unsupported",
             "TorchContextParallelConfig TorchTensorParallelPlugin DeepSpeedSequenceParallelConfig",
         ),
         **_names(
-            "megatron_lm",
+            "compat.megatron_lm",
             "MegatronLMPlugin MODEL_CONFIGS_TO_MEGATRON_PARSERS add_model_config_to_megatron_parser parse_bert_config "
             "parse_glm4_moe_config parse_gpt2_config parse_llama_config parse_t5_config",
         ),
     },
     "deepspeed": {
         **_names("plugins.deepspeed", "DummyOptim DummyScheduler HfDeepSpeedConfig get_active_deepspeed_plugin map_pytorch_optim_to_deepspeed"),
-        **_names("internals_compat", "DeepSpeedEngineWrapper DeepSpeedOptimizerWrapper"),
+        **_names("compat.internals", "DeepSpeedEngineWrapper DeepSpeedOptimizerWrapper"),
         "DeepSpeedSchedulerWrapper": "strategies.deepspeed",
     },
     "environment": {
@@ -86,7 +86,7 @@ LAYOUT: dict[str, dict[str, str]] = {
             "purge_accelerate_environment convert_dict_to_env_variables",
         ),
         **_names(
-            "machine_info",
+            "compat.machine_info",
             "are_libraries_initialized "
             "get_cpu_distributed_information CPUInformation override_numa_affinity set_numa_affinity get_gpu_info "
             "get_driver_version check_cuda_p2p_ib_support check_cuda_fp8_capability get_current_device_type",
@@ -100,15 +100,15 @@ LAYOUT: dict[str, dict[str, str]] = {
             "get_fsdp2_grad_scaler",
         ),
         **_names(
-            "internals_compat",
+            "compat.internals",
             "ensure_weights_retied fsdp2_apply_ac fsdp2_load_full_state_dict fsdp2_prepare_auto_wrap_policy fsdp2_prepare_model "
             "fsdp2_switch_optimizer_parameters",
         ),
     },
     "imports": {
-        "is_rich_available": "unsupported",
+        "is_rich_available": "compat.unsupported",
         **_names(
-            "availability",
+            "runtime.availability",
             "USE_TORCH_XLA deepspeed_required torchao_required is_4bit_bnb_available is_8bit_bnb_available is_aim_available "
             "is_amdsmi_available is_bf16_available is_bitsandbytes_multi_backend_available is_bnb_available is_boto3_available "
             "is_clearml_available is_comet_ml_available is_cuda_available is_datasets_available is_deepspeed_available "
@@ -125,59 +125,59 @@ LAYOUT: dict[str, dict[str, str]] = {
         ),
     },
     "launch": _names(
-        "launch_env",
+        "compat.launch_env",
         "PrepareForLaunch env_var_path_add prepare_deepspeed_cmd_env prepare_extend_env_parallelism_config "
         "prepare_multi_gpu_env prepare_sagemager_args_inputs prepare_simple_launcher_cmd_env prepare_tpu setup_fp8_env",
     ),
     "megatron_lm": _names(
-        "megatron_lm",
+        "compat.megatron_lm",
         "AbstractTrainStep BertTrainStep GPTTrainStep MegatronEngine MegatronLMDummyDataLoader MegatronLMDummyScheduler "
         "MegatronLMOptimizerWrapper MegatronLMSchedulerWrapper T5TrainStep avg_losses_across_data_parallel_group "
         "finish_mpu_init gather_across_data_parallel_groups initialize model_provider_func prepare_data_loader "
         "prepare_model_optimizer_scheduler prepare_optimizer prepare_scheduler",
     ),
-    "memory": _names("memory", "clear_device_cache find_executable_batch_size release_memory should_reduce_batch_size"),
+    "memory": _names("runtime.memory", "clear_device_cache find_executable_batch_size release_memory should_reduce_batch_size"),
     "modeling": {
-        "clean_device_map": "device_map",
-        "WEIGHTS_INDEX_NAME": "checkpoint_loading",
-        "load_checkpoint_in_model": "checkpoint_loading",
-        "load_state_dict": "checkpoint_loading",
-        "align_module_device": "hooks",
-        "has_offloaded_params": "hooks",
+        "clean_device_map": "big_modeling.device_map",
+        "WEIGHTS_INDEX_NAME": "big_modeling.checkpoint_loading",
+        "load_checkpoint_in_model": "big_modeling.checkpoint_loading",
+        "load_state_dict": "big_modeling.checkpoint_loading",
+        "align_module_device": "big_modeling.hooks",
+        "has_offloaded_params": "big_modeling.hooks",
         "get_state_dict_offloaded_model": "big_modeling",
-        "load_offloaded_weights": "offload",
-        "convert_file_size_to_int": "fileio:parse_size",
-        "is_peft_model": "modeling_compat",
-        **_names("device_map", "check_device_map get_balanced_memory get_max_memory infer_auto_device_map"),
+        "load_offloaded_weights": "big_modeling.offload",
+        "convert_file_size_to_int": "runtime.fileio:parse_size",
+        "is_peft_model": "compat.modeling",
+        **_names("big_modeling.device_map", "check_device_map get_balanced_memory get_max_memory infer_auto_device_map"),
         **_names(
-            "modeling",
+            "big_modeling.modeling",
             "compute_module_sizes compute_module_total_buffer_size dtype_byte_size find_tied_parameters get_max_layer_size "
             "get_non_persistent_buffers named_module_tensors retie_parameters set_module_tensor_to_device",
         ),
         **_names(
-            "modeling_compat",
+            "compat.modeling",
             "calculate_maximum_sizes check_device_same check_tied_parameters_in_config check_tied_parameters_on_same_device "
             "get_module_leaves get_state_dict_from_offload id_tensor_storage get_grad_scaler get_mixed_precision_context_manager",
         ),
-        **_names("internals_compat", "fallback_allocate get_module_size_with_ties"),
+        **_names("compat.internals", "fallback_allocate get_module_size_with_ties"),
     },
     "offload": _names(
-        "offload",
+        "big_modeling.offload",
         "OffloadedWeightsLoader PrefixedDataset extract_submodules_state_dict load_offloaded_weight offload_state_dict "
         "offload_weight save_offload_index",
     ),
     "operations": {
         "DistributedOperationException": "errors",
         **_names(
-            "operations",
+            "runtime.operations",
             "CannotPadNestedTensorWarning ConvertOutputsToFp32 broadcast broadcast_object_list concatenate convert_outputs_to_fp32 "
             "convert_to_fp32 find_batch_size find_device gather gather_object get_data_structure honor_type "
             "ignorant_find_batch_size initialize_tensors is_namedtuple is_torch_tensor listify pad_across_processes "
             "pad_input_tensors recursively_apply reduce send_to_device slice_tensors",
         ),
-        "get_shape": "operations",
+        "get_shape": "runtime.operations",
         **_names(
-            "operations_compat",
+            "compat.operations",
             "TENSOR_INT_TO_DTYPE TENSOR_TYPE_TO_INT verify_operation chained_operation gather_tensor_shape copy_tensor_to_devices is_tensor_information "
             "is_torch_xpu_tensor GatheredParameters",
         ),
@@ -185,28 +185,28 @@ LAYOUT: dict[str, dict[str, str]] = {
     "other": {
         "check_os_kernel": "environment",
         "wait_for_everyone": "utils._process",
-        **_names("compilation", "compile_regions compile_regions_deepspeed compile_regions_fsdp2 has_repeated_blocks is_repeated_blocks"),
-        **_names("misc", "convert_bytes get_pretty_name is_port_in_use merge_dicts recursive_getattr get_free_port"),
-        **_names("wrappers", "extract_model_from_parallel has_compiled_regions is_compiled_module"),
-        **_names("modeling_compat", "get_module_children_bottom_up model_has_dtensor get_model_tp_size"),
-        **_names("serialization", "load save TORCH_SAFE_GLOBALS"),
-        "clean_state_dict_for_safetensors": "modeling_compat",
+        **_names("runtime.compilation", "compile_regions compile_regions_deepspeed compile_regions_fsdp2 has_repeated_blocks is_repeated_blocks"),
+        **_names("compat.misc", "convert_bytes get_pretty_name is_port_in_use merge_dicts recursive_getattr get_free_port"),
+        **_names("runtime.wrappers", "extract_model_from_parallel has_compiled_regions is_compiled_module"),
+        **_names("compat.modeling", "get_module_children_bottom_up model_has_dtensor get_model_tp_size"),
+        **_names("big_modeling.serialization", "load save TORCH_SAFE_GLOBALS"),
+        "clean_state_dict_for_safetensors": "compat.modeling",
     },
-    "random": _names("rng", "set_seed synchronize_rng_state synchronize_rng_states"),
-    "torch_xla": _names("unsupported", "install_xla"),
-    "tqdm": {"tqdm": "progress"},
-    "transformer_engine": _names("quantization", "apply_fp8_autowrap contextual_fp8_autocast convert_model has_transformer_engine_layers"),
-    "versions": _names("availability", "compare_versions is_torch_version torch_version"),
+    "random": _names("runtime.rng", "set_seed synchronize_rng_state synchronize_rng_states"),
+    "torch_xla": _names("compat.unsupported", "install_xla"),
+    "tqdm": {"tqdm": "runtime.progress"},
+    "transformer_engine": _names("compat.quantization", "apply_fp8_autowrap contextual_fp8_autocast convert_model has_transformer_engine_layers"),
+    "versions": _names("runtime.availability", "compare_versions is_torch_version torch_version"),
 }
 
 # names of ``hasten.utils`` that come from no submodule listed above (``parse_size`` is hasten's own)
 FLAT_ONLY: dict[str, str] = {
-    "parse_size": "fileio",
+    "parse_size": "runtime.fileio",
     "write_basic_config": "config",
     "notebook_launcher": "launchers",
     "debug_launcher": "launchers",
     "LocalSGD": "local_sgd",
-    "ParallelismConfig": "parallelism",
+    "ParallelismConfig": "runtime.parallelism",
     "merge_deepspeed_weights": "strategies.deepspeed_checkpoint",
 }
 

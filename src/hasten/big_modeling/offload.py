@@ -24,10 +24,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import CheckpointError
-from .fileio import atomic_write
+from ..errors import CheckpointError
+from ..runtime.fileio import atomic_write
 from .modeling import find_tied_parameters, parse_dtype, retie_parameters, set_module_tensor_to_device
-from .safetensors_io import SafetensorsHeader, map_tensor, read_header
+from ..safetensors_io import SafetensorsHeader, map_tensor, read_header
 
 OFFLOAD_INDEX_NAME = "index.json"
 

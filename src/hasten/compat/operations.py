@@ -1,7 +1,7 @@
 """The less used tensor helpers of ``accelerate.utils.operations``: shape records, dtype codes, sending a tensor
 that only one process has, the debug-check decorators and DeepSpeed's parameter gathering.
 
-hasten's own collectives (:mod:`hasten.operations`) already verify themselves in debug mode; these helpers exist
+hasten's own collectives (:mod:`hasten.runtime.operations`) already verify themselves in debug mode; these helpers exist
 for code written against Accelerate's API.
 """
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .errors import DistributedOperationException
+from ..errors import DistributedOperationException
 
 TENSOR_TYPE_TO_INT = {
     torch.float: 1, torch.double: 2, torch.half: 3, torch.bfloat16: 4, torch.uint8: 5, torch.int8: 6, torch.int16: 7,
@@ -73,14 +73,14 @@ def gather_tensor_shape(tensor) -> tuple[torch.Size, torch.dtype] | None:
 def copy_tensor_to_devices(tensor=None) -> torch.Tensor:
     """Send the tensor that exactly one process holds to every process (the others pass ``None``).
 
-    Unlike :func:`~hasten.operations.broadcast`, the receivers need not know the shape or dtype. A collective.
+    Unlike :func:`~hasten.runtime.operations.broadcast`, the receivers need not know the shape or dtype. A collective.
     """
     found = gather_tensor_shape(tensor)
     if found is None:
         raise DistributedOperationException("copy_tensor_to_devices: no process passed a tensor; exactly one must.")
     if not _multi_process():
         return tensor
-    from .state import PartialState
+    from ..state import PartialState
 
     shape, dtype = found
     owner = [None] * dist.get_world_size()
@@ -95,7 +95,7 @@ def copy_tensor_to_devices(tensor=None) -> torch.Tensor:
 def verify_operation(function):
     """Decorator: in debug mode, check that every process calls ``function`` with tensors of the same shapes first
     (raising :class:`~hasten.errors.DistributedOperationException` listing them), as hasten's collectives do."""
-    from .operations import _collective
+    from ..runtime.operations import _collective
 
     return _collective(function.__name__)(function)
 

@@ -35,9 +35,9 @@ import weakref
 from datetime import timedelta
 from pathlib import Path
 
-from . import environment
-from .errors import HastenError
-from .state import GradientState
+from .. import environment
+from ..errors import HastenError
+from ..state import GradientState
 
 PREEMPTED_EXIT_CODE = 75
 """Exit code of a worker and of ``hasten launch`` after a preemption signal when the checkpoint was saved

@@ -1,7 +1,7 @@
 """Bounded hangs: a collective that does not complete within ``HASTEN_HANG_TIMEOUT`` ends the job with a report.
 
 Active in every mode as soon as several processes run. The hot path costs one tuple assignment on
-entry and one on exit of each collective of :mod:`hasten.operations` (no store round-trip, no extra
+entry and one on exit of each collective of :mod:`hasten.runtime.operations` (no store round-trip, no extra
 collective). One daemon thread per process does the rest:
 
 - it publishes this rank's position (collective number, operation, waiting/done) to the rendezvous
@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from . import environment
+from .. import environment
 
 DEFAULT_HANG_TIMEOUT = 300.0
 _KEY = "hasten_hang"
@@ -67,7 +67,7 @@ def sequence() -> int:
 def hang_timeout() -> float:
     """Seconds before a stuck collective ends the job: ``HASTEN_HANG_TIMEOUT``, else the process group's
     timeout the user gave (``InitProcessGroupKwargs(timeout=...)``), else :data:`DEFAULT_HANG_TIMEOUT`."""
-    from .state import PartialState  # state imports this module
+    from ..state import PartialState  # state imports this module
 
     explicit = environment.get_float("HANG_TIMEOUT")
     if explicit is not None:
@@ -172,7 +172,7 @@ class _Watchdog:
     def _notice(self, current, waited: float) -> None:
         seq, name = current[0], current[1]
         print(
-            f"[hasten] rank {self.rank} has waited {waited:.0f} s in `hasten.operations.{name}` (collective #{seq}); "
+            f"[hasten] rank {self.rank} has waited {waited:.0f} s in `hasten.runtime.operations.{name}` (collective #{seq}); "
             f"the job ends if it waits {self.timeout:g} s (HASTEN_HANG_TIMEOUT). Where the other ranks are:\n{self.peers()}",
             file=sys.stderr,
             flush=True,
@@ -199,7 +199,7 @@ class _Watchdog:
         others = self._peer_stacks()
         message = (
             f"\n[hasten] rank {self.rank} has waited {waited:.1f} s (HASTEN_HANG_TIMEOUT={self.timeout:g}) in "
-            f"`hasten.operations.{name}` (collective #{seq}).\nWhere the other ranks are:\n{peers}\n"
+            f"`hasten.runtime.operations.{name}` (collective #{seq}).\nWhere the other ranks are:\n{peers}\n"
             f"A rank that never entered collective #{seq} skipped it or is stuck elsewhere; every rank must call the "
             f"same collectives in the same order. Raise HASTEN_HANG_TIMEOUT if a rank legitimately works alone this long.\n"
             f"Stack of rank {self.rank}:\n{stack}\n{others}"
@@ -207,7 +207,7 @@ class _Watchdog:
         print(message, file=sys.stderr, flush=True)
         report_dir = environment.get_str("HANG_REPORT_DIR")
         if report_dir:
-            record = {"rank": self.rank, "operation": f"hasten.operations.{name}", "collective": seq, "waited_s": round(waited, 2), "stack": stack, "peers": peers}
+            record = {"rank": self.rank, "operation": f"hasten.runtime.operations.{name}", "collective": seq, "waited_s": round(waited, 2), "stack": stack, "peers": peers}
             with contextlib.suppress(OSError):
                 Path(report_dir, f"hang_rank{self.rank}.json").write_text(json.dumps(record, indent=1))
         os._exit(1)

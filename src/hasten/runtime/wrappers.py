@@ -1,14 +1,14 @@
 """Recognising and removing the wrappers hasten and torch put around a model (DDP, DeepSpeed, compile, autocast).
 
 FSDP2 adds no wrapper (``fully_shard`` shards the model in place), and regional compilation
-(:func:`hasten.compilation.compile_regions`) compiles blocks in place, so neither needs unwrapping.
+(:func:`hasten.runtime.compilation.compile_regions`) compiles blocks in place, so neither needs unwrapping.
 """
 
 from __future__ import annotations
 
 import torch
 
-from .precision import Precision
+from ..precision import Precision
 
 
 def is_compiled_module(module) -> bool:

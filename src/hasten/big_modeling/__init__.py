@@ -23,10 +23,10 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from . import environment
+from .. import environment
 from .checkpoint_loading import load_checkpoint_in_model
 from .device_map import DEVICE_MAP_STRATEGIES, check_device_map, get_balanced_memory, infer_auto_device_map
-from .errors import ConfigError, NotSupportedError, did_you_mean
+from ..errors import ConfigError, NotSupportedError, did_you_mean
 from .hooks import (
     AlignDevicesHook,
     CpuOffload,
@@ -442,7 +442,7 @@ def attach_layerwise_casting_hooks(
     Layers whose dotted name matches a regular expression of ``skip_modules_pattern`` (searched, not matched),
     or whose class is in ``skip_modules_classes``, and everything under them, keep their dtype.
     """
-    from .constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
+    from ..compat.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
 
     patterns = (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else tuple(skip_modules_pattern or ())
     pending = [("", module)]

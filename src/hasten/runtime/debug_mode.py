@@ -1,12 +1,12 @@
 """Debug mode for collectives: fail fast with a clear message instead of hanging.
 
 Enabled by ``HASTEN_DEBUG_MODE=1`` (also under plain torchrun), ``hasten launch --debug`` or
-``debug: true`` in the launch config. Before each collective of :mod:`hasten.operations` every rank
+``debug: true`` in the launch config. Before each collective of :mod:`hasten.runtime.operations` every rank
 exchanges the operation's name, its sequence number and its input shapes; a mismatch raises
 :class:`~hasten.errors.DistributedOperationException` on every rank, listing each process's shapes.
 
 A collective that never completes is reported in every mode, debug or not, by
-:mod:`hasten.hang_watchdog` (``HASTEN_HANG_TIMEOUT``).
+:mod:`hasten.runtime.hang_watchdog` (``HASTEN_HANG_TIMEOUT``).
 """
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ import functools
 
 import torch.distributed as dist
 
-from . import environment, hang_watchdog
-from .errors import DistributedOperationException
+from .. import environment
+from . import hang_watchdog
+from ..errors import DistributedOperationException
 
 _SHAPE_FREE = {"gather_object", "broadcast_object_list", "wait_for_everyone"}
 
@@ -30,7 +31,7 @@ def active() -> bool:
 
 @functools.cache
 def _partial_state_store() -> dict:
-    from .state import PartialState  # state imports operations, which imports this module
+    from ..state import PartialState  # state imports operations, which imports this module
 
     return PartialState._shared_state
 
@@ -55,7 +56,7 @@ def check(name: str, args, kwargs) -> None:
         dist.all_gather_object(everyone, payload)
     except RuntimeError as error:
         raise DistributedOperationException(
-            f"Operation `hasten.operations.{name}` (collective #{seq}) failed while the ranks compared their "
+            f"Operation `hasten.runtime.operations.{name}` (collective #{seq}) failed while the ranks compared their "
             f"inputs: {error}\nWhere the other ranks are:\n{hang_watchdog.peers()}"
         ) from error
     _compare(name, everyone)
@@ -68,7 +69,7 @@ def _compare(name: str, everyone: list) -> None:
         listing = "\n".join(f"  - Process {i}: `{e[0]}` (collective #{e[1]})" for i, e in enumerate(everyone))
         raise DistributedOperationException(
             "Cannot apply desired operation: the processes called different collectives. Every process must call "
-            f"the same collectives in the same order.\n\nOperation: `hasten.operations.{name}`\nCalls:\n{listing}"
+            f"the same collectives in the same order.\n\nOperation: `hasten.runtime.operations.{name}`\nCalls:\n{listing}"
         )
     shapes = [entry[2] for entry in everyone]
     if name == "pad_across_processes":
@@ -77,7 +78,7 @@ def _compare(name: str, everyone: list) -> None:
         listing = "\n".join(f"  - Process {i}: {_fmt(e[2])}" for i, e in enumerate(everyone))
         raise DistributedOperationException(
             "Cannot apply desired operation due to shape mismatches. All shapes across devices must be valid.\n\n"
-            f"Operation: `hasten.operations.{name}`\nInput shapes:\n{listing}"
+            f"Operation: `hasten.runtime.operations.{name}`\nInput shapes:\n{listing}"
         )
 
 

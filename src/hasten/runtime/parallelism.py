@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from . import environment
-from .errors import ConfigError, NotSupportedError
+from .. import environment
+from ..errors import ConfigError, NotSupportedError
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
 

@@ -1,4 +1,4 @@
-"""Rank agreement for :func:`~hasten.memory.find_executable_batch_size` that survives an OOM inside a collective.
+"""Rank agreement for :func:`~hasten.runtime.memory.find_executable_batch_size` that survives an OOM inside a collective.
 
 When one rank runs out of memory, the others may already wait in a collective of the same attempt
 (DDP's gradient all-reduce): an agreement *collective* would meet the wrong peer and fail. So the ranks
@@ -39,7 +39,7 @@ from typing import Callable
 import torch.distributed as dist
 
 from . import hang_watchdog
-from .errors import HastenError
+from ..errors import HastenError
 
 GRACE_SECONDS = 2.0
 _POLL_SECONDS = 0.2
@@ -152,7 +152,7 @@ def _abort_default_group() -> None:
     """Abort this rank's default process group: pending collectives end with an error, the group is dropped."""
     from torch.distributed import distributed_c10d as c10d
 
-    from .state import PartialState
+    from ..state import PartialState
 
     if not dist.is_initialized():
         return
@@ -196,7 +196,7 @@ def _shut_down(inodes: frozenset[int]) -> None:
 
 def _rebuild_default_group(store, prefix: str, backend: str, rank: int, world: int) -> None:
     """Create a fresh default process group over the same rendezvous store, under a new key prefix."""
-    from .state import PartialState
+    from ..state import PartialState
 
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from .errors import NotSupportedError
-from .plugins import KwargsHandler
+from ..errors import NotSupportedError
+from ..plugins import KwargsHandler
 
 _BACKENDS = {"ao": "torchao FP8", "te": "Transformer Engine FP8", "msamp": "MS-AMP", "bnb": "bitsandbytes quantization"}
 

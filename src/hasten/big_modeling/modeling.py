@@ -2,7 +2,7 @@
 
 Names follow ``accelerate.utils.modeling`` (``set_module_tensor_to_device``, ``compute_module_sizes``,
 ``find_tied_parameters``, ...). Device maps themselves (``infer_auto_device_map`` and friends) are in
-:mod:`hasten.device_map`.
+:mod:`hasten.big_modeling.device_map`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping
 import torch
 from torch import nn
 
-from .errors import ConfigError, NotSupportedError, did_you_mean
+from ..errors import ConfigError, NotSupportedError, did_you_mean
 
 _DTYPE_ALIASES = {
     "fp16": torch.float16,
@@ -58,7 +58,7 @@ def as_device(device) -> torch.device | str:
     if isinstance(device, int):
         if device < 0:
             raise ConfigError(f"Invalid device index {device}: accelerator indices start at 0.")
-        from .environment import accelerator_type
+        from ..environment import accelerator_type
 
         kind = accelerator_type()
         return torch.device("cuda" if kind in ("cpu", "mps") else kind, device)

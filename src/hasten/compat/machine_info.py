@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import environment
+from .. import environment
 
 
 @dataclass

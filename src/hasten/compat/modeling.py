@@ -13,7 +13,7 @@ from typing import Mapping
 import torch
 from torch import nn
 
-from .modeling import compute_module_sizes, get_max_layer_size
+from ..big_modeling.modeling import compute_module_sizes, get_max_layer_size
 
 
 def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]]]:
@@ -81,7 +81,7 @@ def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
 def get_state_dict_from_offload(module: nn.Module, module_name: str, state_dict: dict, device_to_put_offload="cpu") -> dict:
     """Add ``module``'s weights to ``state_dict`` under ``module_name``, bringing offloaded weights to
     ``device_to_put_offload`` first; returns ``state_dict``."""
-    from .hooks import align_module_device
+    from ..big_modeling.hooks import align_module_device
 
     with align_module_device(module, device_to_put_offload):
         for name, tensor in module.state_dict().items():
@@ -108,7 +108,7 @@ def clean_state_dict_for_safetensors(state_dict: dict) -> dict:
 def get_grad_scaler(distributed_type=None, **kwargs) -> torch.amp.GradScaler:
     """A gradient scaler for fp16 training on this machine's accelerator (``kwargs`` go to ``GradScaler``).
     ``distributed_type`` is accepted for Accelerate's signature: hasten's FSDP2 and DDP use the same scaler."""
-    from .environment import accelerator_type
+    from ..environment import accelerator_type
 
     device = accelerator_type()
     return torch.amp.GradScaler(device if device in ("cuda", "xpu") else "cpu", **kwargs)
@@ -121,7 +121,7 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     """
     if not native_amp:
         return contextlib.nullcontext()
-    from .state import AcceleratorState
+    from ..state import AcceleratorState
 
     state = AcceleratorState()
     dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(state.mixed_precision))
@@ -150,7 +150,7 @@ def is_peft_model(model) -> bool:
 
     peft is not imported here: a ``PeftModel`` can only exist once peft is imported, so without it the answer is False.
     """
-    from .wrappers import extract_model_from_parallel
+    from ..runtime.wrappers import extract_model_from_parallel
 
     peft = sys.modules.get("peft")
     return peft is not None and isinstance(extract_model_from_parallel(model), peft.PeftModel)

@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import os
 
-from . import environment
-from .enums import DistributedType
-from .errors import NotSupportedError
+from .. import environment
+from ..enums import DistributedType
+from ..errors import NotSupportedError
 
 
 def _plan(args: argparse.Namespace):
-    from .commands.launch import prepare_launch
+    from ..commands.launch import prepare_launch
 
     return prepare_launch(args)
 

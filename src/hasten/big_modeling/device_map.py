@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from .errors import ConfigError, did_you_mean
+from ..errors import ConfigError, did_you_mean
 from .modeling import (
     compute_module_sizes,
     find_tied_parameters,
@@ -29,7 +29,7 @@ from .modeling import (
     parse_dtype,
     tensor_size,
 )
-from .fileio import parse_size
+from ..runtime.fileio import parse_size
 
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 _NAMED_DEVICES = ("mps", "xpu", "cpu", "disk")
@@ -57,7 +57,7 @@ def _memory_key(key):
 def _available_memory() -> dict:
     import psutil
 
-    from .environment import accelerator_type, device_count
+    from ..environment import accelerator_type, device_count
 
     memory: dict = {}
     kind = accelerator_type()

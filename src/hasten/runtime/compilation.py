@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from .errors import ConfigError
-from .plugins.dynamo import TorchDynamoPlugin
+from ..errors import ConfigError
+from ..plugins.dynamo import TorchDynamoPlugin
 from .wrappers import has_compiled_regions, is_compiled_module
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import NotSupportedError
-from .parallelism import ParallelismConfig
+from ..errors import NotSupportedError
+from ..runtime.parallelism import ParallelismConfig
 
 __all__ = ["ParallelismConfig", "is_rich_available", "prepare_pippy"]
 

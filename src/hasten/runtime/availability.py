@@ -197,7 +197,7 @@ def _requiring(package: str, feature: str):
     def decorator(func):
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
-            from .errors import require
+            from ..errors import require
 
             require(package, feature)
             return func(*args, **kwargs)
@@ -281,4 +281,4 @@ def __getattr__(attribute: str):
         return _package_check(_PACKAGES[attribute])
     if attribute == "torch_version":
         return _torch_version()
-    raise AttributeError(f"module 'hasten.availability' has no attribute {attribute!r}")
+    raise AttributeError(f"module 'hasten.runtime.availability' has no attribute {attribute!r}")

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 _UNITS = {
     "": 1,

@@ -6,9 +6,9 @@ a tensor where one is required raises ``TypeError`` naming its path, e.g. ``batc
 
 On a single process the collectives return their input (``gather``/``reduce`` return copies).
 In every mode a collective that does not complete within ``HASTEN_HANG_TIMEOUT`` ends the job with a
-report (see :mod:`hasten.hang_watchdog`). In debug mode (``HASTEN_DEBUG_MODE=1``, ``hasten launch
+report (see :mod:`hasten.runtime.hang_watchdog`). In debug mode (``HASTEN_DEBUG_MODE=1``, ``hasten launch
 --debug``) each collective first checks that every rank calls the same operation with compatible
-shapes (see :mod:`hasten.debug_mode`).
+shapes (see :mod:`hasten.runtime.debug_mode`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from . import debug_mode, hang_watchdog
-from .errors import DistributedOperationException  # noqa: F401  (re-exported for compatibility)
+from ..errors import DistributedOperationException  # noqa: F401  (re-exported for compatibility)
 
 
 class CannotPadNestedTensorWarning(UserWarning):

@@ -10,7 +10,7 @@ def tqdm(*args, main_process_only: bool = True, **kwargs):
     if len(args) > 0 and isinstance(args[0], bool):
         raise TypeError("hasten.utils.tqdm: pass main_process_only as a keyword (main_process_only=True), not as the first argument.")
     if main_process_only:
-        from .state import PartialState
+        from ..state import PartialState
 
         state = PartialState()
         kwargs["disable"] = kwargs.get("disable", False) or not state.is_local_main_process

@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .enums import RNGType
-from .errors import ConfigError
+from ..enums import RNGType
+from ..errors import ConfigError
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
@@ -27,7 +27,7 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     if not isinstance(seed, int):
         raise ConfigError(f"set_seed(seed={seed!r}): the seed must be an int.")
     if device_specific:
-        from .state import PartialState
+        from ..state import PartialState
 
         seed += PartialState().process_index
     random.seed(seed)
@@ -66,7 +66,7 @@ def synchronize_rng_state(rng_type: str | RNGType | None = None, generator: torc
         if module is None or not module.is_available():
             return
         state = module.get_rng_state()
-    from .state import PartialState
+    from ..state import PartialState
 
     device = PartialState().device if dist.get_backend() == "nccl" else torch.device("cpu")
     synced = broadcast(state.to(device)).cpu()

@@ -10,7 +10,7 @@ from typing import Callable
 
 import torch
 
-from .errors import HastenError
+from ..errors import HastenError
 
 _OOM_MESSAGES = (
     "CUDA out of memory",
@@ -113,7 +113,7 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
     all ranks agree after every attempt, through the rendezvous store: if any rank ran out of memory,
     every rank retries at the smaller size, so ranks never diverge. This holds when the OOM strikes on
     one rank while the others wait in a collective of the attempt (DDP's gradient all-reduce): the
-    process group is then aborted and rebuilt (see :mod:`hasten.oom_recovery`), so objects holding it
+    process group is then aborted and rebuilt (see :mod:`hasten.runtime.oom_recovery`), so objects holding it
     must be prepared inside the decorated function. When batch size 1 fails, the error says so and
     keeps the original OOM as its cause. ``function`` may be any callable (``functools.partial`` too).
     """

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from .errors import NotSupportedError
+from ..errors import NotSupportedError
 
 MODEL_CONFIGS_TO_MEGATRON_PARSERS: dict[str, Callable] = {}
 

@@ -6,7 +6,7 @@ Tensors that share memory (tied weights) are written once; the other names are r
 in the files' metadata so that :func:`hasten.load_checkpoint_in_model` ties them again. Every file is
 written atomically, so an interrupted save never leaves a half-written file under a final name.
 
-Reading is in :mod:`hasten.checkpoint_loading`; :func:`load_checkpoint_in_model` and
+Reading is in :mod:`hasten.big_modeling.checkpoint_loading`; :func:`load_checkpoint_in_model` and
 :func:`load_state_dict` are re-exported here.
 """
 
@@ -39,9 +39,9 @@ from .checkpoint_loading import (
     load_state_dict,
     refused_pickle_error,
 )
-from .errors import ConfigError
-from .fileio import atomic_write, parse_size
-from .safetensors_io import dedupe_tensors, read_header, write_safetensors
+from ..errors import ConfigError
+from ..runtime.fileio import atomic_write, parse_size
+from ..safetensors_io import dedupe_tensors, read_header, write_safetensors
 
 __all__ = [
     "MODEL_NAME",
@@ -193,7 +193,7 @@ def save_model_weights(
 def _should_write(save_on_each_node: bool) -> bool:
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return True
-    from .state import PartialState
+    from ..state import PartialState
 
     state = PartialState()
     return state.is_local_main_process if save_on_each_node else state.is_main_process
@@ -247,7 +247,7 @@ def _safe_numpy_globals() -> list:
 def __getattr__(name: str):
     if name == "TORCH_SAFE_GLOBALS":
         return _safe_numpy_globals()
-    raise AttributeError(f"module 'hasten.serialization' has no attribute {name!r}")
+    raise AttributeError(f"module 'hasten.big_modeling.serialization' has no attribute {name!r}")
 
 
 def load(f, map_location=None, **kwargs):

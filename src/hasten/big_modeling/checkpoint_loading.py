@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 from .device_map import check_device_map, device_for
-from .errors import CheckpointError, ConfigError, NotSupportedError
+from ..errors import CheckpointError, ConfigError, NotSupportedError
 from .modeling import as_device, find_tied_parameters, get_module_tensor, get_tensor_owner, parse_dtype, set_module_tensor_to_device
 from .offload import load_offloaded_weights, offload_weight, save_offload_index
-from .safetensors_io import SafetensorsHeader, read_header, read_tensors
+from ..safetensors_io import SafetensorsHeader, read_header, read_tensors
 
 MODEL_NAME = "pytorch_model"
 SAFE_MODEL_NAME = "model"
@@ -425,7 +425,7 @@ def load_checkpoint_in_model(
         model: the model; it may be on the meta device (built under :func:`hasten.init_empty_weights`).
         checkpoint: a weights file (``.safetensors``, ``.bin``, ``.pt``), an index file
             (``*.index.json``) or a folder holding either.
-        device_map: ``{name: device}`` (see :mod:`hasten.device_map`). When None, tensors go where the
+        device_map: ``{name: device}`` (see :mod:`hasten.big_modeling.device_map`). When None, tensors go where the
             model's tensors are (the CPU for meta tensors), in place when device and dtype match.
         offload_folder: folder for tensors mapped to ``"disk"``; required when there are any. Tensors of
             a safetensors checkpoint are not copied there, the offload index points at the checkpoint.

@@ -11,7 +11,7 @@ import operator
 
 import torch
 
-from .checkpoint_loading import (  # noqa: F401 (Accelerate's names, defined where hasten uses them)
+from ..big_modeling.checkpoint_loading import (  # noqa: F401 (Accelerate's names, defined where hasten uses them)
     MODEL_NAME,
     SAFE_MODEL_NAME,
     SAFE_WEIGHTS_INDEX_NAME,
@@ -21,8 +21,8 @@ from .checkpoint_loading import (  # noqa: F401 (Accelerate's names, defined whe
     WEIGHTS_NAME,
     WEIGHTS_PATTERN_NAME,
 )
-from .config import DEEPSPEED_MULTINODE_LAUNCHERS as _LAUNCHERS
-from .config import FSDP_AUTO_WRAP_POLICIES, FSDP_BACKWARD_PREFETCH as _PREFETCH, FSDP_SHARDING_STRATEGIES, FSDP_STATE_DICT_TYPES
+from ..config import DEEPSPEED_MULTINODE_LAUNCHERS as _LAUNCHERS
+from ..config import FSDP_AUTO_WRAP_POLICIES, FSDP_BACKWARD_PREFETCH as _PREFETCH, FSDP_SHARDING_STRATEGIES, FSDP_STATE_DICT_TYPES
 
 # checkpoint file names (Accelerate's; hasten's own checkpoints are described by their manifest)
 OPTIMIZER_NAME = "optimizer"
