@@ -6,13 +6,14 @@ import pytest
 import torch
 
 from hasten.runtime import operations as ops
+from hasten.runtime import tree
 
 Pair = namedtuple("Pair", "a b")
 
 
 def test_recursively_apply_keeps_structure_and_types():
     data = {"a": [torch.ones(1), (torch.zeros(2), 3)], "p": Pair(torch.ones(1), "x")}
-    out = ops.recursively_apply(lambda t: t * 2, data)
+    out = tree.recursively_apply(lambda t: t * 2, data)
     assert isinstance(out["p"], Pair) and out["p"].b == "x" and out["a"][1][1] == 3
     assert out["a"][0].item() == 2
 
@@ -41,30 +42,30 @@ def test_send_to_device_skip_keys_and_objects_with_to():
         def to(self, device, non_blocking=False):
             return ("moved", str(device))
 
-    out = ops.send_to_device({"a": torch.ones(1), "b": torch.ones(1), "c": Moves()}, "cpu", skip_keys="b")
+    out = tree.send_to_device({"a": torch.ones(1), "b": torch.ones(1), "c": Moves()}, "cpu", skip_keys="b")
     assert out["c"] == ("moved", "cpu")
 
 
 def test_concatenate_and_find_batch_size():
     parts = [{"x": torch.ones(2, 3), "y": [torch.zeros(2)]}, {"x": torch.ones(1, 3), "y": [torch.zeros(1)]}]
-    out = ops.concatenate(parts)
+    out = tree.concatenate(parts)
     assert out["x"].shape == (3, 3) and out["y"][0].shape == (3,)
-    assert ops.find_batch_size(out) == 3
-    assert ops.ignorant_find_batch_size("nothing") is None
+    assert tree.find_batch_size(out) == 3
+    assert tree.ignorant_find_batch_size("nothing") is None
 
 
 def test_pad_input_tensors_and_convert_to_fp32():
-    padded = ops.pad_input_tensors(torch.arange(5), batch_size=5, num_processes=2)
+    padded = tree.pad_input_tensors(torch.arange(5), batch_size=5, num_processes=2)
     assert padded.tolist() == [0, 1, 2, 3, 4, 4]
-    out = ops.convert_to_fp32({"h": torch.ones(1, dtype=torch.float16), "i": torch.ones(1, dtype=torch.int64)})
+    out = tree.convert_to_fp32({"h": torch.ones(1, dtype=torch.float16), "i": torch.ones(1, dtype=torch.int64)})
     assert out["h"].dtype == torch.float32 and out["i"].dtype == torch.int64
 
 
 def test_split_for_process_padding():
-    assert ops.split_for_process([1, 2, 3], 2, 1, apply_padding=True) == [3, 3]
-    assert ops.split_for_process([1], 2, 1, apply_padding=True) == [1]
+    assert tree.split_for_process([1, 2, 3], 2, 1, apply_padding=True) == [3, 3]
+    assert tree.split_for_process([1], 2, 1, apply_padding=True) == [1]
     with pytest.raises(ValueError, match="same length"):
-        ops.split_for_process({"a": [1], "b": [1, 2]}, 2, 0)
+        tree.split_for_process({"a": [1], "b": [1, 2]}, 2, 0)
 
 
 def test_hang_timeout_precedence(monkeypatch):

@@ -6,7 +6,7 @@ import torch
 
 from .runtime import preemption
 from .errors import ConfigError
-from .runtime.operations import send_to_device
+from .runtime.tree import send_to_device
 from .state import GradientState, warn_once
 
 

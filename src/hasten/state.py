@@ -173,7 +173,7 @@ class ProcessControl:
         processes get one extra element when the length does not divide; with ``apply_padding`` the
         others repeat their last element so that every share has the same length (for a later gather).
         """
-        from .runtime.operations import split_for_process
+        from .runtime.tree import split_for_process
 
         yield split_for_process(inputs, self.num_processes, self.process_index, apply_padding)
 

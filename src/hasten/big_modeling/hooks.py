@@ -19,7 +19,7 @@ from torch import nn
 from ..errors import CheckpointError, ConfigError
 from .modeling import as_device, get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
 from .offload import PrefixedDataset
-from ..runtime.operations import find_device, send_to_device
+from ..runtime.tree import find_device, send_to_device
 
 
 class ModelHook:

@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from ..runtime import preemption
 from ..errors import ConfigError
-from ..runtime.operations import broadcast, broadcast_object_list, send_to_device
+from ..runtime.operations import broadcast, broadcast_object_list
+from ..runtime.tree import send_to_device
 from ..runtime.rng import synchronize_rng_state, synchronize_rng_states
 from ..state import GradientState, PartialState
 from .sharding import BatchSamplerShard, FinalRound, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler, get_sampler, split_evenly

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from ..errors import DistributedOperationException
-from ..runtime.operations import _leaves, gather, gather_object, gather_with_sizes, recursively_apply
+from ..runtime.operations import gather, gather_object, gather_with_sizes
+from ..runtime.tree import _leaves, recursively_apply
 from ..state import GradientState, warn_once
 from .sharding import FinalRound
 

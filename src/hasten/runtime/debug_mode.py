@@ -39,7 +39,7 @@ def _partial_state_store() -> dict:
 def _describe(name: str, args, kwargs):
     if name in _SHAPE_FREE or not args:
         return None
-    from .operations import _leaves, get_shape
+    from .tree import _leaves, get_shape
 
     data = args[0]
     if not any(True for _ in _leaves(data)):
@@ -83,7 +83,7 @@ def _compare(name: str, everyone: list) -> None:
 
 
 def _ranks_only(shape_structure):
-    from .operations import recursively_apply
+    from .tree import recursively_apply
 
     return recursively_apply(lambda s: len(s), shape_structure, test_type=lambda x: isinstance(x, list) and all(isinstance(i, int) for i in x))
 

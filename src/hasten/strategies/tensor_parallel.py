@@ -120,7 +120,8 @@ def gather_for_metrics_over_dp(data, tp_size: int, use_gather_object: bool = Fal
     data-parallel gather; the samples padded into the loader's last round are dropped as usual.
     """
     from ..data_loader.metrics import _is_tensor_structure
-    from ..runtime.operations import concatenate, gather_object, recursively_apply
+    from ..runtime.operations import gather_object
+    from ..runtime.tree import concatenate, recursively_apply
     from ..state import GradientState
 
     from torch.distributed._functional_collectives import AsyncCollectiveTensor

@@ -168,14 +168,14 @@ LAYOUT: dict[str, dict[str, str]] = {
     ),
     "operations": {
         "DistributedOperationException": "errors",
+        **_names("runtime.operations", "broadcast broadcast_object_list gather gather_object pad_across_processes reduce"),
         **_names(
-            "runtime.operations",
-            "CannotPadNestedTensorWarning ConvertOutputsToFp32 broadcast broadcast_object_list concatenate convert_outputs_to_fp32 "
-            "convert_to_fp32 find_batch_size find_device gather gather_object get_data_structure honor_type "
-            "ignorant_find_batch_size initialize_tensors is_namedtuple is_torch_tensor listify pad_across_processes "
-            "pad_input_tensors recursively_apply reduce send_to_device slice_tensors",
+            "runtime.tree",
+            "CannotPadNestedTensorWarning ConvertOutputsToFp32 concatenate convert_outputs_to_fp32 "
+            "convert_to_fp32 find_batch_size find_device get_data_structure honor_type ignorant_find_batch_size "
+            "initialize_tensors is_namedtuple is_torch_tensor listify pad_input_tensors recursively_apply "
+            "send_to_device slice_tensors get_shape",
         ),
-        "get_shape": "runtime.operations",
         **_names(
             "compat.operations",
             "TENSOR_INT_TO_DTYPE TENSOR_TYPE_TO_INT verify_operation chained_operation gather_tensor_shape copy_tensor_to_devices is_tensor_information "
