@@ -12,13 +12,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import deepspeed_config as dsc
+from hasten.strategies.deepspeed import config as dsc
 from hasten.errors import ConfigError
 
 deepspeed = pytest.importorskip("deepspeed")
 
 from hasten import Accelerator  # noqa: E402
-from hasten.plugins.deepspeed import DeepSpeedPlugin, DummyOptim, DummyScheduler  # noqa: E402
+from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin, DummyOptim, DummyScheduler  # noqa: E402
 
 GUIDE_CONFIG = Path(__file__).parent / "fixtures" / "deepspeed_zero3_auto.json"
 

@@ -14,8 +14,8 @@ from safetensors.torch import load_file
 from hasten import Accelerator
 from hasten.enums import DistributedType
 from hasten.errors import CheckpointError, ConfigError
-from hasten.plugins.fsdp import FullyShardedDataParallelPlugin as Plugin
-from hasten.strategies.fsdp_checkpoint import merge_fsdp_weights, read_sharded_model
+from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
+from hasten.strategies.fsdp.checkpoint import merge_fsdp_weights, read_sharded_model
 
 from helpers import SCRIPTS, hasten_launch, torchrun
 

@@ -10,7 +10,7 @@ import uuid
 from pathlib import Path
 
 from ..fileio import fsync_directory
-from ..memory_estimate import format_bytes
+from ..strategies.deepspeed.memory_estimate import format_bytes
 from .integrity import Digest, HashQueue
 
 

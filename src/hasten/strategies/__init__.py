@@ -23,25 +23,25 @@ def select_strategy(state, precision, *, ddp_kwargs=None, deepspeed_plugin=None,
         parallelism_config = ParallelismConfig.from_launch_settings()
     state.parallelism_config = parallelism_config
     if deepspeed_plugin is None and environment.get_flag("USE_DEEPSPEED"):
-        from ..plugins.deepspeed import DeepSpeedPlugin
+        from .deepspeed.plugin import DeepSpeedPlugin
 
         deepspeed_plugin = DeepSpeedPlugin()
     if fsdp_plugin is None and (environment.get_flag("USE_FSDP") or (parallelism_config is not None and deepspeed_plugin is None)):
-        from ..plugins.fsdp import FullyShardedDataParallelPlugin
+        from .fsdp.plugin import FullyShardedDataParallelPlugin
 
         fsdp_plugin = FullyShardedDataParallelPlugin()
     if deepspeed_plugin is not None and fsdp_plugin is not None:
         raise ConfigError("Both a DeepSpeed plugin and an FSDP plugin are set; choose one engine (check HASTEN_USE_DEEPSPEED / HASTEN_USE_FSDP and the launch config).")
     state.deepspeed_plugin, state.fsdp_plugin = deepspeed_plugin, fsdp_plugin
     if deepspeed_plugin is not None:
-        from .deepspeed import DeepSpeedStrategy
+        from .deepspeed.strategy import DeepSpeedStrategy
 
         if parallelism_config is not None:
             raise ConfigError("A ParallelismConfig lays out FSDP2 and tensor parallelism; it cannot be combined with DeepSpeed. Choose one.")
 
         return DeepSpeedStrategy(state, precision, deepspeed_plugin)
     if fsdp_plugin is not None:
-        from .fsdp import FSDPStrategy
+        from .fsdp.strategy import FSDPStrategy
 
         return FSDPStrategy(state, precision, fsdp_plugin, parallelism_config=parallelism_config)
     if state.num_processes > 1:

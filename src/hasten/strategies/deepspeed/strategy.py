@@ -17,13 +17,13 @@ from typing import Iterable
 
 import torch
 
-from .. import deepspeed_config as dsc
-from ..enums import DistributedType
-from ..errors import CheckpointError, ConfigError, NotSupportedError
-from ..scheduler import AcceleratedScheduler
-from ..state import GradientState, warn_once
-from .base import Strategy, _suffix
-from .deepspeed_checkpoint import deepspeed_classes, safe_torch_load
+from . import config as dsc
+from ...enums import DistributedType
+from ...errors import CheckpointError, ConfigError, NotSupportedError
+from ...scheduler import AcceleratedScheduler
+from ...state import GradientState, warn_once
+from ..base import Strategy, _suffix
+from .checkpoint import deepspeed_classes, safe_torch_load
 
 _CHECKPOINT_FOLDER = "deepspeed"
 _TAG = "state"
@@ -91,7 +91,7 @@ class _OverflowMonitor:
                 "whose activations overflow fp16's range: train in bf16 (Ampere GPUs or newer, TPUs) or in fp32 instead.",
             )
         if self.skipped == 1 or self.skipped % self.every == 0:
-            from ..logging import get_logger
+            from ...logging import get_logger
 
             scale = f"; the loss scale is now {loss_scale:g}" if isinstance(loss_scale, (int, float)) else ""
             get_logger("hasten.deepspeed").warning(
@@ -181,7 +181,7 @@ class DeepSpeedStrategy(Strategy):
 
     def _engine_optimizer(self, config: dict, optimizer, scheduler, kwargs: dict):
         """Put the optimizer and scheduler (or the config's) into ``kwargs`` for ``deepspeed.initialize``."""
-        from ..plugins.deepspeed import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
+        from .plugin import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
 
         name = self.plugin.config_name
         if isinstance(optimizer, DummyOptim):
@@ -218,7 +218,7 @@ class DeepSpeedStrategy(Strategy):
             must.append("gradient_clipping")
         notes = dsc.fill(config, dsc.auto_values(script), self.plugin.config_name, must_match=tuple(must))
         dsc.check_resolved(config, self.plugin.config_name)
-        from ..logging import get_logger
+        from ...logging import get_logger
 
         logger = get_logger("hasten.deepspeed")
         for note in notes:
@@ -359,7 +359,7 @@ class DeepSpeedStrategy(Strategy):
 
     def save_checkpoint(self, writer, models: list, optimizers: list) -> None:
         """The engine writes its (sharded) checkpoint into ``deepspeed/``; other models are saved whole."""
-        from ..operations import barrier
+        from ...operations import barrier
 
         for i, model in enumerate(models):
             if model is self.engine:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, closest
+from ...errors import ConfigError, closest
 
 AUTO = "auto"
 ANY = "*"  # a section whose keys DeepSpeed passes on unchecked (optimizer params, ...)

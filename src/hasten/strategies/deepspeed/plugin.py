@@ -20,9 +20,9 @@ from typing import Any, Callable
 
 import torch
 
-from .. import deepspeed_config as dsc
-from .. import environment
-from ..errors import ConfigError, NotSupportedError, require
+from . import config as dsc
+from ... import environment
+from ...errors import ConfigError, NotSupportedError, require
 
 _BOOL_FIELDS = {"zero3_init_flag": "DEEPSPEED_ZERO3_INIT", "zero3_save_16bit_model": "DEEPSPEED_ZERO3_SAVE_16BIT_MODEL"}
 _STR_FIELDS = {

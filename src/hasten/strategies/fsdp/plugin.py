@@ -21,8 +21,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from .. import environment
-from ..errors import ConfigError, did_you_mean
+from ... import environment
+from ...errors import ConfigError, did_you_mean
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")

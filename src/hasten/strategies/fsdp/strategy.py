@@ -15,14 +15,14 @@ import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..enums import DistributedType
-from ..errors import CheckpointError, ConfigError
-from ..parallelism import data_parallel_mesh
-from ..plugins.fsdp import FullyShardedDataParallelPlugin
-from ..wrappers import is_compiled_module
-from . import fsdp_checkpoint
-from .base import Strategy
-from .fsdp_checkpoint import sharded_root
+from ...enums import DistributedType
+from ...errors import CheckpointError, ConfigError
+from ...parallelism import data_parallel_mesh
+from .plugin import FullyShardedDataParallelPlugin
+from ...wrappers import is_compiled_module
+from . import checkpoint as fsdp_checkpoint
+from ..base import Strategy
+from .checkpoint import sharded_root
 
 
 def _on_meta(module: torch.nn.Module) -> bool:
@@ -114,7 +114,7 @@ class FSDPStrategy(Strategy):
         """As the base strategy; with tensor parallelism, one copy of each sample (tensor-parallel peers share batches)."""
         if self.parallelism_config is None or not self.parallelism_config.tp_enabled:
             return super().gather_for_metrics(input_data, use_gather_object)
-        from .tensor_parallel import gather_for_metrics_over_dp
+        from ..tensor_parallel import gather_for_metrics_over_dp
 
         return gather_for_metrics_over_dp(input_data, self.parallelism_config.tp_size, use_gather_object)
 
@@ -157,7 +157,7 @@ class FSDPStrategy(Strategy):
             self._origins[parameter] = (inner, name)
         source = self._weights_to_broadcast(inner)
         if self.parallelism_config is not None and self.parallelism_config.tp_enabled:
-            from .tensor_parallel import apply_tensor_parallel
+            from ..tensor_parallel import apply_tensor_parallel
 
             apply_tensor_parallel(inner, self.device_mesh["tp"])
         if self._shard_mesh is not None:

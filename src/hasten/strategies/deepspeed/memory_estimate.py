@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError, MissingDependencyError, closest, did_you_mean
+from ...errors import ConfigError, MissingDependencyError, closest, did_you_mean
 
 #: Known models: name -> (parameters, parameters of the largest layer), as DeepSpeed counts them for
 #: ``AutoModel`` (no language-model head unless tied). T0_3B reproduces the Transformers DeepSpeed guide.
