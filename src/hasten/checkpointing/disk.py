@@ -9,8 +9,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from ..fileio import fsync_directory
-from ..strategies.deepspeed.memory_estimate import format_bytes
+from ..fileio import format_bytes, fsync_directory
 from .integrity import Digest, HashQueue
 
 

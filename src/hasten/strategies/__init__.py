@@ -1,12 +1,17 @@
-"""Distribution engines behind one interface (:class:`Strategy`), and the one place that picks one."""
+"""Distribution engines behind one interface (:class:`Strategy`), and the one place that picks one.
+
+The strategies are imported when used, so that importing one engine's package (``strategies.deepspeed``
+for the ``estimate-memory`` command, say) does not import the others.
+"""
 
 from __future__ import annotations
 
+import importlib
+
 from .. import environment
 from ..errors import ConfigError
-from .base import Strategy
-from .ddp import DDPStrategy
-from .single import SingleDeviceStrategy
+
+_EXPORTS = {"Strategy": "base", "DDPStrategy": "ddp", "SingleDeviceStrategy": "single"}
 
 
 def select_strategy(state, precision, *, ddp_kwargs=None, deepspeed_plugin=None, fsdp_plugin=None, parallelism_config=None) -> Strategy:
@@ -44,9 +49,19 @@ def select_strategy(state, precision, *, ddp_kwargs=None, deepspeed_plugin=None,
         from .fsdp.strategy import FSDPStrategy
 
         return FSDPStrategy(state, precision, fsdp_plugin, parallelism_config=parallelism_config)
+    from .ddp import DDPStrategy
+    from .single import SingleDeviceStrategy
+
     if state.num_processes > 1:
         return DDPStrategy(state, precision, ddp_kwargs=ddp_kwargs)
     return SingleDeviceStrategy(state, precision)
 
 
 __all__ = ["DDPStrategy", "SingleDeviceStrategy", "Strategy", "select_strategy"]
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)

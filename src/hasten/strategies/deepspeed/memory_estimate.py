@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from ...errors import ConfigError, MissingDependencyError, closest, did_you_mean
+from ...fileio import format_bytes
 
 #: Known models: name -> (parameters, parameters of the largest layer), as DeepSpeed counts them for
 #: ``AutoModel`` (no language-model head unless tied). T0_3B reproduces the Transformers DeepSpeed guide.
@@ -140,19 +141,6 @@ def dtype_rows(size: ModelSize, dtypes: list[str]) -> list[DtypeRow]:
         training = 4 * total if dtype in ("float32", "float16", "bfloat16") else None
         rows.append(DtypeRow(dtype, size.largest_group * per, total, training))
     return rows
-
-
-def format_bytes(count: float | None) -> str:
-    """``1.61 GB``-style text (binary units); ``N/A`` for None."""
-    if count is None:
-        return "N/A"
-    if count < 1024:
-        return f"{int(count)} bytes"
-    for unit in ("KB", "MB", "GB"):
-        count /= 1024
-        if count < 1024:
-            return f"{count:.2f} {unit}"
-    return f"{count / 1024:.2f} TB"
 
 
 # ------------------------------------------------------------------------------ model sizes
