@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Accelerator
-from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin, DummyOptim, DummyScheduler
+from hasten import Accelerator, DeepSpeedPlugin
+from hasten.utils import DummyOptim, DummyScheduler
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import reset_state
 from hasten.strategies.deepspeed.strategy import DeepSpeedSchedulerWrapper

@@ -12,8 +12,8 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Accelerator
-from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin, DummyOptim, DummyScheduler
+from hasten import Accelerator, DeepSpeedPlugin
+from hasten.utils import DummyOptim, DummyScheduler
 from hasten.state import reset_state
 from hasten.strategies.deepspeed.checkpoint import merge_deepspeed_weights
 

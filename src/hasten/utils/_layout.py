@@ -75,7 +75,9 @@ LAYOUT: dict[str, dict[str, str]] = {
         ),
     },
     "deepspeed": {
-        **_names("strategies.deepspeed.plugin", "DummyOptim DummyScheduler HfDeepSpeedConfig get_active_deepspeed_plugin map_pytorch_optim_to_deepspeed"),
+        **_names("strategies.deepspeed.dummies", "DummyOptim DummyScheduler map_pytorch_optim_to_deepspeed"),
+        "HfDeepSpeedConfig": "strategies.deepspeed.zero3",
+        "get_active_deepspeed_plugin": "strategies.deepspeed.plugin",
         **_names("internals_compat", "DeepSpeedEngineWrapper DeepSpeedOptimizerWrapper"),
         "DeepSpeedSchedulerWrapper": "strategies.deepspeed.strategy",
     },

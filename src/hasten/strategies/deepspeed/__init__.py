@@ -4,6 +4,8 @@
 - :mod:`.config`: DeepSpeed JSON configs: loading, key checks, and :func:`.config.fill`, the one function
   that resolves ``"auto"`` values;
 - :mod:`.strategy`: ``DeepSpeedStrategy``, the engine behind the Strategy interface;
+- :mod:`.dummies`: ``DummyOptim``/``DummyScheduler`` (the config's optimizer and scheduler) and the CPU optimizers of offload;
+- :mod:`.zero3`: ZeRO-3 model construction (``HfDeepSpeedConfig`` for Transformers, ``zero.Init``, MoE leaf modules);
 - :mod:`.checkpoint`: reading engine checkpoints safely and merging them into one model file;
 - :mod:`.memory_estimate`: the ZeRO memory table of ``hasten estimate-memory``.
 

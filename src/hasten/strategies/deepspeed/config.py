@@ -1,5 +1,9 @@
 """DeepSpeed JSON configs: loading, key validation, ``"auto"`` resolution and conflict checks.
 
+:func:`fill` is the one function that replaces ``"auto"`` values: the plugin's explicit fields, the
+mixed precision, the values ``prepare`` reads from the script (:func:`auto_values`), Accelerate's
+``deepspeed_config_process`` (:func:`fill_from_script`) and the ``zero.Init`` copy all go through it.
+
 DeepSpeed reads its config leniently: a misspelled key silently falls back to the default. hasten
 checks every key against :data:`SCHEMA` (completed at run time with the fields of the installed
 DeepSpeed's own config models) and names the closest valid key. ``"auto"`` values are filled from the
@@ -22,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ...errors import ConfigError, closest
+from ...errors import ConfigError, NotSupportedError, closest
 
 AUTO = "auto"
 ANY = "*"  # a section whose keys DeepSpeed passes on unchecked (optimizer params, ...)
@@ -269,15 +273,20 @@ def delete_value(config: dict, path: str) -> None:
         node.pop(last, None)
 
 
-def auto_paths(config: dict, prefix: str = "") -> list[str]:
-    """The key paths whose value is ``"auto"``."""
+def leaf_paths(config: dict, prefix: str = "") -> list[str]:
+    """The dotted key paths of every value that is not a section."""
     paths = []
     for key, value in config.items():
         if isinstance(value, dict):
-            paths.extend(auto_paths(value, f"{prefix}{key}."))
-        elif value == AUTO:
+            paths.extend(leaf_paths(value, f"{prefix}{key}."))
+        else:
             paths.append(f"{prefix}{key}")
     return paths
+
+
+def auto_paths(config: dict) -> list[str]:
+    """The key paths whose value is ``"auto"``."""
+    return [path for path in leaf_paths(config) if get_value(config, path) == AUTO]
 
 
 # ------------------------------------------------------------------------------ filling values
@@ -311,11 +320,11 @@ def _plain(value):
 
 
 def fill(config: dict, settings: dict[str, Setting], name: str, must_match: tuple[str, ...] = (), add_missing: tuple[str, ...] = ()) -> list[str]:
-    """Fill ``"auto"`` values of ``config`` from ``settings`` (dotted path -> :class:`Setting`).
+    """Fill ``"auto"`` values of ``config`` from ``settings`` (dotted path -> :class:`Setting`): the only place that does.
 
     A path in ``must_match`` whose value is set in the file and differs from the script's is a
     conflict: all conflicts are reported together in one :class:`ConfigError` naming both values.
-    Paths in ``add_missing`` are also set when the file does not mention them.
+    Paths in ``add_missing`` are also set when the file does not mention them (or sets them to null).
 
     Returns:
         Notes on values the file sets that differ from the script's but win (paths not in ``must_match``).
@@ -323,7 +332,7 @@ def fill(config: dict, settings: dict[str, Setting], name: str, must_match: tupl
     conflicts, notes = [], []
     for path, setting in settings.items():
         current = get_value(config, path, _MISSING)
-        if current is _MISSING:
+        if current is _MISSING or (current is None and path in add_missing):
             if path in add_missing:
                 set_value(config, path, _plain(setting.value))
         elif current == AUTO:
@@ -338,6 +347,51 @@ def fill(config: dict, settings: dict[str, Setting], name: str, must_match: tupl
             + "\nMake them agree: change one of the two, or set the value to \"auto\" in the DeepSpeed config so that it follows the script."
         )
     return notes
+
+
+def fill_from_script(config: dict, name: str, values: dict, must_match: bool = True, mismatches: list | None = None) -> None:
+    """Fill the ``"auto"`` keys among ``values`` (dotted path -> the script's value) with :func:`fill`.
+
+    Accelerate's ``deepspeed_config_process``: keys the file leaves out or sets to null are skipped. With
+    ``must_match``, a key the file sets to another value is a mismatch: appended to ``mismatches`` when a
+    list is given, otherwise all of them raised in one :class:`ConfigError`.
+    """
+    settings = {path: Setting(value, "the script") for path, value in values.items() if get_value(config, path) is not None}
+    found = fill(config, settings, name)
+    if not must_match:
+        return
+    if mismatches is not None:
+        mismatches.extend(found)
+    elif found:
+        raise ConfigError("The DeepSpeed config and the training script disagree:\n" + "\n".join(f"  - {m}" for m in found) + "\nMake them agree, or set the values to \"auto\".")
+
+
+def _precision_settings(mixed_precision: str) -> dict[str, Setting]:
+    source = f"mixed_precision={mixed_precision!r}"
+    return {f"{kind}.enabled": Setting(mixed_precision == kind, source, default=True) for kind in ("fp16", "bf16")}
+
+
+def apply_mixed_precision(config: dict, mixed_precision: str, name: str) -> None:
+    """Make ``config`` train in ``mixed_precision``: enable its section, fill ``fp16``/``bf16`` ``"auto"``; a contradiction is an error."""
+    if mixed_precision == "fp8":
+        raise NotSupportedError("mixed_precision='fp8' with DeepSpeed is not supported by hasten; use 'bf16'.")
+    for kind, other in (("fp16", "bf16"), ("bf16", "fp16")):
+        if mixed_precision == kind and get_value(config, f"{other}.enabled") is True:
+            raise ConfigError(
+                f"mixed_precision={kind!r} but {name} enables {other} ({other}.enabled: true). "
+                f"Make them agree: set {other}.enabled to false or \"auto\", or use mixed_precision={other!r}."
+            )
+        if mixed_precision == kind and kind not in config:
+            config[kind] = {"enabled": True, **({"auto_cast": True} if kind == "fp16" else {})}
+    fill(config, _precision_settings(mixed_precision), name)
+
+
+def mixed_precision_of(config: dict) -> str:
+    """The precision ``config`` trains in: ``"fp16"``, ``"bf16"`` or ``"no"``."""
+    for kind in ("fp16", "bf16"):
+        if get_value(config, f"{kind}.enabled") is True:
+            return kind
+    return "bf16" if get_value(config, "bfloat16.enabled") is True else "no"
 
 
 # ------------------------------------------------------------------------------- the auto table
@@ -382,9 +436,7 @@ def auto_values(script: ScriptValues) -> dict[str, Setting]:
             total = micro.value * script.num_processes * gas.value
             values["train_batch_size"] = Setting(total, f"{script.num_processes} processes x micro batch {micro.value} x {gas.value} accumulation steps")
     values["gradient_clipping"] = script.gradient_clipping or Setting(1.0, "the default gradient clipping", default=True)
-    precision = f"mixed_precision={script.mixed_precision!r}"
-    values["fp16.enabled"] = Setting(script.mixed_precision == "fp16", precision, default=True)
-    values["bf16.enabled"] = Setting(script.mixed_precision == "bf16", precision, default=True)
+    values.update(_precision_settings(script.mixed_precision))
     if script.hidden_size is not None:
         hidden, source = script.hidden_size.value, script.hidden_size.source
         values["zero_optimization.reduce_bucket_size"] = Setting(hidden * hidden, f"{source} squared", default=True)
@@ -422,13 +474,8 @@ def config_for_zero_init(config: dict, mixed_precision: str) -> dict:
     ``"auto"`` get placeholder values and other ``"auto"`` keys fall back to DeepSpeed's defaults.
     """
     result = copy.deepcopy(config)
-    for path, value in (("fp16.enabled", mixed_precision == "fp16"), ("bf16.enabled", mixed_precision == "bf16")):
-        if get_value(result, path) == AUTO:
-            set_value(result, path, value)
-    if get_value(result, "train_micro_batch_size_per_gpu") in (None, AUTO):
-        set_value(result, "train_micro_batch_size_per_gpu", 1)
-    if get_value(result, "gradient_accumulation_steps") in (None, AUTO):
-        set_value(result, "gradient_accumulation_steps", 1)
+    placeholders = {path: Setting(1, "a placeholder until prepare()", default=True) for path in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
+    fill(result, {**_precision_settings(mixed_precision), **placeholders}, "the config for deepspeed.zero.Init", add_missing=tuple(placeholders))
     for path in auto_paths(result):
         delete_value(result, path)
     return result

@@ -18,12 +18,14 @@ from typing import Iterable
 import torch
 
 from . import config as dsc
+from . import zero3
 from ...enums import DistributedType
 from ...errors import CheckpointError, ConfigError, NotSupportedError
 from ...scheduler import AcceleratedScheduler
 from ...state import GradientState, warn_once
 from ..base import Strategy, _suffix
 from .checkpoint import deepspeed_classes, safe_torch_load
+from .dummies import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
 
 _CHECKPOINT_FOLDER = "deepspeed"
 _TAG = "state"
@@ -105,7 +107,7 @@ class DeepSpeedStrategy(Strategy):
     """Trains one model with a DeepSpeed engine (ZeRO stages 0-3, CPU/NVMe offload, fp16/bf16).
 
     Args:
-        plugin: the :class:`~hasten.plugins.deepspeed.DeepSpeedPlugin` (or a dict with one plugin).
+        plugin: the :class:`~hasten.strategies.deepspeed.plugin.DeepSpeedPlugin` (or a dict with one plugin).
     """
 
     distributed_type = DistributedType.DEEPSPEED
@@ -113,8 +115,8 @@ class DeepSpeedStrategy(Strategy):
     def __init__(self, state, precision, plugin):
         super().__init__(state, precision)
         self.plugin = _single_plugin(plugin)
-        self.plugin.set_mixed_precision(precision.mixed_precision)
-        chosen = self.plugin.config_mixed_precision
+        dsc.apply_mixed_precision(self.plugin.deepspeed_config, precision.mixed_precision, self.plugin.config_name)
+        chosen = dsc.mixed_precision_of(self.plugin.deepspeed_config)
         if chosen != precision.mixed_precision:
             warn_once(
                 "deepspeed-precision",
@@ -170,7 +172,7 @@ class DeepSpeedStrategy(Strategy):
         kwargs = {"model": model, "config": config}
         optimizer, scheduler = self._engine_optimizer(config, optimizer, scheduler, kwargs)
         self._resolve(config, model, dataloaders)
-        self.plugin.set_moe_leaf_modules(model)
+        zero3.set_moe_leaf_modules(model, self.plugin.transformer_moe_cls_names)
         engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(**kwargs)
         self.plugin.deepspeed_config = self.plugin.hf_ds_config.config = config
         self.engine = engine
@@ -181,8 +183,6 @@ class DeepSpeedStrategy(Strategy):
 
     def _engine_optimizer(self, config: dict, optimizer, scheduler, kwargs: dict):
         """Put the optimizer and scheduler (or the config's) into ``kwargs`` for ``deepspeed.initialize``."""
-        from .plugin import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
-
         name = self.plugin.config_name
         if isinstance(optimizer, DummyOptim):
             if "optimizer" not in config:
@@ -228,7 +228,7 @@ class DeepSpeedStrategy(Strategy):
     def _script_values(self, model, dataloaders: list) -> dsc.ScriptValues:
         num = self.state.num_processes
         steps = GradientState().num_steps
-        script = dsc.ScriptValues(num_processes=num, mixed_precision=self.plugin.config_mixed_precision)
+        script = dsc.ScriptValues(num_processes=num, mixed_precision=dsc.mixed_precision_of(self.plugin.deepspeed_config))
         script.gradient_accumulation_steps = dsc.Setting(steps, f"Accelerator(gradient_accumulation_steps={steps})")
         sizes = [_per_process_batch(loader, num) for loader in dataloaders]
         sizes = [size for size in sizes if size]
