@@ -21,6 +21,8 @@ from . import config as dsc
 from . import zero3
 from ...enums import DistributedType
 from ...errors import CheckpointError, ConfigError, NotSupportedError
+from ...logging import get_logger
+from ...operations import barrier
 from ...scheduler import AcceleratedScheduler
 from ...state import GradientState, warn_once
 from ..base import Strategy, _suffix
@@ -93,8 +95,6 @@ class _OverflowMonitor:
                 "whose activations overflow fp16's range: train in bf16 (Ampere GPUs or newer, TPUs) or in fp32 instead.",
             )
         if self.skipped == 1 or self.skipped % self.every == 0:
-            from ...logging import get_logger
-
             scale = f"; the loss scale is now {loss_scale:g}" if isinstance(loss_scale, (int, float)) else ""
             get_logger("hasten.deepspeed").warning(
                 f"fp16 overflow: the optimizer step was skipped ({self.skipped} of {self.steps} steps skipped so far{scale}). "
@@ -218,8 +218,6 @@ class DeepSpeedStrategy(Strategy):
             must.append("gradient_clipping")
         notes = dsc.fill(config, dsc.auto_values(script), self.plugin.config_name, must_match=tuple(must))
         dsc.check_resolved(config, self.plugin.config_name)
-        from ...logging import get_logger
-
         logger = get_logger("hasten.deepspeed")
         for note in notes:
             logger.warning(f"The DeepSpeed config's value is used: {note}.")
@@ -359,8 +357,6 @@ class DeepSpeedStrategy(Strategy):
 
     def save_checkpoint(self, writer, models: list, optimizers: list) -> None:
         """The engine writes its (sharded) checkpoint into ``deepspeed/``; other models are saved whole."""
-        from ...operations import barrier
-
         for i, model in enumerate(models):
             if model is self.engine:
                 self.engine.save_checkpoint(str(writer.directory / _CHECKPOINT_FOLDER), tag=_TAG)

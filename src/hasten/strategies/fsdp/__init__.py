@@ -2,6 +2,7 @@
 
 - :mod:`.plugin`: ``FullyShardedDataParallelPlugin``, the settings (fields and their validation);
 - :mod:`.strategy`: ``FSDPStrategy``, ``fully_shard`` behind the Strategy interface;
+- :mod:`.wrapping`: which submodules get their own ``fully_shard`` and which parameters are left alone;
 - :mod:`.checkpoint`: sharded (DCP) and full checkpoints, Accelerate's ``save_fsdp_*``/``load_fsdp_*``, merging.
 
 Names are imported lazily: importing this package imports neither the strategy nor ``torch.distributed.fsdp``.

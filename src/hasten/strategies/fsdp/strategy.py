@@ -23,6 +23,7 @@ from ...wrappers import is_compiled_module
 from . import checkpoint as fsdp_checkpoint
 from ..base import Strategy
 from .checkpoint import sharded_root
+from . import wrapping
 
 
 def _on_meta(module: torch.nn.Module) -> bool:
@@ -56,7 +57,7 @@ def _prepared_root(model) -> torch.nn.Module | None:
 
 
 class FSDPStrategy(Strategy):
-    """Shards models with FSDP2 as a :class:`~hasten.plugins.fsdp.FullyShardedDataParallelPlugin` says.
+    """Shards models with FSDP2 as a :class:`~hasten.strategies.fsdp.plugin.FullyShardedDataParallelPlugin` says.
 
     With a :class:`~hasten.parallelism.ParallelismConfig` the mesh is the config's (``dp_replicate``,
     ``dp_shard``, ``tp``): models are first split over ``tp`` as their tensor-parallel plan says, then
@@ -184,7 +185,7 @@ class FSDPStrategy(Strategy):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         plugin = self.plugin
-        targets = plugin.wrap_targets(model)
+        targets = wrapping.wrap_targets(plugin, model)
         if plugin.activation_checkpointing:
             if not targets:
                 raise ConfigError(
@@ -199,7 +200,7 @@ class FSDPStrategy(Strategy):
             "mesh": self._shard_mesh,
             "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
             "offload_policy": self._offload_policy(),
-            "ignored_params": plugin.ignored_parameters(model) or None,
+            "ignored_params": wrapping.ignored_parameters(plugin, model) or None,
         }
         for target in targets:
             fully_shard(target, reshard_after_forward=plugin.reshard_after_forward, **options)
