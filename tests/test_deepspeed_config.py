@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten.strategies.deepspeed import config as dsc
+from hasten.strategies.deepspeed import schema
 from hasten.errors import ConfigError
 
 deepspeed = pytest.importorskip("deepspeed")
@@ -82,8 +83,8 @@ def test_free_form_sections_accept_any_key():
 def test_static_schema_covers_the_installed_deepspeed():
     import importlib
 
-    for path, (module, name) in dsc._MODELS.items():
-        section = dsc._section(dsc.SCHEMA, path)
+    for path, (module, name) in schema._MODELS.items():
+        section = schema._section(schema.SCHEMA, path)
         fields = getattr(importlib.import_module(module), name).model_fields
         missing = {key for field_name, info in fields.items() for key in (field_name, info.alias) if key and key not in section}
         assert not missing, f"{path}: keys of DeepSpeed {deepspeed.__version__} missing from hasten's schema: {sorted(missing)}"

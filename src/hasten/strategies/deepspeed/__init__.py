@@ -3,6 +3,7 @@
 - :mod:`.plugin`: ``DeepSpeedPlugin``, the settings (fields and their validation);
 - :mod:`.config`: DeepSpeed JSON configs: loading, key checks, and :func:`.config.fill`, the one function
   that resolves ``"auto"`` values;
+- :mod:`.schema`: every key DeepSpeed reads (the key check's table);
 - :mod:`.strategy`: ``DeepSpeedStrategy``, the engine behind the Strategy interface;
 - :mod:`.dummies`: ``DummyOptim``/``DummyScheduler`` (the config's optimizer and scheduler) and the CPU optimizers of offload;
 - :mod:`.zero3`: ZeRO-3 model construction (``HfDeepSpeedConfig`` for Transformers, ``zero.Init``, MoE leaf modules);
