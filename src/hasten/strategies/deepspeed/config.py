@@ -113,7 +113,7 @@ def get_value(config: dict, path: str, default=None):
     return node
 
 
-def set_value(config: dict, path: str, value) -> None:
+def _set_value(config: dict, path: str, value) -> None:
     """Set the value at a dotted key path, creating the sections on the way."""
     *parents, last = path.split(".")
     node = config
@@ -191,9 +191,9 @@ def fill(config: dict, settings: dict[str, Setting], name: str, must_match: tupl
         current = get_value(config, path, _MISSING)
         if current is _MISSING or (current is None and path in add_missing):
             if path in add_missing:
-                set_value(config, path, _plain(setting.value))
+                _set_value(config, path, _plain(setting.value))
         elif current == AUTO:
-            set_value(config, path, _plain(setting.value))
+            _set_value(config, path, _plain(setting.value))
         elif not setting.default and not values_equal(current, setting.value):
             line = f"{path}: {current!r} in {name}, but {setting.value!r} from {setting.source}"
             (conflicts if path in must_match else notes).append(line)

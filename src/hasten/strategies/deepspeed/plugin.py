@@ -159,9 +159,11 @@ class DeepSpeedPlugin:
             "gradient_accumulation_steps": self.gradient_accumulation_steps,
             "zero_optimization": zero,
             "steps_per_print": 2**31 - 1,
+            "gradient_clipping": self.gradient_clipping,
         }
         # DeepSpeed clips at 1.0 unless told otherwise; DDP does not clip, so neither does a plugin not asked to.
-        config["gradient_clipping"] = 0.0 if self.gradient_clipping in (dsc.AUTO, None) else self.gradient_clipping
+        no_clipping = dsc.Setting(0.0, "DeepSpeedPlugin without gradient_clipping (no clipping, as DDP)", default=True)
+        dsc.fill(config, {"gradient_clipping": no_clipping}, self.config_name, add_missing=("gradient_clipping",))
         return config
 
     def _adopt_file_values(self, config: dict, explicit: dict) -> None:
