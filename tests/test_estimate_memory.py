@@ -149,3 +149,14 @@ def test_unknown_models_and_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         estimate_memory.main(["--num_params", "1.5"])
     assert "is not a positive whole number of parameters" in capsys.readouterr().err
+
+
+def test_the_memory_table_imports_no_strategy():
+    import subprocess
+
+    code = (
+        "import sys, hasten.strategies.deepspeed.memory_estimate\n"
+        "loaded = [m for m in ('hasten.state', 'hasten.strategies.base', 'hasten.strategies.deepspeed.strategy', 'hasten.strategies.deepspeed.plugin', 'deepspeed') if m in sys.modules]\n"
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
