@@ -10,7 +10,8 @@ import torch
 
 from hasten.commands import estimate_memory
 from hasten.errors import ConfigError, MissingDependencyError
-from hasten.strategies.deepspeed.memory_estimate import ModelSize, count_parameters, dtype_rows, format_bytes, model_size, zero2_rows, zero3_rows
+from hasten.fileio import format_bytes
+from hasten.strategies.deepspeed.memory_estimate import ModelSize, count_parameters, dtype_rows, model_size, zero2_rows, zero3_rows
 
 # The Transformers DeepSpeed guide, bigscience/T0_3B on 1 node with 1 GPU.
 GUIDE_ROWS = [

@@ -74,7 +74,8 @@ def _model(args: argparse.Namespace):
 
 def report(args: argparse.Namespace) -> str:
     """The text ``hasten estimate-memory`` prints."""
-    from ..strategies.deepspeed.memory_estimate import dtype_rows, format_bytes, zero2_rows, zero3_rows
+    from ..fileio import format_bytes
+    from ..strategies.deepspeed.memory_estimate import dtype_rows, zero2_rows, zero3_rows
 
     size = _model(args)
     lines = [f"Memory for {size.name}: {size.total_params // 10**6}M total parameters, {size.largest_layer_params // 10**6}M largest layer parameters.", ""]

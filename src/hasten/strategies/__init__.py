@@ -7,9 +7,13 @@ for the ``estimate-memory`` command, say) does not import the others.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from .. import environment
 from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .base import Strategy
 
 _EXPORTS = {"Strategy": "base", "DDPStrategy": "ddp", "SingleDeviceStrategy": "single"}
 

@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 
 from ...errors import ConfigError, MissingDependencyError, closest, did_you_mean
-from ...fileio import format_bytes
 
 #: Known models: name -> (parameters, parameters of the largest layer), as DeepSpeed counts them for
 #: ``AutoModel`` (no language-model head unless tied). T0_3B reproduces the Transformers DeepSpeed guide.
@@ -222,4 +221,4 @@ def _from_transformers_config(path: Path, trust_remote_code: bool) -> ModelSize:
     return count_parameters(model)
 
 
-__all__ = ["KNOWN_MODELS", "ModelSize", "ZeroRow", "count_parameters", "dtype_rows", "format_bytes", "model_size", "zero2_rows", "zero3_rows"]
+__all__ = ["KNOWN_MODELS", "ModelSize", "ZeroRow", "count_parameters", "dtype_rows", "model_size", "zero2_rows", "zero3_rows"]
