@@ -20,9 +20,9 @@ deepspeed = pytest.importorskip("deepspeed")
 from hasten import Accelerator  # noqa: E402
 from hasten.commands import merge_weights  # noqa: E402
 from hasten.errors import CheckpointError, NotSupportedError  # noqa: E402
-from hasten.plugins.deepspeed import DeepSpeedPlugin  # noqa: E402
-from hasten.strategies.deepspeed import explain_deepspeed_failure  # noqa: E402
-from hasten.strategies.deepspeed_checkpoint import safe_torch_load  # noqa: E402
+from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin  # noqa: E402
+from hasten.strategies.deepspeed.strategy import explain_deepspeed_failure  # noqa: E402
+from hasten.strategies.deepspeed.checkpoint import safe_torch_load  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -205,7 +205,7 @@ def test_merge_weights_detects_the_format(tmp_path, monkeypatch, capsys):
     shards.mkdir()
     (shards / ".metadata").write_bytes(b"")
     calls = []
-    from hasten.strategies import fsdp_checkpoint
+    from hasten.strategies.fsdp import checkpoint as fsdp_checkpoint
 
     monkeypatch.setattr(fsdp_checkpoint, "merge_fsdp_weights", lambda *args, **kwargs: calls.append((args, kwargs)) or [Path("out/model.safetensors")])
     assert merge_weights.main([str(tmp_path), str(tmp_path / "out")]) == 0
@@ -217,5 +217,5 @@ def test_merge_weights_detects_the_format(tmp_path, monkeypatch, capsys):
 def test_importing_the_deepspeed_modules_does_not_import_deepspeed():
     import subprocess
 
-    code = "import sys, hasten.commands.merge_weights, hasten.commands.estimate_memory, hasten.plugins.deepspeed, hasten.strategies.deepspeed; assert 'deepspeed' not in sys.modules"
+    code = "import sys, hasten.commands.merge_weights, hasten.commands.estimate_memory, hasten.strategies.deepspeed.plugin, hasten.strategies.deepspeed.strategy; assert 'deepspeed' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

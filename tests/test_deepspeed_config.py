@@ -12,13 +12,14 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import deepspeed_config as dsc
+from hasten.strategies.deepspeed import config as dsc
+from hasten.strategies.deepspeed import schema
 from hasten.errors import ConfigError
 
 deepspeed = pytest.importorskip("deepspeed")
 
-from hasten import Accelerator  # noqa: E402
-from hasten.plugins.deepspeed import DeepSpeedPlugin, DummyOptim, DummyScheduler  # noqa: E402
+from hasten import Accelerator, DeepSpeedPlugin  # noqa: E402
+from hasten.utils import DummyOptim, DummyScheduler  # noqa: E402
 
 GUIDE_CONFIG = Path(__file__).parent / "fixtures" / "deepspeed_zero3_auto.json"
 
@@ -82,8 +83,8 @@ def test_free_form_sections_accept_any_key():
 def test_static_schema_covers_the_installed_deepspeed():
     import importlib
 
-    for path, (module, name) in dsc._MODELS.items():
-        section = dsc._section(dsc.SCHEMA, path)
+    for path, (module, name) in schema._MODELS.items():
+        section = schema._section(schema.SCHEMA, path)
         fields = getattr(importlib.import_module(module), name).model_fields
         missing = {key for field_name, info in fields.items() for key in (field_name, info.alias) if key and key not in section}
         assert not missing, f"{path}: keys of DeepSpeed {deepspeed.__version__} missing from hasten's schema: {sorted(missing)}"
@@ -288,6 +289,20 @@ def test_accelerate_helper_methods():
     assert plugin.get_value("train_micro_batch_size_per_gpu") == 4 and plugin.get_value("zero_optimization.reduce_bucket_size") == 5e8
     with pytest.raises(ConfigError, match=r"zero_optimization.reduce_bucket_size: 500000000.0 in the DeepSpeed config dict, but 1 from the script"):
         plugin.deepspeed_config_process(**{"zero_optimization.reduce_bucket_size": 1})
+
+
+def test_explicit_field_fills_a_key_the_file_sets_to_null():
+    plugin = DeepSpeedPlugin(hf_ds_config={"gradient_accumulation_steps": None, "zero_optimization": {"stage": 2}}, gradient_accumulation_steps=4)
+    assert plugin.deepspeed_config["gradient_accumulation_steps"] == 4
+
+
+def test_config_process_skips_keys_the_file_sets_to_null():
+    plugin = DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": None, "zero_optimization": {"stage": 2}})
+    plugin.deepspeed_config_process(train_micro_batch_size_per_gpu=4)
+    mismatches = []
+    plugin.fill_match("zero_optimization.stage", mismatches, **{"zero_optimization.stage": 3})
+    assert plugin.get_value("train_micro_batch_size_per_gpu") is None
+    assert mismatches == ["zero_optimization.stage: 2 in the DeepSpeed config dict, but 3 from the script"]
 
 
 def test_zero_init_config_replaces_batch_autos():

@@ -10,7 +10,8 @@ import torch
 
 from hasten.commands import estimate_memory
 from hasten.errors import ConfigError, MissingDependencyError
-from hasten.memory_estimate import ModelSize, count_parameters, dtype_rows, format_bytes, model_size, zero2_rows, zero3_rows
+from hasten.runtime.fileio import format_bytes
+from hasten.strategies.deepspeed.memory_estimate import ModelSize, count_parameters, dtype_rows, model_size, zero2_rows, zero3_rows
 
 # The Transformers DeepSpeed guide, bigscience/T0_3B on 1 node with 1 GPU.
 GUIDE_ROWS = [
@@ -149,3 +150,14 @@ def test_unknown_models_and_bad_arguments(capsys):
     with pytest.raises(SystemExit):
         estimate_memory.main(["--num_params", "1.5"])
     assert "is not a positive whole number of parameters" in capsys.readouterr().err
+
+
+def test_the_memory_table_imports_no_strategy():
+    import subprocess
+
+    code = (
+        "import sys, hasten.strategies.deepspeed.memory_estimate\n"
+        "loaded = [m for m in ('hasten.state', 'hasten.strategies.base', 'hasten.strategies.deepspeed.strategy', 'hasten.strategies.deepspeed.plugin', 'deepspeed') if m in sys.modules]\n"
+        "assert not loaded, loaded"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,8 +14,9 @@ from safetensors.torch import load_file
 from hasten import Accelerator
 from hasten.enums import DistributedType
 from hasten.errors import CheckpointError, ConfigError
-from hasten.plugins.fsdp import FullyShardedDataParallelPlugin as Plugin
-from hasten.strategies.fsdp_checkpoint import merge_fsdp_weights, read_sharded_model
+from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
+from hasten.strategies.fsdp.checkpoint import merge_fsdp_weights, read_sharded_model
+from hasten.strategies.fsdp.wrapping import ignored_parameters, wrap_targets
 
 from helpers import SCRIPTS, hasten_launch, torchrun
 
@@ -111,16 +112,16 @@ def test_mixed_precision_gathers_in_half_and_reduces_in_fp32():
 
 def test_wrap_targets_follow_the_policy():
     model = make_model()
-    assert Plugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP").wrap_targets(model) == list(model.layers), "_no_split_modules is the default"
-    sized = Plugin(min_num_params=1000).wrap_targets(model)
+    assert wrap_targets(Plugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP"), model) == list(model.layers), "_no_split_modules is the default"
+    sized = wrap_targets(Plugin(min_num_params=1000), model)
     assert model.layers[0].mlp[0] in sized and model.layers[0] in sized and model.layers[0].norm1 not in sized
-    assert Plugin(auto_wrap_policy=lambda m: isinstance(m, torch.nn.LayerNorm)).wrap_targets(model) == [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
-    assert Plugin().wrap_targets(model) == []
+    assert wrap_targets(Plugin(auto_wrap_policy=lambda m: isinstance(m, torch.nn.LayerNorm)), model) == [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert wrap_targets(Plugin(), model) == []
     with pytest.raises(ConfigError, match="names 'Blok', which is not a module class of this model. Did you mean 'Block'"):
-        Plugin(transformer_cls_names_to_wrap=["Blok"]).wrap_targets(model)
+        wrap_targets(Plugin(transformer_cls_names_to_wrap=["Blok"]), model)
     with pytest.raises(ConfigError, match="ignored_modules='lm_head' matches no module name"):
-        Plugin(ignored_modules="lm_head").ignored_parameters(model)
-    assert Plugin(ignored_modules=r"layers\.\d\.mlp").ignored_parameters(model) == set(model.layers[0].mlp.parameters()) | set(model.layers[1].mlp.parameters())
+        ignored_parameters(Plugin(ignored_modules="lm_head"), model)
+    assert ignored_parameters(Plugin(ignored_modules=r"layers\.\d\.mlp"), model) == set(model.layers[0].mlp.parameters()) | set(model.layers[1].mlp.parameters())
 
 
 def test_use_fsdp_selects_fsdp_and_trains_on_one_process(monkeypatch):

@@ -25,8 +25,8 @@ _EXPORTS = {
     "skip_first_batches": "data_loader",
     "find_executable_batch_size": "runtime.memory",
     "synchronize_rng_states": "runtime.rng",
-    "DeepSpeedPlugin": "plugins.deepspeed",
-    "FullyShardedDataParallelPlugin": "plugins.fsdp",
+    "DeepSpeedPlugin": "strategies.deepspeed.plugin",
+    "FullyShardedDataParallelPlugin": "strategies.fsdp.plugin",
     "TorchDynamoPlugin": "plugins.dynamo",
     "init_empty_weights": "big_modeling",
     "init_on_device": "big_modeling",
@@ -76,9 +76,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from .big_modeling.checkpoint_loading import load_checkpoint_in_model
     from .big_modeling.device_map import infer_auto_device_map
     from .launchers import debug_launcher, notebook_launcher
-    from .plugins.deepspeed import DeepSpeedPlugin
+    from .strategies.deepspeed.plugin import DeepSpeedPlugin
     from .plugins.dynamo import TorchDynamoPlugin
-    from .plugins.fsdp import FullyShardedDataParallelPlugin
+    from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
     from .runtime.parallelism import ParallelismConfig
     from .compat.unsupported import is_rich_available, prepare_pippy
     from .data_loader import skip_first_batches

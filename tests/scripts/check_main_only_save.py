@@ -122,7 +122,7 @@ def resume():
 
 
 def sharded():
-    from hasten.plugins.fsdp import FullyShardedDataParallelPlugin
+    from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
     accelerator, model, optimizer, _ = build(fsdp_plugin=FullyShardedDataParallelPlugin())
     if accelerator.is_main_process:

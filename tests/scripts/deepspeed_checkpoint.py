@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, DataLoaderConfiguration
 from hasten.errors import CheckpointError, ConfigError
-from hasten.plugins.deepspeed import DeepSpeedPlugin
+from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin
 from hasten.state import reset_state
-from hasten.strategies.deepspeed_checkpoint import merge_deepspeed_weights
+from hasten.strategies.deepspeed.checkpoint import merge_deepspeed_weights
 
 torch.manual_seed(0)
 X, Y = torch.randn(96, 6), torch.randn(96, 2)

@@ -11,11 +11,11 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Accelerator
-from hasten.plugins.deepspeed import DeepSpeedPlugin, DummyOptim, DummyScheduler
+from hasten import Accelerator, DeepSpeedPlugin
+from hasten.utils import DummyOptim, DummyScheduler
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import reset_state
-from hasten.strategies.deepspeed import DeepSpeedSchedulerWrapper
+from hasten.strategies.deepspeed.strategy import DeepSpeedSchedulerWrapper
 
 STEPS = 6
 WARMUP = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01, "warmup_num_steps": 4}}

@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import load_file
 from torch.utils.data import DataLoader, TensorDataset
 
-from hasten import Accelerator
-from hasten.plugins.deepspeed import DeepSpeedPlugin, DummyOptim, DummyScheduler
+from hasten import Accelerator, DeepSpeedPlugin
+from hasten.utils import DummyOptim, DummyScheduler
 from hasten.state import reset_state
-from hasten.strategies.deepspeed_checkpoint import merge_deepspeed_weights
+from hasten.strategies.deepspeed.checkpoint import merge_deepspeed_weights
 
 torch.manual_seed(0)
 X, Y = torch.randn(160, 6), torch.randn(160, 2)

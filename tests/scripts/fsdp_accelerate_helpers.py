@@ -15,9 +15,9 @@ from fsdp_model import batches, loss_fn, make_model
 
 from hasten import Accelerator
 from hasten.errors import CheckpointError
-from hasten.plugins.fsdp import FullyShardedDataParallelPlugin as Plugin
+from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 from hasten.state import reset_state
-from hasten.strategies.fsdp_checkpoint import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
+from hasten.strategies.fsdp.checkpoint import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
 
 FOLDER = Path(sys.argv[1])
 VARIANTS = {

@@ -12,7 +12,7 @@ import torch.distributed as dist
 from fsdp_model import batches, loss_fn, make_model
 
 from hasten import Accelerator
-from hasten.plugins.fsdp import FullyShardedDataParallelPlugin as Plugin
+from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 from hasten.state import reset_state
 
 STEPS = 20

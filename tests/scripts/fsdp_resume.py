@@ -19,9 +19,9 @@ from safetensors.torch import load_file, save_file
 
 from hasten import Accelerator
 from hasten.errors import CheckpointError
-from hasten.plugins.fsdp import FullyShardedDataParallelPlugin as Plugin
+from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 from hasten.state import reset_state
-from hasten.strategies.fsdp_checkpoint import merge_fsdp_weights
+from hasten.strategies.fsdp.checkpoint import merge_fsdp_weights
 
 MODE, FOLDER = sys.argv[1], Path(sys.argv[2])
 STEPS, SAVE_AT = 20, 10

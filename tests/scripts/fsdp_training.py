@@ -18,7 +18,7 @@ from hasten import Accelerator
 from hasten.runtime.compilation import compile_model
 from hasten.errors import ConfigError
 from hasten.plugins.dynamo import TorchDynamoPlugin
-from hasten.plugins.fsdp import FullyShardedDataParallelPlugin as Plugin
+from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 from hasten.state import reset_state
 
 STEPS = 20

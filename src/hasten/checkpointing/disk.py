@@ -9,8 +9,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from ..runtime.fileio import fsync_directory
-from ..memory_estimate import format_bytes
+from ..runtime.fileio import format_bytes, fsync_directory
 from .integrity import Digest, HashQueue
 
 

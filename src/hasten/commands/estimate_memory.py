@@ -58,7 +58,7 @@ def estimate_command(args: argparse.Namespace) -> int:
 
 def _model(args: argparse.Namespace):
     from ..errors import ConfigError
-    from ..memory_estimate import ModelSize, model_size
+    from ..strategies.deepspeed.memory_estimate import ModelSize, model_size
 
     if args.model_name is None and args.num_params is None:
         raise ConfigError("Name a model (a known model, a config.json, or module:factory) or give --num_params.")
@@ -74,7 +74,8 @@ def _model(args: argparse.Namespace):
 
 def report(args: argparse.Namespace) -> str:
     """The text ``hasten estimate-memory`` prints."""
-    from ..memory_estimate import dtype_rows, format_bytes, zero2_rows, zero3_rows
+    from ..runtime.fileio import format_bytes
+    from ..strategies.deepspeed.memory_estimate import dtype_rows, zero2_rows, zero3_rows
 
     size = _model(args)
     lines = [f"Memory for {size.name}: {size.total_params // 10**6}M total parameters, {size.largest_layer_params // 10**6}M largest layer parameters.", ""]

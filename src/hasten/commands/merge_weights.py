@@ -35,7 +35,7 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
 def detect_format(checkpoint: Path) -> str:
     """``"deepspeed"`` or ``"fsdp"`` from what the folder holds; a ``CheckpointError`` otherwise."""
     from ..errors import CheckpointError
-    from ..strategies.deepspeed_checkpoint import find_deepspeed_checkpoint
+    from ..strategies.deepspeed.checkpoint import find_deepspeed_checkpoint
 
     if not checkpoint.is_dir():
         raise CheckpointError(f"{checkpoint} is not a folder: pass the checkpoint folder to merge.")
@@ -59,11 +59,11 @@ def merge_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"--remove_checkpoint_dir would delete the output {output}, which is inside {checkpoint}; write the merged weights elsewhere.")
     kind = detect_format(checkpoint)
     if kind == "deepspeed":
-        from ..strategies.deepspeed_checkpoint import merge_deepspeed_weights
+        from ..strategies.deepspeed.checkpoint import merge_deepspeed_weights
 
         written = merge_deepspeed_weights(checkpoint, output, safe_serialization=args.safe_serialization, max_shard_size=args.max_shard_size)
     else:
-        from ..strategies.fsdp_checkpoint import merge_fsdp_weights
+        from ..strategies.fsdp.checkpoint import merge_fsdp_weights
 
         written = merge_fsdp_weights(checkpoint, output, safe_serialization=args.safe_serialization)
     if args.remove_checkpoint_dir:

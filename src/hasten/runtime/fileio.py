@@ -52,6 +52,19 @@ def parse_size(size: int | str) -> int:
     return int(value / 8) if is_bits else int(value)
 
 
+def format_bytes(count: float | None) -> str:
+    """``1.61 GB``-style text (binary units); ``N/A`` for None."""
+    if count is None:
+        return "N/A"
+    if count < 1024:
+        return f"{int(count)} bytes"
+    for unit in ("KB", "MB", "GB"):
+        count /= 1024
+        if count < 1024:
+            return f"{count:.2f} {unit}"
+    return f"{count / 1024:.2f} TB"
+
+
 def fsync_directory(path: str | os.PathLike) -> None:
     """Flush a directory entry (a rename into it) to disk; a no-op where directories cannot be opened."""
     try:

@@ -54,8 +54,8 @@ LAYOUT: dict[str, dict[str, str]] = {
             "LoggerType PrecisionType RNGType SageMakerDistributedType AmaxComputeAlgorithm Backend EnumWithContains FP8Format "
             "OptLevel ProfilerActivity",
         ),
-        "DeepSpeedPlugin": "plugins.deepspeed",
-        "FullyShardedDataParallelPlugin": "plugins.fsdp",
+        "DeepSpeedPlugin": "strategies.deepspeed.plugin",
+        "FullyShardedDataParallelPlugin": "strategies.fsdp.plugin",
         "TorchDynamoPlugin": "plugins.dynamo",
         "get_module_class_from_name": "compat.modeling",
         "TensorInformation": "compat.operations",
@@ -75,9 +75,11 @@ LAYOUT: dict[str, dict[str, str]] = {
         ),
     },
     "deepspeed": {
-        **_names("plugins.deepspeed", "DummyOptim DummyScheduler HfDeepSpeedConfig get_active_deepspeed_plugin map_pytorch_optim_to_deepspeed"),
+        **_names("strategies.deepspeed.dummies", "DummyOptim DummyScheduler map_pytorch_optim_to_deepspeed"),
+        "HfDeepSpeedConfig": "strategies.deepspeed.zero3",
+        "get_active_deepspeed_plugin": "strategies.deepspeed.plugin",
         **_names("compat.internals", "DeepSpeedEngineWrapper DeepSpeedOptimizerWrapper"),
-        "DeepSpeedSchedulerWrapper": "strategies.deepspeed",
+        "DeepSpeedSchedulerWrapper": "strategies.deepspeed.strategy",
     },
     "environment": {
         **_names(
@@ -93,7 +95,7 @@ LAYOUT: dict[str, dict[str, str]] = {
         ),
     },
     "fsdp_utils": {
-        **_names("strategies.fsdp_checkpoint", "merge_fsdp_weights save_fsdp_model load_fsdp_model save_fsdp_optimizer load_fsdp_optimizer"),
+        **_names("strategies.fsdp.checkpoint", "merge_fsdp_weights save_fsdp_model load_fsdp_model save_fsdp_optimizer load_fsdp_optimizer"),
         **_names(
             "fsdp_helpers",
             "get_parameters_from_modules enable_fsdp_ram_efficient_loading disable_fsdp_ram_efficient_loading fsdp2_canonicalize_names "
@@ -207,7 +209,7 @@ FLAT_ONLY: dict[str, str] = {
     "debug_launcher": "launchers",
     "LocalSGD": "local_sgd",
     "ParallelismConfig": "runtime.parallelism",
-    "merge_deepspeed_weights": "strategies.deepspeed_checkpoint",
+    "merge_deepspeed_weights": "strategies.deepspeed.checkpoint",
 }
 
 

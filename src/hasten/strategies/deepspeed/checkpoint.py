@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 
 _SAFE_CLASSES = {
     "deepspeed.runtime.zero.config.ZeroStageEnum": "ZeroStageEnum",
@@ -192,7 +192,7 @@ def merge_deepspeed_weights(checkpoint_dir: str | os.PathLike, output_path: str 
     Returns:
         The files written.
     """
-    from ..big_modeling.serialization import save_model_weights
+    from ...big_modeling.serialization import save_model_weights
 
     return save_model_weights(load_fp32_state_dict(checkpoint_dir), output_path, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
 

@@ -17,13 +17,17 @@ from typing import Iterable
 
 import torch
 
-from .. import deepspeed_config as dsc
-from ..enums import DistributedType
-from ..errors import CheckpointError, ConfigError, NotSupportedError
-from ..scheduler import AcceleratedScheduler
-from ..state import GradientState, warn_once
-from .base import Strategy, _suffix
-from .deepspeed_checkpoint import deepspeed_classes, safe_torch_load
+from . import config as dsc
+from . import zero3
+from ...enums import DistributedType
+from ...errors import CheckpointError, ConfigError, NotSupportedError
+from ...logging import get_logger
+from ...runtime.operations import barrier
+from ...scheduler import AcceleratedScheduler
+from ...state import GradientState, warn_once
+from ..base import Strategy, _suffix
+from .checkpoint import deepspeed_classes, safe_torch_load
+from .dummies import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
 
 _CHECKPOINT_FOLDER = "deepspeed"
 _TAG = "state"
@@ -91,8 +95,6 @@ class _OverflowMonitor:
                 "whose activations overflow fp16's range: train in bf16 (Ampere GPUs or newer, TPUs) or in fp32 instead.",
             )
         if self.skipped == 1 or self.skipped % self.every == 0:
-            from ..logging import get_logger
-
             scale = f"; the loss scale is now {loss_scale:g}" if isinstance(loss_scale, (int, float)) else ""
             get_logger("hasten.deepspeed").warning(
                 f"fp16 overflow: the optimizer step was skipped ({self.skipped} of {self.steps} steps skipped so far{scale}). "
@@ -105,7 +107,7 @@ class DeepSpeedStrategy(Strategy):
     """Trains one model with a DeepSpeed engine (ZeRO stages 0-3, CPU/NVMe offload, fp16/bf16).
 
     Args:
-        plugin: the :class:`~hasten.plugins.deepspeed.DeepSpeedPlugin` (or a dict with one plugin).
+        plugin: the :class:`~hasten.strategies.deepspeed.plugin.DeepSpeedPlugin` (or a dict with one plugin).
     """
 
     distributed_type = DistributedType.DEEPSPEED
@@ -113,8 +115,8 @@ class DeepSpeedStrategy(Strategy):
     def __init__(self, state, precision, plugin):
         super().__init__(state, precision)
         self.plugin = _single_plugin(plugin)
-        self.plugin.set_mixed_precision(precision.mixed_precision)
-        chosen = self.plugin.config_mixed_precision
+        dsc.apply_mixed_precision(self.plugin.deepspeed_config, precision.mixed_precision, self.plugin.config_name)
+        chosen = dsc.mixed_precision_of(self.plugin.deepspeed_config)
         if chosen != precision.mixed_precision:
             warn_once(
                 "deepspeed-precision",
@@ -170,7 +172,7 @@ class DeepSpeedStrategy(Strategy):
         kwargs = {"model": model, "config": config}
         optimizer, scheduler = self._engine_optimizer(config, optimizer, scheduler, kwargs)
         self._resolve(config, model, dataloaders)
-        self.plugin.set_moe_leaf_modules(model)
+        zero3.set_moe_leaf_modules(model, self.plugin.transformer_moe_cls_names)
         engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(**kwargs)
         self.plugin.deepspeed_config = self.plugin.hf_ds_config.config = config
         self.engine = engine
@@ -181,8 +183,6 @@ class DeepSpeedStrategy(Strategy):
 
     def _engine_optimizer(self, config: dict, optimizer, scheduler, kwargs: dict):
         """Put the optimizer and scheduler (or the config's) into ``kwargs`` for ``deepspeed.initialize``."""
-        from ..plugins.deepspeed import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
-
         name = self.plugin.config_name
         if isinstance(optimizer, DummyOptim):
             if "optimizer" not in config:
@@ -218,8 +218,6 @@ class DeepSpeedStrategy(Strategy):
             must.append("gradient_clipping")
         notes = dsc.fill(config, dsc.auto_values(script), self.plugin.config_name, must_match=tuple(must))
         dsc.check_resolved(config, self.plugin.config_name)
-        from ..logging import get_logger
-
         logger = get_logger("hasten.deepspeed")
         for note in notes:
             logger.warning(f"The DeepSpeed config's value is used: {note}.")
@@ -228,7 +226,7 @@ class DeepSpeedStrategy(Strategy):
     def _script_values(self, model, dataloaders: list) -> dsc.ScriptValues:
         num = self.state.num_processes
         steps = GradientState().num_steps
-        script = dsc.ScriptValues(num_processes=num, mixed_precision=self.plugin.config_mixed_precision)
+        script = dsc.ScriptValues(num_processes=num, mixed_precision=dsc.mixed_precision_of(self.plugin.deepspeed_config))
         script.gradient_accumulation_steps = dsc.Setting(steps, f"Accelerator(gradient_accumulation_steps={steps})")
         sizes = [_per_process_batch(loader, num) for loader in dataloaders]
         sizes = [size for size in sizes if size]
@@ -359,8 +357,6 @@ class DeepSpeedStrategy(Strategy):
 
     def save_checkpoint(self, writer, models: list, optimizers: list) -> None:
         """The engine writes its (sharded) checkpoint into ``deepspeed/``; other models are saved whole."""
-        from ..runtime.operations import barrier
-
         for i, model in enumerate(models):
             if model is self.engine:
                 self.engine.save_checkpoint(str(writer.directory / _CHECKPOINT_FOLDER), tag=_TAG)

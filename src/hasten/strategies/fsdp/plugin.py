@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
 import torch
 
-from .. import environment
-from ..errors import ConfigError, did_you_mean
+from ... import environment
+from ...errors import ConfigError, did_you_mean
 
 SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
 AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
@@ -355,33 +354,6 @@ class FullyShardedDataParallelPlugin:
                 )
         self.transformer_cls_names_to_wrap = list(names)
 
-    def wrap_targets(self, model: torch.nn.Module) -> list[torch.nn.Module]:
-        """The submodules that get their own ``fully_shard`` (children listed before their parents; the root excluded)."""
-        self.set_auto_wrap_policy(model)
-        policy = self.auto_wrap_policy
-        if policy == "NO_WRAP":
-            return []
-        if policy == "TRANSFORMER_BASED_WRAP":
-            names = set(self.transformer_cls_names_to_wrap)
-            return [m for m in _post_order(model) if m is not model and type(m).__name__ in names]
-        if policy == "SIZE_BASED_WRAP":
-            return _size_based(model, self.min_num_params)
-        return [m for m in _post_order(model) if m is not model and policy(m)]
-
-    def ignored_parameters(self, model: torch.nn.Module) -> set[torch.nn.Parameter]:
-        """The parameters of ``ignored_modules`` (modules, or a regular expression over module names)."""
-        ignored = self.ignored_modules
-        if not ignored:
-            return set()
-        if isinstance(ignored, str):
-            pattern = re.compile(ignored)
-            modules = [m for name, m in model.named_modules() if name and pattern.fullmatch(name)]
-            if not modules:
-                raise ConfigError(f"FullyShardedDataParallelPlugin: ignored_modules={ignored!r} matches no module name of this model (matched with re.fullmatch).")
-        else:
-            modules = list(ignored)
-        return {p for m in modules for p in m.parameters()}
-
 
 def _check_one_argument(policy: Callable) -> None:
     try:
@@ -394,25 +366,3 @@ def _check_one_argument(policy: Callable) -> None:
         ) from None
     except ValueError:
         return
-
-
-def _post_order(module: torch.nn.Module) -> list[torch.nn.Module]:
-    order: list[torch.nn.Module] = []
-    for child in module.children():
-        order.extend(_post_order(child))
-    order.append(module)
-    return order
-
-
-def _size_based(model: torch.nn.Module, min_num_params: int) -> list[torch.nn.Module]:
-    """Modules (children first) whose parameters not yet covered by a wrapped descendant reach ``min_num_params``."""
-    targets: list[torch.nn.Module] = []
-    covered: set[int] = set()
-    for module in _post_order(model):
-        if module is model:
-            continue
-        own = [p for p in module.parameters() if id(p) not in covered]
-        if sum(p.numel() for p in own) >= min_num_params:
-            targets.append(module)
-            covered.update(id(p) for p in own)
-    return targets

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import ConfigError, MissingDependencyError, closest, did_you_mean
+from ...errors import ConfigError, MissingDependencyError, closest, did_you_mean
 
 #: Known models: name -> (parameters, parameters of the largest layer), as DeepSpeed counts them for
 #: ``AutoModel`` (no language-model head unless tied). T0_3B reproduces the Transformers DeepSpeed guide.
@@ -142,19 +142,6 @@ def dtype_rows(size: ModelSize, dtypes: list[str]) -> list[DtypeRow]:
     return rows
 
 
-def format_bytes(count: float | None) -> str:
-    """``1.61 GB``-style text (binary units); ``N/A`` for None."""
-    if count is None:
-        return "N/A"
-    if count < 1024:
-        return f"{int(count)} bytes"
-    for unit in ("KB", "MB", "GB"):
-        count /= 1024
-        if count < 1024:
-            return f"{count:.2f} {unit}"
-    return f"{count / 1024:.2f} TB"
-
-
 # ------------------------------------------------------------------------------ model sizes
 
 
@@ -234,4 +221,4 @@ def _from_transformers_config(path: Path, trust_remote_code: bool) -> ModelSize:
     return count_parameters(model)
 
 
-__all__ = ["KNOWN_MODELS", "ModelSize", "ZeroRow", "count_parameters", "dtype_rows", "format_bytes", "model_size", "zero2_rows", "zero3_rows"]
+__all__ = ["KNOWN_MODELS", "ModelSize", "ZeroRow", "count_parameters", "dtype_rows", "model_size", "zero2_rows", "zero3_rows"]

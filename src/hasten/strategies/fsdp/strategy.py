@@ -15,14 +15,15 @@ import torch
 import torch.distributed as dist
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..enums import DistributedType
-from ..errors import CheckpointError, ConfigError
-from ..runtime.parallelism import data_parallel_mesh
-from ..plugins.fsdp import FullyShardedDataParallelPlugin
-from ..runtime.wrappers import is_compiled_module
-from . import fsdp_checkpoint
-from .base import Strategy
-from .fsdp_checkpoint import sharded_root
+from ...enums import DistributedType
+from ...errors import CheckpointError, ConfigError
+from ...runtime.parallelism import data_parallel_mesh
+from .plugin import FullyShardedDataParallelPlugin
+from ...runtime.wrappers import is_compiled_module
+from . import checkpoint as fsdp_checkpoint
+from ..base import Strategy
+from .checkpoint import sharded_root
+from . import wrapping
 
 
 def _on_meta(module: torch.nn.Module) -> bool:
@@ -56,7 +57,7 @@ def _prepared_root(model) -> torch.nn.Module | None:
 
 
 class FSDPStrategy(Strategy):
-    """Shards models with FSDP2 as a :class:`~hasten.plugins.fsdp.FullyShardedDataParallelPlugin` says.
+    """Shards models with FSDP2 as a :class:`~hasten.strategies.fsdp.plugin.FullyShardedDataParallelPlugin` says.
 
     With a :class:`~hasten.runtime.parallelism.ParallelismConfig` the mesh is the config's (``dp_replicate``,
     ``dp_shard``, ``tp``): models are first split over ``tp`` as their tensor-parallel plan says, then
@@ -114,7 +115,7 @@ class FSDPStrategy(Strategy):
         """As the base strategy; with tensor parallelism, one copy of each sample (tensor-parallel peers share batches)."""
         if self.parallelism_config is None or not self.parallelism_config.tp_enabled:
             return super().gather_for_metrics(input_data, use_gather_object)
-        from .tensor_parallel import gather_for_metrics_over_dp
+        from ..tensor_parallel import gather_for_metrics_over_dp
 
         return gather_for_metrics_over_dp(input_data, self.parallelism_config.tp_size, use_gather_object)
 
@@ -157,7 +158,7 @@ class FSDPStrategy(Strategy):
             self._origins[parameter] = (inner, name)
         source = self._weights_to_broadcast(inner)
         if self.parallelism_config is not None and self.parallelism_config.tp_enabled:
-            from .tensor_parallel import apply_tensor_parallel
+            from ..tensor_parallel import apply_tensor_parallel
 
             apply_tensor_parallel(inner, self.device_mesh["tp"])
         if self._shard_mesh is not None:
@@ -184,7 +185,7 @@ class FSDPStrategy(Strategy):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         plugin = self.plugin
-        targets = plugin.wrap_targets(model)
+        targets = wrapping.wrap_targets(plugin, model)
         if plugin.activation_checkpointing:
             if not targets:
                 raise ConfigError(
@@ -199,7 +200,7 @@ class FSDPStrategy(Strategy):
             "mesh": self._shard_mesh,
             "mp_policy": plugin.mixed_precision_policy or MixedPrecisionPolicy(),
             "offload_policy": self._offload_policy(),
-            "ignored_params": plugin.ignored_parameters(model) or None,
+            "ignored_params": wrapping.ignored_parameters(plugin, model) or None,
         }
         for target in targets:
             fully_shard(target, reshard_after_forward=plugin.reshard_after_forward, **options)

@@ -1,7 +1,11 @@
 """DeepSpeed JSON configs: loading, key validation, ``"auto"`` resolution and conflict checks.
 
+:func:`fill` is the one function that replaces ``"auto"`` values: the plugin's explicit fields, the
+mixed precision, the values ``prepare`` reads from the script (:func:`auto_values`), Accelerate's
+``deepspeed_config_process`` (:func:`fill_from_script`) and the ``zero.Init`` copy all go through it.
+
 DeepSpeed reads its config leniently: a misspelled key silently falls back to the default. hasten
-checks every key against :data:`SCHEMA` (completed at run time with the fields of the installed
+checks every key against :data:`.schema.SCHEMA` (completed at run time with the fields of the installed
 DeepSpeed's own config models) and names the closest valid key. ``"auto"`` values are filled from the
 training script: the prepared dataloader, the accumulation steps, the mixed precision, the optimizer,
 the scheduler and the model's hidden size (see :func:`auto_values`). A value set both in the file and
@@ -13,147 +17,17 @@ Nothing here imports ``deepspeed`` at module level.
 from __future__ import annotations
 
 import copy
-import functools
-import importlib
-import importlib.util
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError, closest
+from ...errors import ConfigError, NotSupportedError
+from .schema import unknown_keys
 
 AUTO = "auto"
-ANY = "*"  # a section whose keys DeepSpeed passes on unchecked (optimizer params, ...)
-
-_OFFLOAD_PARAM = {k: None for k in ("device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory")}
-_OFFLOAD_OPTIMIZER = {
-    k: None
-    for k in ("device", "nvme_path", "buffer_count", "pin_memory", "pipeline", "pipeline_read", "pipeline_write", "fast_init", "ratio", "super_offload", "cpuadam_cores_perc")
-}
-_ZERO = {
-    **{
-        k: None
-        for k in (
-            "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "use_multi_rank_bucket_allreduce",
-            "allgather_partitions", "allgather_bucket_size", "overlap_comm", "compute_grad_norm", "load_from_fp32_weights",
-            "elastic_checkpoint", "sub_group_size", "cpu_offload", "cpu_offload_param", "cpu_offload_params",
-            "cpu_offload_use_pin_memory", "prefetch_bucket_size", "stage3_prefetch_bucket_size", "param_persistence_threshold",
-            "stage3_param_persistence_threshold", "model_persistence_threshold", "stage3_model_persistence_threshold",
-            "max_live_parameters", "stage3_max_live_parameters", "max_reuse_distance", "stage3_max_reuse_distance",
-            "gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-            "module_granularity_threshold", "stage3_module_granularity_threshold", "use_all_reduce_for_fetch_params",
-            "stage3_use_all_reduce_for_fetch_params", "allgather_sequential", "stage3_allgather_sequential",
-            "ignore_unused_parameters", "legacy_stage1", "round_robin_gradients", "parameter_alignment", "zero_hpz_partition_size",
-            "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "memory_efficient_linear",
-            "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
-            "save_muon_momentum_buffer_in_memory", "mics_shard_size", "mics_hierarchical_params_gather",
-        )
-    },
-    "offload_param": _OFFLOAD_PARAM,
-    "offload_optimizer": _OFFLOAD_OPTIMIZER,
-    "zenflow": ANY,
-    "leaf_module": {"classes": None, "names": None, "name_suffixes": None},
-}
-_FP16 = {k: None for k in ("enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads")}
-_BF16 = {k: None for k in ("enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads", "bf16_optimizer_states")}
-_MONITOR = {k: None for k in ("enabled", "output_path", "job_name")}
-
-#: Every key DeepSpeed 0.19 reads, as nested dicts (None: a value, ANY: free-form section).
-SCHEMA: dict[str, Any] = {
-    **{
-        k: None
-        for k in (
-            "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "steps_per_print", "dump_state",
-            "wall_clock_breakdown", "memory_breakdown", "gradient_clipping", "prescale_gradients", "gradient_predivide_factor",
-            "sparse_gradients", "communication_data_type", "seq_parallel_communication_data_type", "gradient_allreduce_op",
-            "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "disable_allgather", "dataloader_drop_last",
-            "graph_harvesting", "use_data_before_expert_parallelism", "managed_gradient_accumulation", "disable_python_gc",
-            "log_level", "vocabulary_size", "sequence_parallel_size",
-        )
-    },
-    "optimizer": {"type": None, "params": ANY, "legacy_fusion": None},
-    "scheduler": {"type": None, "params": ANY},
-    "fp16": _FP16,
-    "bf16": _BF16,
-    "bfloat16": _BF16,
-    "amp": ANY,
-    "torch_autocast": {"enabled": None, "dtype": None, "lower_precision_safe_modules": None},
-    "zero_optimization": _ZERO,
-    "aio": {k: None for k in ("block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit", "overlap_events", "use_gds")},
-    "activation_checkpointing": {
-        k: None for k in ("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile")
-    },
-    "flops_profiler": {k: None for k in ("enabled", "recompute_fwd_factor", "profile_step", "module_depth", "top_modules", "detailed", "output_file")},
-    "checkpoint": {"tag_validation": None, "load_universal": None, "use_node_local_storage": None, "parallel_write": ANY, "writer": ANY, "checkpoint_serialization": None},
-    "data_types": {"grad_accum_dtype": None},
-    "tensorboard": _MONITOR,
-    "csv_monitor": _MONITOR,
-    "wandb": {k: None for k in ("enabled", "group", "team", "project")},
-    "comet": {k: None for k in ("enabled", "samples_log_interval", "project", "workspace", "api_key", "experiment_name", "experiment_key", "online", "mode")},
-    "comms_logger": {k: None for k in ("enabled", "prof_all", "prof_ops", "verbose", "debug")},
-    "elasticity": ANY,
-    "pipeline": ANY,
-    "sparse_attention": ANY,
-    "compression_training": ANY,
-    "data_efficiency": ANY,
-    "curriculum_learning": ANY,
-    "quantize_training": ANY,
-    "eigenvalue": ANY,
-    "progressive_layer_drop": {"enabled": None, "theta": None, "gamma": None},
-    "autotuning": ANY,
-    "nebula": ANY,
-    "compile": ANY,
-    "hybrid_engine": ANY,
-    "timers": ANY,
-    "weight_quantization": ANY,
-    "tensor_parallel": ANY,
-    "expert_parallel": ANY,
-}
-
-# Sections that DeepSpeed describes with pydantic models: their fields (and aliases) are added to the
-# schema at run time, so that keys new in the installed DeepSpeed are accepted.
-_MODELS = {
-    "zero_optimization": ("deepspeed.runtime.zero.config", "DeepSpeedZeroConfig"),
-    "zero_optimization.offload_param": ("deepspeed.runtime.zero.offload_config", "DeepSpeedZeroOffloadParamConfig"),
-    "zero_optimization.offload_optimizer": ("deepspeed.runtime.zero.offload_config", "DeepSpeedZeroOffloadOptimizerConfig"),
-    "fp16": ("deepspeed.runtime.precision_config", "DeepSpeedFP16Config"),
-    "bf16": ("deepspeed.runtime.precision_config", "DeepSpeedBF16Config"),
-    "comms_logger": ("deepspeed.comm.config", "CommsLoggerConfig"),
-    "tensorboard": ("deepspeed.monitor.config", "TensorBoardConfig"),
-    "wandb": ("deepspeed.monitor.config", "WandbConfig"),
-    "csv_monitor": ("deepspeed.monitor.config", "CSVConfig"),
-    "comet": ("deepspeed.monitor.config", "CometConfig"),
-}
-
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-
-
-@functools.lru_cache(maxsize=1)
-def installed_schema() -> dict[str, Any]:
-    """:data:`SCHEMA` plus the fields the installed DeepSpeed declares in its config models."""
-    schema = copy.deepcopy(SCHEMA)
-    if importlib.util.find_spec("deepspeed") is None:
-        return schema
-    for path, (module_name, class_name) in _MODELS.items():
-        try:
-            fields = getattr(importlib.import_module(module_name), class_name).model_fields
-        except (ImportError, AttributeError):
-            continue
-        section = _section(schema, path)
-        for name, field in fields.items():
-            for key in (name, field.alias):
-                if key and key not in section:
-                    section[key] = None
-    return schema
-
-
-def _section(schema: dict, path: str) -> dict:
-    node = schema
-    for part in path.split("."):
-        node = node[part]
-    return node
 
 
 # ------------------------------------------------------------------------------------- loading
@@ -183,19 +57,6 @@ def load_config(source) -> tuple[dict, str]:
 
 
 # ----------------------------------------------------------------------------------- validation
-
-
-def unknown_keys(config: dict, schema: dict | None = None, prefix: str = "") -> list[tuple[str, str | None]]:
-    """The key paths of ``config`` that DeepSpeed does not know, each with the closest valid key (or None)."""
-    schema = installed_schema() if schema is None else schema
-    found = []
-    for key, value in config.items():
-        path = f"{prefix}{key}"
-        if key not in schema:
-            found.append((path, closest(key, schema)))
-        elif isinstance(schema[key], dict) and isinstance(value, dict):
-            found.extend(unknown_keys(value, schema[key], f"{path}."))
-    return found
 
 
 def validate_config(config: dict, name: str, schema: dict | None = None) -> None:
@@ -252,7 +113,7 @@ def get_value(config: dict, path: str, default=None):
     return node
 
 
-def set_value(config: dict, path: str, value) -> None:
+def _set_value(config: dict, path: str, value) -> None:
     """Set the value at a dotted key path, creating the sections on the way."""
     *parents, last = path.split(".")
     node = config
@@ -269,15 +130,20 @@ def delete_value(config: dict, path: str) -> None:
         node.pop(last, None)
 
 
-def auto_paths(config: dict, prefix: str = "") -> list[str]:
-    """The key paths whose value is ``"auto"``."""
+def leaf_paths(config: dict, prefix: str = "") -> list[str]:
+    """The dotted key paths of every value that is not a section."""
     paths = []
     for key, value in config.items():
         if isinstance(value, dict):
-            paths.extend(auto_paths(value, f"{prefix}{key}."))
-        elif value == AUTO:
+            paths.extend(leaf_paths(value, f"{prefix}{key}."))
+        else:
             paths.append(f"{prefix}{key}")
     return paths
+
+
+def auto_paths(config: dict) -> list[str]:
+    """The key paths whose value is ``"auto"``."""
+    return [path for path in leaf_paths(config) if get_value(config, path) == AUTO]
 
 
 # ------------------------------------------------------------------------------ filling values
@@ -311,11 +177,11 @@ def _plain(value):
 
 
 def fill(config: dict, settings: dict[str, Setting], name: str, must_match: tuple[str, ...] = (), add_missing: tuple[str, ...] = ()) -> list[str]:
-    """Fill ``"auto"`` values of ``config`` from ``settings`` (dotted path -> :class:`Setting`).
+    """Fill ``"auto"`` values of ``config`` from ``settings`` (dotted path -> :class:`Setting`): the only place that does.
 
     A path in ``must_match`` whose value is set in the file and differs from the script's is a
     conflict: all conflicts are reported together in one :class:`ConfigError` naming both values.
-    Paths in ``add_missing`` are also set when the file does not mention them.
+    Paths in ``add_missing`` are also set when the file does not mention them (or sets them to null).
 
     Returns:
         Notes on values the file sets that differ from the script's but win (paths not in ``must_match``).
@@ -323,11 +189,11 @@ def fill(config: dict, settings: dict[str, Setting], name: str, must_match: tupl
     conflicts, notes = [], []
     for path, setting in settings.items():
         current = get_value(config, path, _MISSING)
-        if current is _MISSING:
+        if current is _MISSING or (current is None and path in add_missing):
             if path in add_missing:
-                set_value(config, path, _plain(setting.value))
+                _set_value(config, path, _plain(setting.value))
         elif current == AUTO:
-            set_value(config, path, _plain(setting.value))
+            _set_value(config, path, _plain(setting.value))
         elif not setting.default and not values_equal(current, setting.value):
             line = f"{path}: {current!r} in {name}, but {setting.value!r} from {setting.source}"
             (conflicts if path in must_match else notes).append(line)
@@ -338,6 +204,51 @@ def fill(config: dict, settings: dict[str, Setting], name: str, must_match: tupl
             + "\nMake them agree: change one of the two, or set the value to \"auto\" in the DeepSpeed config so that it follows the script."
         )
     return notes
+
+
+def fill_from_script(config: dict, name: str, values: dict, must_match: bool = True, mismatches: list | None = None) -> None:
+    """Fill the ``"auto"`` keys among ``values`` (dotted path -> the script's value) with :func:`fill`.
+
+    Accelerate's ``deepspeed_config_process``: keys the file leaves out or sets to null are skipped. With
+    ``must_match``, a key the file sets to another value is a mismatch: appended to ``mismatches`` when a
+    list is given, otherwise all of them raised in one :class:`ConfigError`.
+    """
+    settings = {path: Setting(value, "the script") for path, value in values.items() if get_value(config, path) is not None}
+    found = fill(config, settings, name)
+    if not must_match:
+        return
+    if mismatches is not None:
+        mismatches.extend(found)
+    elif found:
+        raise ConfigError("The DeepSpeed config and the training script disagree:\n" + "\n".join(f"  - {m}" for m in found) + "\nMake them agree, or set the values to \"auto\".")
+
+
+def _precision_settings(mixed_precision: str) -> dict[str, Setting]:
+    source = f"mixed_precision={mixed_precision!r}"
+    return {f"{kind}.enabled": Setting(mixed_precision == kind, source, default=True) for kind in ("fp16", "bf16")}
+
+
+def apply_mixed_precision(config: dict, mixed_precision: str, name: str) -> None:
+    """Make ``config`` train in ``mixed_precision``: enable its section, fill ``fp16``/``bf16`` ``"auto"``; a contradiction is an error."""
+    if mixed_precision == "fp8":
+        raise NotSupportedError("mixed_precision='fp8' with DeepSpeed is not supported by hasten; use 'bf16'.")
+    for kind, other in (("fp16", "bf16"), ("bf16", "fp16")):
+        if mixed_precision == kind and get_value(config, f"{other}.enabled") is True:
+            raise ConfigError(
+                f"mixed_precision={kind!r} but {name} enables {other} ({other}.enabled: true). "
+                f"Make them agree: set {other}.enabled to false or \"auto\", or use mixed_precision={other!r}."
+            )
+        if mixed_precision == kind and kind not in config:
+            config[kind] = {"enabled": True, **({"auto_cast": True} if kind == "fp16" else {})}
+    fill(config, _precision_settings(mixed_precision), name)
+
+
+def mixed_precision_of(config: dict) -> str:
+    """The precision ``config`` trains in: ``"fp16"``, ``"bf16"`` or ``"no"``."""
+    for kind in ("fp16", "bf16"):
+        if get_value(config, f"{kind}.enabled") is True:
+            return kind
+    return "bf16" if get_value(config, "bfloat16.enabled") is True else "no"
 
 
 # ------------------------------------------------------------------------------- the auto table
@@ -382,9 +293,7 @@ def auto_values(script: ScriptValues) -> dict[str, Setting]:
             total = micro.value * script.num_processes * gas.value
             values["train_batch_size"] = Setting(total, f"{script.num_processes} processes x micro batch {micro.value} x {gas.value} accumulation steps")
     values["gradient_clipping"] = script.gradient_clipping or Setting(1.0, "the default gradient clipping", default=True)
-    precision = f"mixed_precision={script.mixed_precision!r}"
-    values["fp16.enabled"] = Setting(script.mixed_precision == "fp16", precision, default=True)
-    values["bf16.enabled"] = Setting(script.mixed_precision == "bf16", precision, default=True)
+    values.update(_precision_settings(script.mixed_precision))
     if script.hidden_size is not None:
         hidden, source = script.hidden_size.value, script.hidden_size.source
         values["zero_optimization.reduce_bucket_size"] = Setting(hidden * hidden, f"{source} squared", default=True)
@@ -422,13 +331,8 @@ def config_for_zero_init(config: dict, mixed_precision: str) -> dict:
     ``"auto"`` get placeholder values and other ``"auto"`` keys fall back to DeepSpeed's defaults.
     """
     result = copy.deepcopy(config)
-    for path, value in (("fp16.enabled", mixed_precision == "fp16"), ("bf16.enabled", mixed_precision == "bf16")):
-        if get_value(result, path) == AUTO:
-            set_value(result, path, value)
-    if get_value(result, "train_micro_batch_size_per_gpu") in (None, AUTO):
-        set_value(result, "train_micro_batch_size_per_gpu", 1)
-    if get_value(result, "gradient_accumulation_steps") in (None, AUTO):
-        set_value(result, "gradient_accumulation_steps", 1)
+    placeholders = {path: Setting(1, "a placeholder until prepare()", default=True) for path in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
+    fill(result, {**_precision_settings(mixed_precision), **placeholders}, "the config for deepspeed.zero.Init", add_missing=tuple(placeholders))
     for path in auto_paths(result):
         delete_value(result, path)
     return result

@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ..errors import CheckpointError
-from ..runtime.wrappers import extract_model_from_parallel, is_compiled_module
+from ...errors import CheckpointError
+from ...runtime.wrappers import extract_model_from_parallel, is_compiled_module
 
 FSDP_MODEL_NAME = "pytorch_model_fsdp"
 MODEL_SHARDS = FSDP_MODEL_NAME + "_{}"
@@ -285,7 +285,7 @@ def load_optimizer(reader, model, optimizer, index: int) -> None:
 
 
 def _unwrap_optimizer(optimizer):
-    from ..optimizer import AcceleratedOptimizer
+    from ...optimizer import AcceleratedOptimizer
 
     while isinstance(optimizer, AcceleratedOptimizer):
         optimizer = optimizer.optimizer
@@ -351,7 +351,7 @@ def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.
     Under a process group, call it on every process: all check the checkpoint, the main process merges
     and the others wait for it.
     """
-    from ..big_modeling.serialization import save_model_weights
+    from ...big_modeling.serialization import save_model_weights
 
     _model_entries(_model_shards_folder(Path(checkpoint_dir)))
     written: list[Path] = []
@@ -389,7 +389,7 @@ def _adapter_filter(model, adapter_only: bool):
 
 
 def _save_torch(obj, path: Path) -> None:
-    from ..runtime.fileio import atomic_write
+    from ...runtime.fileio import atomic_write
 
     atomic_write(path, lambda tmp: torch.save(obj, tmp))
 
@@ -422,7 +422,7 @@ def _copy_local(target, saved, path: Path):
 
 
 def _load_file(path: Path):
-    from ..checkpointing.accelerate_format import load_pickle
+    from ...checkpointing.accelerate_format import load_pickle
 
     if not path.is_file():
         raise CheckpointError(f"{path} does not exist: nothing was saved there with this state_dict_type and index.")
@@ -542,8 +542,8 @@ def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, 
         folder = output_dir / f"optimizer_{optimizer_index}"
         dcp.save({"optimizer": _tensor_tree(state) or {}}, checkpoint_id=folder)
         if accelerator.process_index == 0:
-            from ..checkpointing.state_io import encode
-            from ..runtime.fileio import atomic_write
+            from ...checkpointing.state_io import encode
+            from ...runtime.fileio import atomic_write
 
             tree, _ = encode(_other_values(state), "optimizer")
             atomic_write(folder / _VALUES, lambda tmp: tmp.write_text(json.dumps(tree)))
@@ -573,7 +573,7 @@ def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, o
         folder = _folder(input_dir, f"optimizer_{optimizer_index}")
         _dcp_load({"optimizer": _tensor_tree(target) or {}}, folder)
         if (folder / _VALUES).is_file():
-            from ..checkpointing.state_io import decode
+            from ...checkpointing.state_io import decode
 
             target = _merge(target, decode(json.loads((folder / _VALUES).read_text()), {}))
     else:
