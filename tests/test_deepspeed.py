@@ -21,7 +21,7 @@ from hasten import Accelerator  # noqa: E402
 from hasten.commands import merge_weights  # noqa: E402
 from hasten.errors import CheckpointError, NotSupportedError  # noqa: E402
 from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin  # noqa: E402
-from hasten.strategies.deepspeed.strategy import explain_deepspeed_failure  # noqa: E402
+from hasten.strategies.deepspeed.memory_estimate import explain_deepspeed_failure  # noqa: E402
 from hasten.strategies.deepspeed.checkpoint import safe_torch_load  # noqa: E402
 
 FIXTURES = Path(__file__).parent / "fixtures"

@@ -183,7 +183,7 @@ def _explain_deepspeed(plan: LaunchPlan, failures: dict) -> None:
     """Under DeepSpeed, add the advice for workers the operating system killed (usually out of CPU memory)."""
     if plan.env.get("HASTEN_USE_DEEPSPEED", "").lower() not in ("1", "true", "yes"):
         return
-    from ..strategies.deepspeed.strategy import explain_deepspeed_failure
+    from ..strategies.deepspeed.memory_estimate import explain_deepspeed_failure
 
     for failure in failures.values():
         advice = explain_deepspeed_failure(

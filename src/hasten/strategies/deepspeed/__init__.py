@@ -8,7 +8,8 @@
 - :mod:`.dummies`: ``DummyOptim``/``DummyScheduler`` (the config's optimizer and scheduler) and the CPU optimizers of offload;
 - :mod:`.zero3`: ZeRO-3 model construction (``HfDeepSpeedConfig`` for Transformers, ``zero.Init``, MoE leaf modules);
 - :mod:`.checkpoint`: reading engine checkpoints safely and merging them into one model file;
-- :mod:`.memory_estimate`: the ZeRO memory table of ``hasten estimate-memory``.
+- :mod:`.memory_estimate`: the ZeRO memory table of ``hasten estimate-memory``, and the advice ``hasten launch``
+  prints when a DeepSpeed process was killed for memory.
 
 Names are imported lazily: importing this package imports neither ``deepspeed`` nor the strategy.
 """
@@ -21,7 +22,7 @@ _EXPORTS = {
     "DeepSpeedPlugin": "plugin",
     "DeepSpeedStrategy": "strategy",
     "DeepSpeedSchedulerWrapper": "strategy",
-    "explain_deepspeed_failure": "strategy",
+    "explain_deepspeed_failure": "memory_estimate",
 }
 
 __all__ = sorted(_EXPORTS)

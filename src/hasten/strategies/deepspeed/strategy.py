@@ -33,27 +33,6 @@ _CHECKPOINT_FOLDER = "deepspeed"
 _TAG = "state"
 
 
-def explain_deepspeed_failure(exitcode: int, offload_optimizer_device: str | None = None, offload_param_device: str | None = None) -> str | None:
-    """Advice for a DeepSpeed worker that exited with ``exitcode``, or None when there is none to give.
-
-    A process killed by the operating system (SIGKILL: exit code -9, or 137 from a shell) without a
-    traceback usually ran out of CPU memory, most often while DeepSpeed built the model or allocated
-    the offloaded optimizer states. ``hasten launch`` prints this next to the failure.
-    """
-    if exitcode not in (-9, 137):
-        return None
-    offloads = [f"{what}={device}" for what, device in (("offload_optimizer", offload_optimizer_device), ("offload_param", offload_param_device)) if device]
-    current = f" (this run: {', '.join(offloads)})" if offloads else ""
-    return (
-        f"A DeepSpeed process was killed by the operating system (SIGKILL, exit code {exitcode}) without a traceback. "
-        "This usually means it tried to use more CPU memory than the machine has: check whether the config offloads "
-        f"the optimizer states and/or the parameters to the CPU{current} (zero_optimization.offload_optimizer / "
-        "offload_param with device 'cpu'), which keeps them in CPU RAM. Estimate the memory needed with "
-        "`hasten estimate-memory MODEL --num_gpus N`, then offload less, use more machines, or under ZeRO-3 offload "
-        "to NVMe (device 'nvme' with an nvme_path)."
-    )
-
-
 class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
     """The prepared scheduler under DeepSpeed: the engine steps it after each real optimizer step.
 
@@ -457,4 +436,4 @@ def _scheduler_values(scheduler, optimizer, divide: int) -> dict[str, dsc.Settin
     return values
 
 
-__all__ = ["DeepSpeedStrategy", "explain_deepspeed_failure"]
+__all__ = ["DeepSpeedStrategy"]
