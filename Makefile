@@ -12,10 +12,10 @@ PKG_STAMP := $(VENV)/.hasten-installed
 DS_OPS_STAMP := $(VENV)/.deepspeed-ops
 # Libraries built on Accelerate that the ecosystem tests run on hasten. They require the accelerate
 # distribution, which must not be installed (hasten answers under its name), hence --no-deps; their
-# other requirements come with transformers (the dev extra); tests/test_ecosystem.py checks them.
+# other requirements come with transformers (the dev extra); tests/compat/test_ecosystem.py checks them.
 ECOSYSTEM_NO_DEPS ?= peft==0.21.2
 ECO_STAMP := $(VENV)/.ecosystem
-# A reference copy of Accelerate, read only by tests/test_accelerate_surface.py (in a subprocess): installed into a
+# A reference copy of Accelerate, read only by tests/compat/test_accelerate_surface.py (in a subprocess): installed into a
 # side folder, never into the venv, which stays an "only hasten" environment as users' are.
 ACCELERATE_REFERENCE := accelerate==1.15.0
 REFERENCE_DIR := .reference/accelerate-1.15.0
@@ -54,7 +54,7 @@ reference: $(REFERENCE_STAMP)
 $(REFERENCE_STAMP): | $(PY)
 	@rm -rf $(REFERENCE_DIR)
 	@if $(PIP) install --no-deps --target $(REFERENCE_DIR) $(ACCELERATE_REFERENCE); then touch $@; \
-	else echo "warning: could not install $(ACCELERATE_REFERENCE) into $(REFERENCE_DIR); tests/test_accelerate_surface.py will skip"; fi
+	else echo "warning: could not install $(ACCELERATE_REFERENCE) into $(REFERENCE_DIR); tests/compat/test_accelerate_surface.py will skip"; fi
 
 demo: setup
 	$(VENV)/bin/hasten launch --num_processes 2 examples/digits_classifier.py

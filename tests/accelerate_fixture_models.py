@@ -1,5 +1,5 @@
 """The training steps behind tests/fixtures/accelerate_checkpoints/, shared by the fixture generator
-(run with the real Accelerate) and by tests/test_accelerate_checkpoints.py (run with hasten), so both
+(run with the real Accelerate) and by tests/checkpointing/test_accelerate_checkpoints.py (run with hasten), so both
 take exactly the same steps."""
 
 from __future__ import annotations

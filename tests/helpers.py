@@ -10,6 +10,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
+FIXTURES_ROOT = Path(__file__).resolve().parent / "fixtures"
 
 
 def free_port() -> int:
@@ -45,3 +46,21 @@ def _run(cmd, env, timeout, check) -> subprocess.CompletedProcess:
     if check and proc.returncode != 0:
         raise AssertionError(f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
     return proc
+
+
+def read_scalars(run_dir) -> list[tuple[str, int, float]]:
+    """Every scalar event under ``run_dir`` (all event files, sub-folders included) as (tag, step, value)."""
+    import glob
+
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util import tensor_util
+
+    found = []
+    for path in sorted(glob.glob(os.path.join(run_dir, "**", "events.out.tfevents.*"), recursive=True)):
+        run = os.path.relpath(os.path.dirname(path), run_dir)
+        for event in EventFileLoader(path).Load():
+            for value in event.summary.value:
+                if value.metadata.plugin_data.plugin_name == "scalars":
+                    tag = value.tag if run == "." else f"{run}:{value.tag}"
+                    found.append((tag, event.step, float(tensor_util.make_ndarray(value.tensor))))
+    return found

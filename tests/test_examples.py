@@ -34,7 +34,7 @@ def test_digits_classifier_shows_each_bar_once():
 
 @pytest.mark.slow
 def test_language_model_reaches_its_loss_and_resumes_where_it_stopped(tmp_path):
-    from test_tracking import read_scalars
+    from helpers import read_scalars
 
     run = tmp_path / "run"
     first = hasten_launch(EXAMPLES / "language_model.py", "--output_dir", str(run), timeout=TIMEOUT)

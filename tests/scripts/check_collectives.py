@@ -1,6 +1,6 @@
 """Collectives, process helpers, triggers and ordered logging across 2 real processes.
 
-Run by tests/test_distributed.py; exits non-zero at the first failure.
+Run by tests/runtime/test_distributed.py; exits non-zero at the first failure.
 """
 
 import logging

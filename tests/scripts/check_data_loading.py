@@ -1,6 +1,6 @@
 """Data loading across 2 real processes: sharding, shuffling, lengths, gather_for_metrics, dispatch, resume.
 
-Run by tests/test_distributed.py under a 2-process launch; exits non-zero at the first failure.
+Run by tests/runtime/test_distributed.py under a 2-process launch; exits non-zero at the first failure.
 """
 
 import warnings

@@ -1,6 +1,6 @@
 """Training loop across 2 real processes: DDP, split_batches, accumulation, fp16/bf16, clipping, OOM retry.
 
-Run by tests/test_distributed.py; exits non-zero at the first failure.
+Run by tests/runtime/test_distributed.py; exits non-zero at the first failure.
 """
 
 import atexit

@@ -1,6 +1,6 @@
 """ZeRO-3 on 2 processes: partitioned construction, save_state/load_state resume, merged weights, errors.
 
-Run by tests/test_deepspeed.py through `hasten launch --use_deepspeed --zero_stage 3 --zero3_init_flag true
+Run by tests/strategies/test_deepspeed.py through `hasten launch --use_deepspeed --zero_stage 3 --zero3_init_flag true
 --zero3_save_16bit_model true` with a temporary folder as argument; exits non-zero at the first failure.
 """
 

@@ -4,7 +4,7 @@ the config's scheduler (``DummyOptim`` + ``DummyScheduler``), for a ``DummySched
 per optimizer step (``scheduler.step()`` in the loop adds nothing) and the learning rates equal the
 same schedule stepped by hand; ``state_dict``/``load_state_dict`` reach the engine's scheduler.
 
-Run by tests/test_deepspeed.py; exits non-zero at the first failure.
+Run by tests/strategies/test_deepspeed.py; exits non-zero at the first failure.
 """
 
 import torch

@@ -4,7 +4,7 @@
 each module's source to find the names it defines (and, for packages, the names it re-exports), and prints
 ``{module: {name: description}}`` (a class's description holds its public methods' signatures). ``python dump_api_surface.py hasten < reference.json`` describes, for every
 ``(module, name)`` of a reference dump, the object ``hasten`` has at the same path (``accelerate`` replaced by
-``hasten``), or says that it is missing. The test that compares the two lives in tests/test_accelerate_surface.py.
+``hasten``), or says that it is missing. The test that compares the two lives in tests/compat/test_accelerate_surface.py.
 """
 
 from __future__ import annotations

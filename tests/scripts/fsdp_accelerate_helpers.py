@@ -3,7 +3,7 @@ after 4 steps, then ``load_fsdp_model``/``load_fsdp_optimizer`` into a freshly i
 must reproduce the next 4 losses exactly, for full and sharded (DCP and per-rank) state dicts, under
 Accelerate's file names.
 
-Usage: fsdp_accelerate_helpers.py FOLDER. Run by tests/test_fsdp.py; exits non-zero at the first failure.
+Usage: fsdp_accelerate_helpers.py FOLDER. Run by tests/strategies/test_fsdp.py; exits non-zero at the first failure.
 """
 
 import sys

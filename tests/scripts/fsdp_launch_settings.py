@@ -1,4 +1,4 @@
-"""Print the FSDP plugin that ``hasten launch`` settings produce in each process (run by tests/test_fsdp.py)."""
+"""Print the FSDP plugin that ``hasten launch`` settings produce in each process (run by tests/strategies/test_fsdp.py)."""
 
 import json
 

@@ -4,7 +4,7 @@
 2. the model first, then an optimizer built from the prepared model's (sharded) parameters, in a second call;
 3. an optimizer built on the unsharded model, prepared in a call after the model's.
 
-Run by tests/test_fsdp.py; exits non-zero at the first failure.
+Run by tests/strategies/test_fsdp.py; exits non-zero at the first failure.
 """
 
 import torch

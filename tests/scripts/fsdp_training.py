@@ -1,7 +1,7 @@
 """FSDP2 training across 2 real processes, checked against DDP: parity, accumulation, clipping, memory,
 sharding variants, mixed precision, optimizer rebinding, RAM-efficient loading, save_model, compile.
 
-Run by tests/test_fsdp.py; exits non-zero at the first failure.
+Run by tests/strategies/test_fsdp.py; exits non-zero at the first failure.
 """
 
 import tempfile

@@ -4,7 +4,7 @@
 records steps 5-8; ``resume`` (a new launch) loads it into a model built from another seed, must reproduce
 those losses, and merges the shards into one safetensors model that a plain model loads with equal outputs.
 
-Usage: parallelism_resume.py save|resume FOLDER. Run by tests/test_parallelism.py.
+Usage: parallelism_resume.py save|resume FOLDER. Run by tests/strategies/test_parallelism.py.
 """
 
 import json

@@ -3,7 +3,7 @@
 LAYOUT is ``fsdp_tp`` (dp_shard=2 x tp=2, 4 processes), ``hsdp`` (dp_replicate=2 x dp_shard=2, 4 processes),
 ``tp`` (tp=2, 2 processes) or ``launch`` (no ParallelismConfig argument: the ``hasten launch`` flags lay it out). A small MLP with a ``_tp_plan`` and a tiny transformers LlamaForCausalLM
 train 8 steps on batches from a prepared DataLoader; the losses, clipping norms and gathered state dicts
-must equal a plain one-process model trained on the same global batches. Run by tests/test_parallelism.py.
+must equal a plain one-process model trained on the same global batches. Run by tests/strategies/test_parallelism.py.
 """
 
 import sys

@@ -2,7 +2,7 @@
 
 Run with ``python -m torch.distributed.run --nproc_per_node 2 --master_port <free> tracking_two_procs.py LOGDIR``.
 Every rank logs rank-specific values (``loss = step + 0.25 + 100 * rank``), so the files prove whose
-values were written; tests/test_tracking.py reads them back. Exits non-zero on the first failed check.
+values were written; tests/tracking/test_tracking.py reads them back. Exits non-zero on the first failed check.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ tiny model offloaded to disk: the outputs equal the model loaded whole.
 
 transformers imports ``accelerate`` for device maps: ``hasten.install_as_accelerate()`` answers it.
 
-Usage: transformers_disk_offload.py FOLDER. Run by tests/test_big_modeling.py; prints one JSON line.
+Usage: transformers_disk_offload.py FOLDER. Run by tests/big_modeling/test_big_modeling.py; prints one JSON line.
 """
 
 import json

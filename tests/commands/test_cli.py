@@ -22,9 +22,9 @@ from hasten.commands import runners
 from hasten.commands.main import build_parser, main
 from hasten.config import Hardware
 from hasten.errors import ConfigError, NotSupportedError
+from helpers import FIXTURES_ROOT, SCRIPTS
 
-SCRIPTS = Path(__file__).parent / "scripts"
-FIXTURES = Path(__file__).parent / "fixtures" / "configs"
+FIXTURES = FIXTURES_ROOT / "configs"
 HASTEN = Path(sys.executable).with_name("hasten")
 CPU = Hardware("cpu", 0)
 

@@ -11,11 +11,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import FIXTURES_ROOT, ROOT, SCRIPTS
 
-SCRIPTS = Path(__file__).parent / "scripts"
-FIXTURES = Path(__file__).parent / "fixtures" / "configs"
+FIXTURES = FIXTURES_ROOT / "configs"
 HASTEN = str(Path(sys.executable).with_name("hasten"))
-SELF_CHECK = str(Path(__file__).resolve().parents[1] / "src" / "hasten" / "test_utils" / "scripts" / "test_script.py")
+SELF_CHECK = str(ROOT / "src" / "hasten" / "test_utils" / "scripts" / "test_script.py")
 SUCCESS = "Test is a success! You are ready for your distributed training!"
 
 

@@ -1,6 +1,6 @@
 """DeepSpeed configs: key validation with suggestions, "auto" resolution, conflicts, plugin settings.
 
-Engine creation is replaced by a recorder here (the real engine runs in tests/test_deepspeed.py).
+Engine creation is replaced by a recorder here (the real engine runs in tests/strategies/test_deepspeed.py).
 """
 
 import json
@@ -20,8 +20,9 @@ deepspeed = pytest.importorskip("deepspeed")
 
 from hasten import Accelerator, DeepSpeedPlugin  # noqa: E402
 from hasten.utils import DummyOptim, DummyScheduler  # noqa: E402
+from helpers import FIXTURES_ROOT
 
-GUIDE_CONFIG = Path(__file__).parent / "fixtures" / "deepspeed_zero3_auto.json"
+GUIDE_CONFIG = FIXTURES_ROOT / "deepspeed_zero3_auto.json"
 
 
 class _Recorder:

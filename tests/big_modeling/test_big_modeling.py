@@ -39,8 +39,9 @@ from hasten.big_modeling.hooks import (
 from hasten.big_modeling.modeling import find_tied_parameters, retie_parameters, set_module_tensor_to_device
 from hasten.big_modeling.offload import OffloadedWeightsLoader, load_offloaded_weight, load_offloaded_weights, offload_state_dict, offload_weight
 from hasten.big_modeling.serialization import save_model_weights
+from helpers import ROOT, SCRIPTS
 
-SCRIPT = Path(__file__).parent / "scripts" / "big_model_rss.py"
+SCRIPT = SCRIPTS / "big_model_rss.py"
 
 
 def needs_cuda(test):
@@ -474,7 +475,7 @@ def test_find_and_retie_parameters():
 
 @pytest.mark.slow
 def test_disk_offloaded_run_stays_within_budget(tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     subprocess.run([sys.executable, str(SCRIPT), "save", str(tmp_path), "--blocks", "16", "--width", "1024"], check=True, env=env)
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "run", str(tmp_path), "--budget-mb", "32"], check=True, env=env, capture_output=True, text=True
@@ -490,8 +491,8 @@ def test_disk_offloaded_run_stays_within_budget(tmp_path):
 @pytest.mark.slow
 def test_transformers_from_pretrained_device_map_auto_offloads_to_disk(tmp_path):
     pytest.importorskip("transformers")
-    script = Path(__file__).parent / "scripts" / "transformers_disk_offload.py"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1] / "src")}
+    script = SCRIPTS / "transformers_disk_offload.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     result = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])

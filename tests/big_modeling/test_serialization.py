@@ -23,6 +23,7 @@ from hasten.big_modeling.serialization import (
     save_model_weights,
     verify_safetensors_file,
 )
+from helpers import ROOT, SCRIPTS
 
 
 class Block(nn.Module):
@@ -380,8 +381,8 @@ def test_distributed_loading_two_processes(tmp_path):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    script = pathlib.Path(__file__).parent / "scripts" / "distributed_loading.py"
-    env = {**os.environ, "PYTHONPATH": str(pathlib.Path(__file__).parents[1] / "src")}
+    script = SCRIPTS / "distributed_loading.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), str(script), str(tmp_path)]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr

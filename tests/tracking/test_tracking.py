@@ -37,27 +37,10 @@ from hasten.tracking import (
     sanitize_config,
 )
 from hasten.tracking.values import tensors_to_numbers
-
-SCRIPTS = pathlib.Path(__file__).parent / "scripts"
+from helpers import SCRIPTS, read_scalars
 
 
 # ----------------------------------------------------------------------------------- helpers
-
-
-def read_scalars(run_dir) -> list[tuple[str, int, float]]:
-    """Every scalar event under ``run_dir`` (all event files, sub-folders included) as (tag, step, value)."""
-    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
-    from tensorboard.util import tensor_util
-
-    found = []
-    for path in sorted(glob.glob(os.path.join(run_dir, "**", "events.out.tfevents.*"), recursive=True)):
-        run = os.path.relpath(os.path.dirname(path), run_dir)
-        for event in EventFileLoader(path).Load():
-            for value in event.summary.value:
-                if value.metadata.plugin_data.plugin_name == "scalars":
-                    tag = value.tag if run == "." else f"{run}:{value.tag}"
-                    found.append((tag, event.step, float(tensor_util.make_ndarray(value.tensor))))
-    return found
 
 
 def read_tagged(run_dir, plugin: str) -> list:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import SCRIPTS, hasten_launch, torchrun
+from helpers import FIXTURES_ROOT, SCRIPTS, hasten_launch, torchrun
 
 deepspeed = pytest.importorskip("deepspeed")
 
@@ -24,7 +24,7 @@ from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin  # noqa: E402
 from hasten.strategies.deepspeed.memory_estimate import explain_deepspeed_failure  # noqa: E402
 from hasten.strategies.deepspeed.checkpoint import safe_torch_load  # noqa: E402
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = FIXTURES_ROOT
 
 
 def _launch_timeout() -> float:

@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 
 from hasten.runtime.preemption import PREEMPTED_EXIT_CODE
 from tests.helpers import ROOT, SCRIPTS, clean_env, free_port, hasten_launch
+from helpers import ROOT, SCRIPTS
 
 SCRIPT = SCRIPTS / "preempt_train.py"
 pytestmark = pytest.mark.slow

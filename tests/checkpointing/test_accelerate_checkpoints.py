@@ -16,8 +16,9 @@ from hasten.checkpointing.accelerate_format import AccelerateCheckpointReader, l
 from hasten.errors import CheckpointError
 
 from accelerate_fixture_models import Counter, build_bin, build_two_models, continue_bin, continue_two_models
+from helpers import FIXTURES_ROOT
 
-FIXTURES = Path(__file__).parent / "fixtures" / "accelerate_checkpoints"
+FIXTURES = FIXTURES_ROOT / "accelerate_checkpoints"
 
 
 def expected(name):

@@ -11,8 +11,9 @@ import yaml
 from hasten import config as cfg
 from hasten.config import ClusterConfig, Hardware, SageMakerConfig
 from hasten.errors import ConfigError
+from helpers import FIXTURES_ROOT
 
-FIXTURES = Path(__file__).parent / "fixtures" / "configs"
+FIXTURES = FIXTURES_ROOT / "configs"
 CPU = Hardware("cpu", 0)
 
 # file -> {dotted key: expected value}
