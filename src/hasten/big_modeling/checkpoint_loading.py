@@ -25,7 +25,7 @@ from .device_map import check_device_map, device_for
 from ..errors import CheckpointError, ConfigError, NotSupportedError
 from .modeling import as_device, find_tied_parameters, get_module_tensor, get_tensor_owner, parse_dtype, set_module_tensor_to_device
 from .offload import load_offloaded_weights, offload_weight, save_offload_index
-from ..safetensors_io import SafetensorsHeader, read_header, read_tensors
+from ..runtime.safetensors_io import SafetensorsHeader, read_header, read_tensors
 
 MODEL_NAME = "pytorch_model"
 SAFE_MODEL_NAME = "model"

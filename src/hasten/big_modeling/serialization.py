@@ -41,7 +41,7 @@ from .checkpoint_loading import (
 )
 from ..errors import ConfigError
 from ..runtime.fileio import atomic_write, parse_size
-from ..safetensors_io import dedupe_tensors, read_header, write_safetensors
+from ..runtime.safetensors_io import dedupe_tensors, read_header, write_safetensors
 
 __all__ = [
     "MODEL_NAME",
@@ -68,7 +68,7 @@ def verify_safetensors_file(path: str | os.PathLike):
     """Check a safetensors file's header against its size without reading the tensors.
 
     Returns:
-        The parsed header (:class:`hasten.safetensors_io.SafetensorsHeader`).
+        The parsed header (:class:`hasten.runtime.safetensors_io.SafetensorsHeader`).
 
     Raises:
         CheckpointError: the file is missing, truncated or damaged; the message names it.

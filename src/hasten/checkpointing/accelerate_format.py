@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from ..safetensors_io import read_header, read_tensors
+from ..runtime.safetensors_io import read_header, read_tensors
 from .files import MANIFEST, CheckpointReader
 
 

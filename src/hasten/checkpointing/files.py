@@ -24,7 +24,7 @@ import torch
 from .._version import __version__
 from ..errors import CheckpointError
 from ..runtime.fileio import atomic_write, fsync_directory
-from ..safetensors_io import read_header, safetensors_size, write_safetensors
+from ..runtime.safetensors_io import read_header, safetensors_size, write_safetensors
 from ..big_modeling.serialization import ALIASES_KEY, dedupe_tensors
 from .disk import HashingFile, failure_message, fsync_path, publish
 from .integrity import HASH_KEY, Digest, HashQueue, corrupt_message, file_digest, find_corrupt, record_key

@@ -97,7 +97,7 @@ LAYOUT: dict[str, dict[str, str]] = {
     "fsdp_utils": {
         **_names("strategies.fsdp.checkpoint", "merge_fsdp_weights save_fsdp_model load_fsdp_model save_fsdp_optimizer load_fsdp_optimizer"),
         **_names(
-            "fsdp_helpers",
+            "compat.fsdp_helpers",
             "get_parameters_from_modules enable_fsdp_ram_efficient_loading disable_fsdp_ram_efficient_loading fsdp2_canonicalize_names "
             "get_fsdp2_grad_scaler",
         ),
