@@ -27,8 +27,7 @@ import torch.distributed as dist
 from . import environment
 from .enums import DistributedType, PrecisionType
 from .errors import ConfigError, DistributedSetupError
-from .runtime.hang_watchdog import DEFAULT_HANG_TIMEOUT
-from .runtime.oom_recovery import sockets_opened_by
+from .runtime import debug_mode, hang_watchdog, oom_recovery
 
 _GPU_TYPES = {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}
 
@@ -70,7 +69,7 @@ def _default_group_timeout() -> timedelta | None:
     while hasten's own collectives still end with the watchdog's report first. ``HASTEN_HANG_TIMEOUT=0``
     keeps PyTorch's default.
     """
-    hang = environment.get_float("HANG_TIMEOUT", DEFAULT_HANG_TIMEOUT)
+    hang = environment.get_float("HANG_TIMEOUT", hang_watchdog.DEFAULT_HANG_TIMEOUT)
     return timedelta(seconds=hang + 60) if hang and hang > 0 else None
 
 
@@ -210,6 +209,7 @@ class PartialState(ProcessControl):
         self.process_index = launch.rank
         self.local_process_index = launch.local_rank
         self.debug = environment.get_flag("DEBUG_MODE")
+        debug_mode.configure(self.debug)
         self.fork_launched = os.environ.get("FORK_LAUNCHED") == "1"
         self.device = environment.select_device(cpu, launch.local_rank)
         self.backend = None
@@ -243,13 +243,13 @@ class PartialState(ProcessControl):
         timeout = kwargs.pop("timeout", None)
         if isinstance(timeout, (int, float)):
             timeout = timedelta(seconds=timeout)
-        self._user_group_timeout = timeout.total_seconds() if timeout is not None else None
+        hang_watchdog.set_group_timeout(timeout.total_seconds() if timeout is not None else None)
         timeout = timeout or _default_group_timeout()
         init_method = kwargs.pop("init_method", None) or "env://"
         options = {"timeout": timeout} if timeout is not None else {}
-        self._group_options = options
-        self._group_sockets = sockets_opened_by(
-            lambda: dist.init_process_group(backend=backend, init_method=init_method, rank=self.launch.rank, world_size=self.launch.world_size, **options, **kwargs)
+        oom_recovery.create_default_group(
+            lambda: dist.init_process_group(backend=backend, init_method=init_method, rank=self.launch.rank, world_size=self.launch.world_size, **options, **kwargs),
+            options,
         )
         self.backend = backend
         self._owns_process_group = True
@@ -312,14 +312,6 @@ class PartialState(ProcessControl):
         dist.init_process_group(self.backend, store=dist.HashStore(), rank=0, world_size=1)
         self._owns_process_group = True
         _register_exit_teardown()
-
-    def rebuild_process_group(self, store, backend: str, rank: int, world_size: int) -> None:
-        """Replace an aborted default process group with a fresh one over ``store`` (same ranks and timeout).
-
-        Used by ``find_executable_batch_size`` after an out-of-memory error interrupted a collective.
-        """
-        options = self.__dict__.get("_group_options", {})
-        self._group_sockets = sockets_opened_by(lambda: dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size, **options))
 
     def set_device(self) -> None:
         """Make this process's device the current one of its family (CUDA/XPU)."""
@@ -589,6 +581,8 @@ def reset_state(destroy_process_group: bool = False) -> None:
         PartialState().destroy_process_group()
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
+    debug_mode.configure(None)
+    hang_watchdog.set_group_timeout(None)
     _warned.clear()
 
 

@@ -70,13 +70,12 @@ def test_split_for_process_padding():
 
 def test_hang_timeout_precedence(monkeypatch):
     from hasten.runtime import hang_watchdog
-    from hasten.state import PartialState
 
     monkeypatch.delenv("HASTEN_HANG_TIMEOUT", raising=False)
     monkeypatch.delenv("ACCELERATE_HANG_TIMEOUT", raising=False)
-    monkeypatch.setitem(PartialState._shared_state, "_user_group_timeout", None)
+    monkeypatch.setattr(hang_watchdog, "_group_timeout", None)
     assert hang_watchdog.hang_timeout() == hang_watchdog.DEFAULT_HANG_TIMEOUT == 300
-    monkeypatch.setitem(PartialState._shared_state, "_user_group_timeout", 5400.0)  # InitProcessGroupKwargs(timeout=...)
+    monkeypatch.setattr(hang_watchdog, "_group_timeout", 5400.0)  # InitProcessGroupKwargs(timeout=...)
     assert hang_watchdog.hang_timeout() == 5400.0
     monkeypatch.setenv("HASTEN_HANG_TIMEOUT", "42")
     assert hang_watchdog.hang_timeout() == 42.0

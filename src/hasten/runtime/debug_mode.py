@@ -11,8 +11,6 @@ A collective that never completes is reported in every mode, debug or not, by
 
 from __future__ import annotations
 
-import functools
-
 import torch.distributed as dist
 
 from .. import environment
@@ -22,18 +20,19 @@ from ..errors import DistributedOperationException
 _SHAPE_FREE = {"gather_object", "broadcast_object_list", "wait_for_everyone"}
 
 
+_enabled: bool | None = None  # set by the process state when it starts (configure); None: read the environment
+
+
+def configure(enabled: bool | None) -> None:
+    """Turn debug mode on or off for this process (the state does it when it starts; None: follow ``HASTEN_DEBUG_MODE``)."""
+    global _enabled
+    _enabled = enabled
+
+
 def active() -> bool:
     """True when collectives should be checked: debug mode is on and several processes run."""
-    shared = _partial_state_store()
-    enabled = shared["debug"] if "debug" in shared else environment.get_flag("DEBUG_MODE")
+    enabled = _enabled if _enabled is not None else environment.get_flag("DEBUG_MODE")
     return enabled and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-@functools.cache
-def _partial_state_store() -> dict:
-    from ..state import PartialState  # state imports operations, which imports this module
-
-    return PartialState._shared_state
 
 
 def _describe(name: str, args, kwargs):

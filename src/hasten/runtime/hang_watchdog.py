@@ -64,15 +64,22 @@ def sequence() -> int:
     return _seq
 
 
+_group_timeout: float | None = None  # the process group timeout the user gave, recorded by the state
+
+
+def set_group_timeout(seconds: float | None) -> None:
+    """Record the process group timeout the user gave (``InitProcessGroupKwargs(timeout=...)``; None: none)."""
+    global _group_timeout
+    _group_timeout = seconds
+
+
 def hang_timeout() -> float:
     """Seconds before a stuck collective ends the job: ``HASTEN_HANG_TIMEOUT``, else the process group's
     timeout the user gave (``InitProcessGroupKwargs(timeout=...)``), else :data:`DEFAULT_HANG_TIMEOUT`."""
-    from ..state import PartialState  # state imports this module
-
     explicit = environment.get_float("HANG_TIMEOUT")
     if explicit is not None:
         return explicit
-    return PartialState._shared_state.get("_user_group_timeout") or DEFAULT_HANG_TIMEOUT
+    return _group_timeout or DEFAULT_HANG_TIMEOUT
 
 
 def _start() -> None:

@@ -15,7 +15,7 @@ agree through the rendezvous store instead, a side channel that no pending colle
    ``ncclCommAbort`` (``_abort_process_group``) on every rank ends the pending kernels. Gloo: its
    ``abort()`` does not wake a pending operation in PyTorch 2.13, and its connections close only when
    the last reference to the group dies (a DDP model in the failed attempt's frames keeps it alive),
-   so hasten shuts down the group's own TCP connections, the ones ``PartialState`` recorded when it
+   so hasten shuts down the group's own TCP connections, the ones :func:`create_default_group` recorded when it
    created the group (Linux; elsewhere the group's timeout bounds the wait). The stuck peer then
    sees "Connection closed by peer". Once every rank has written its outcome, each one builds a fresh
    default group over the same store under a new prefix.
@@ -152,12 +152,10 @@ def _abort_default_group() -> None:
     """Abort this rank's default process group: pending collectives end with an error, the group is dropped."""
     from torch.distributed import distributed_c10d as c10d
 
-    from ..state import PartialState
-
     if not dist.is_initialized():
         return
     if dist.get_backend() == "gloo":
-        _shut_down(PartialState().__dict__.get("_group_sockets", frozenset()))
+        _shut_down(_group["sockets"])
     c10d._abort_process_group()
 
 
@@ -173,11 +171,15 @@ def _socket_fds() -> dict[int, int]:
     return found
 
 
-def sockets_opened_by(create: Callable[[], None]) -> frozenset[int]:
-    """Run ``create`` (which builds a process group) and return the inodes of the sockets it opened."""
+_group: dict = {"options": {}, "sockets": frozenset()}  # the default group's options and its own sockets' inodes
+
+
+def create_default_group(create: Callable[[], None], options: dict) -> None:
+    """Run ``create`` (which builds the default process group with ``options``) and record the sockets it
+    opened, so that an abort can shut down exactly those, and the options, so that a rebuild reuses them."""
     before = set(_socket_fds())
     create()
-    return frozenset(set(_socket_fds()) - before)
+    _group.update(options=dict(options), sockets=frozenset(set(_socket_fds()) - before))
 
 
 def _shut_down(inodes: frozenset[int]) -> None:
@@ -196,9 +198,9 @@ def _shut_down(inodes: frozenset[int]) -> None:
 
 def _rebuild_default_group(store, prefix: str, backend: str, rank: int, world: int) -> None:
     """Create a fresh default process group over the same rendezvous store, under a new key prefix."""
-    from ..state import PartialState
-
     if dist.is_initialized():
         dist.destroy_process_group()
-    PartialState().rebuild_process_group(dist.PrefixStore(prefix, store), backend, rank, world)
+    options = _group["options"]
+    fresh = dist.PrefixStore(prefix, store)
+    create_default_group(lambda: dist.init_process_group(backend=backend, store=fresh, rank=rank, world_size=world, **options), options)
     hang_watchdog.reset()
