@@ -20,7 +20,6 @@ import os
 import shutil
 import sys
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import environment
@@ -30,28 +29,12 @@ from ..enums import DistributedType
 from ..errors import ConfigError, HastenError, NotSupportedError, did_you_mean, require
 from ..launchers import check_port_free
 from .launch_args import add_launch_arguments, flag_settings
+from .launch_plan import LaunchPlan, parse_rdzv_conf
 
 DESCRIPTION = "Start a training script on one or many processes and machines, with the settings of the config file and the flags."
 _SUPPORTED = {t.value for t in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.MULTI_XPU)}
 _SUPPORTED |= {DistributedType.DEEPSPEED.value, DistributedType.FSDP.value}
 _ALWAYS_SHOWN = ("distributed_type", "num_processes", "mixed_precision", "debug")
-
-
-@dataclass(kw_only=True)
-class LaunchPlan:
-    """Everything needed to start the job: merged settings, the command of one process, its environment."""
-
-    args: argparse.Namespace
-    settings: ResolvedSettings
-    loaded: LoadedConfig | None
-    nproc_per_node: int
-    command: list[str]
-    env: dict[str, str]
-    launch_sources: dict[str, Source] = field(default_factory=dict)
-    warnings: list[str] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    hang_dir: Path | None = None
-    owns_hang_dir: bool = False
 
 
 def add_parser(subparsers, help_text: str) -> argparse.ArgumentParser:
@@ -294,19 +277,6 @@ def _check_launch_options(args: argparse.Namespace) -> None:
     if args.tee is not None and not all(part.split(":")[-1] in "0123" for part in args.tee.split(",")):
         raise ConfigError(f"--tee {args.tee!r} must be 0, 1, 2 or 3 (none, stdout, stderr, both), or local_rank:value pairs such as 0:3,1:1.")
     parse_rdzv_conf(args.rdzv_conf)
-
-
-def parse_rdzv_conf(text: str | None) -> dict[str, str]:
-    """Parse ``--rdzv_conf key1=value1,key2=value2``."""
-    conf: dict[str, str] = {}
-    for item in (text or "").split(","):
-        if not item.strip():
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--rdzv_conf item {item!r} must look like key=value (items separated by commas).")
-        conf[key.strip()] = value.strip()
-    return conf
 
 
 def _command(args: argparse.Namespace) -> list[str]:

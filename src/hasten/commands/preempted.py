@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import environment
 from ..runtime.preemption import MARKER_FILE, PREEMPTED_EXIT_CODE
-from .launch import LaunchPlan
+from .launch_plan import LaunchPlan
 
 DEFAULT_GRACE_SECONDS = 25
 _SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from . import preempted, worker_bootstrap
-from .launch import LaunchPlan, parse_rdzv_conf
+from .launch_plan import LaunchPlan, parse_rdzv_conf
 
 _FRAMES = 4
 
