@@ -81,7 +81,12 @@ def trained_checkpoint(tmp_path):
     return acc, objs
 
 
-def test_load_fills_live_tensors_in_place_and_restores_exactly(tmp_path):
+@pytest.mark.parametrize("threads", [1, 3])
+def test_load_fills_live_tensors_in_place_and_restores_exactly(tmp_path, monkeypatch, threads):
+    from hasten.checkpointing import files
+
+    monkeypatch.setattr(files, "_READ_THREADS", threads)  # a many-core machine reads in pieces on several threads
+    monkeypatch.setattr(files, "_READ_PIECE", 64)
     acc, (model, opt, dl, sched) = trained_checkpoint(tmp_path)
     params = {name: p.data_ptr() for name, p in model.named_parameters()}
     state_ptrs = {(id(p), k): v.data_ptr() for p, s in opt.state.items() for k, v in s.items()}
@@ -91,6 +96,7 @@ def test_load_fills_live_tensors_in_place_and_restores_exactly(tmp_path):
     saved = CheckpointTensors(tmp_path / "c")
     for name, value in model.state_dict().items():
         assert torch.equal(value, saved.model[name])
+    assert any(v.numel() * v.element_size() > 64 for v in model.state_dict().values())  # some tensors were read in pieces
 
 
 class CheckpointTensors:
