@@ -46,7 +46,8 @@ from .plugins import (
 from .plugins.dynamo import build_dynamo_plugin
 from .precision import Precision
 from .scheduler import AcceleratedScheduler
-from .state import AcceleratorState, GradientState, ProcessControl, warn_once
+from .runtime.process_control import ProcessControl
+from .state import AcceleratorState, GradientState, warn_once
 from .strategies import select_strategy
 from .tracking.facade import TrackingMethods
 

@@ -10,8 +10,6 @@ tests and notebooks call to start over; ``_reset_state`` is kept for downstream 
 from __future__ import annotations
 
 import atexit
-import contextlib
-import functools
 import os
 import sys
 import threading
@@ -19,7 +17,7 @@ import time
 import warnings
 import weakref
 from datetime import timedelta
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -28,6 +26,7 @@ from . import environment
 from .enums import DistributedType, PrecisionType
 from .errors import ConfigError, DistributedSetupError
 from .runtime import debug_mode, hang_watchdog, oom_recovery
+from .runtime.process_control import ProcessControl, do_nothing  # noqa: F401  (do_nothing: Accelerate's accelerate.state name)
 
 _GPU_TYPES = {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}
 
@@ -71,110 +70,6 @@ def _default_group_timeout() -> timedelta | None:
     """
     hang = environment.get_float("HANG_TIMEOUT", hang_watchdog.DEFAULT_HANG_TIMEOUT)
     return timedelta(seconds=hang + 60) if hang and hang > 0 else None
-
-
-class ProcessControl:
-    """Helpers that depend only on this process's rank: printing, ordering and per-rank decorators.
-
-    Shared by :class:`PartialState`, :class:`AcceleratorState` and the ``Accelerator``; subclasses
-    provide ``num_processes``, ``process_index``, ``local_process_index`` and ``wait_for_everyone``.
-    """
-
-    num_processes: int
-    process_index: int
-    local_process_index: int
-
-    def wait_for_everyone(self) -> None:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    @property
-    def is_main_process(self) -> bool:
-        """True on the process of global rank 0."""
-        return self.process_index == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        """True on the first process of each machine."""
-        return self.local_process_index == 0
-
-    @property
-    def is_last_process(self) -> bool:
-        """True on the process with the highest global rank."""
-        return self.process_index == self.num_processes - 1
-
-    @property
-    def use_distributed(self) -> bool:
-        """True when more than one process takes part in the job."""
-        return self.num_processes > 1
-
-    def print(self, *args, **kwargs) -> None:
-        """``print`` on the local main process only (once per machine)."""
-        if self.is_local_main_process:
-            print(*args, **kwargs)
-
-    @contextlib.contextmanager
-    def _goes_first(self, is_first: bool):
-        if not is_first:
-            self.wait_for_everyone()
-        yield
-        if is_first:
-            self.wait_for_everyone()
-
-    def main_process_first(self):
-        """Context manager: the main process runs the block first, the others wait, then run it."""
-        return self._goes_first(self.is_main_process)
-
-    def local_main_process_first(self):
-        """Context manager: each machine's local main process runs the block before the others."""
-        return self._goes_first(self.is_local_main_process)
-
-    def _run_if(self, function: Callable | None, condition: Callable[[], bool]):
-        if function is None:
-            return functools.partial(self._run_if, condition=condition)
-
-        @functools.wraps(function)
-        def wrapper(*args, **kwargs):
-            if condition():
-                return function(*args, **kwargs)
-            return None
-
-        return wrapper
-
-    def on_main_process(self, function: Callable | None = None):
-        """Decorator: run ``function`` only on the main process (returns None elsewhere)."""
-        return self._run_if(function, lambda: self.is_main_process)
-
-    def on_local_main_process(self, function: Callable | None = None):
-        """Decorator: run ``function`` only on each machine's local main process."""
-        return self._run_if(function, lambda: self.is_local_main_process)
-
-    def on_last_process(self, function: Callable):
-        """Decorator: run ``function`` only on the last process."""
-        return self._run_if(function, lambda: self.is_last_process)
-
-    def on_process(self, function: Callable | None = None, process_index: int | None = None):
-        """Decorator: run ``function`` only on the process of global rank ``process_index``."""
-        if process_index is None:
-            raise ConfigError("on_process needs process_index=<global rank>, e.g. @state.on_process(process_index=1).")
-        return self._run_if(function, lambda: self.process_index == process_index)
-
-    def on_local_process(self, function: Callable | None = None, local_process_index: int | None = None):
-        """Decorator: run ``function`` only on the process of local rank ``local_process_index``."""
-        if local_process_index is None:
-            raise ConfigError("on_local_process needs local_process_index=<local rank>.")
-        return self._run_if(function, lambda: self.local_process_index == local_process_index)
-
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs, apply_padding: bool = False):
-        """Context manager yielding this process's contiguous share of ``inputs``.
-
-        ``inputs`` is a list, tuple, tensor or dict of those (split value by value). The first
-        processes get one extra element when the length does not divide; with ``apply_padding`` the
-        others repeat their last element so that every share has the same length (for a later gather).
-        """
-        from .runtime.tree import split_for_process
-
-        yield split_for_process(inputs, self.num_processes, self.process_index, apply_padding)
 
 
 class PartialState(ProcessControl):
@@ -595,11 +490,6 @@ def warn_once(key: str, message: str, category=UserWarning) -> None:
 
 
 _warned: set[str] = set()
-
-
-def do_nothing(*args, **kwargs):
-    """Accept any arguments and do nothing (what a process-filtered call becomes on the other processes)."""
-    return None
 
 
 class ThreadLocalSharedDict(threading.local):
