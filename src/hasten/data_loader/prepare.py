@@ -110,11 +110,7 @@ def prepare_data_loader(
     iterable = isinstance(dataset, IterableDataset)
     kwargs = _loader_kwargs(dataloader)
     if _user_sharded(dataloader):
-        warn_once("user-sharded", "This dataloader is already sharded between processes (DistributedSampler or a self-sharding dataset); hasten keeps it as is and does not shard it again.")
-        sizes = {"_local_batch_size": _batch_size_of(dataloader), "_num_processes": world}
-        if iterable:
-            return DataLoaderShard(dataset, device=device, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, _non_blocking=non_blocking, **sizes, **kwargs)
-        return DataLoaderShard(dataset, device=device, batch_sampler=dataloader.batch_sampler, _non_blocking=non_blocking, **sizes, **kwargs)
+        return _keep_user_sharding(dataloader, world, device, non_blocking, kwargs)
     if dispatch_batches is None:
         dispatch_batches = iterable and world > 1
     if dispatch_batches and world > 1:
@@ -184,3 +180,12 @@ def _dispatcher(dataloader, split_batches, even_batches, device, non_blocking, s
     return DataLoaderDispatcher(
         dataloader.dataset, split_batches=split_batches, even_batches=even_batches, device=device, _non_blocking=non_blocking, slice_fn=slice_fn, _batch_size=size, _drop_last=drop_last, **kwargs
     )
+
+
+def _keep_user_sharding(dataloader: DataLoader, world: int, device, non_blocking: bool, kwargs: dict) -> DataLoader:
+    """A loader already sharded between processes (a ``DistributedSampler``, a self-sharding dataset), kept as is."""
+    warn_once("user-sharded", "This dataloader is already sharded between processes (DistributedSampler or a self-sharding dataset); hasten keeps it as is and does not shard it again.")
+    sizes = {"_local_batch_size": _batch_size_of(dataloader), "_num_processes": world}
+    if isinstance(dataloader.dataset, IterableDataset):
+        return DataLoaderShard(dataloader.dataset, device=device, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, _non_blocking=non_blocking, **sizes, **kwargs)
+    return DataLoaderShard(dataloader.dataset, device=device, batch_sampler=dataloader.batch_sampler, _non_blocking=non_blocking, **sizes, **kwargs)
