@@ -286,3 +286,6 @@ def test_a_write_failing_on_one_process_fails_the_save_on_every_process(tmp_path
     found = dict(re.findall(r"rank (\d): failed cleanly: (.*?untouched\.)", out))  # the two ranks' lines may interleave
     assert set(found) == {"0", "1"} and found["0"] == found["1"], out
     assert re.fullmatch(r"Could not save the checkpoint \S*/bad: Is a directory \(writing \S*/\.bad\.partial/random_states_1\.safetensors\)\. .*", found["0"]), out
+    hooked = dict(re.findall(r"rank (\d): hook failure: (.*?untouched\.)", out))
+    assert set(hooked) == {"0", "1"} and hooked["0"] == hooked["1"], out
+    assert "a save hook on process 1 failed (ValueError: disk quota of the side files)" in hooked["0"], out

@@ -2,12 +2,15 @@
 no partial folder is left and the previous checkpoint still loads.
 
 Usage: torchrun --nproc_per_node 2 save_failure_two_processes.py DIR [--async]. Rank 1's random-state file
-path is taken by a folder (created by a save hook on rank 1), so only rank 1's write fails.
-Prints ``rank R: failed cleanly: <message>``.
+path is taken by a folder (created by a save hook on rank 1, which runs while the main process is still
+late: the hook must get a folder that exists), so only the write of rank 1's states fails.
+Prints ``rank R: failed cleanly: <message>``; then a save hook that raises on rank 1 fails the save on
+both processes, with one message naming it: ``rank R: hook failure: <message>``.
 """
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -29,19 +32,36 @@ def block_rank_1(models, weights, output_dir):
         os.mkdir(Path(output_dir) / "random_states_1.safetensors")
 
 
-acc.register_save_state_pre_hook(block_rank_1)
-try:
-    acc.save_state(folder / "bad", async_save=asynchronous)
-    wait_for_pending_save()
-except CheckpointError as error:
-    message = str(error)
-else:
-    sys.exit(f"rank {acc.process_index}: the save did not fail")
+def failed_save(name: str) -> str:
+    try:
+        acc.save_state(folder / name, async_save=asynchronous)
+        wait_for_pending_save()
+    except CheckpointError as error:
+        return str(error)
+    sys.exit(f"rank {acc.process_index}: the save {name} did not fail")
+
+
+handle = acc.register_save_state_pre_hook(block_rank_1)
+if acc.process_index == 0:
+    time.sleep(1.0)  # rank 1's hook runs before the main process created the temporary folder
+message = failed_save("bad")
 assert "\n" not in message and not (folder / "bad").exists() and not (folder / ".bad.partial").exists(), message
 with torch.no_grad():
     for p in model.parameters():
         p.zero_()
 acc.load_state(folder / "good")
 assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
-acc.end_training()
 print(f"rank {acc.process_index}: failed cleanly: {message}", flush=True)
+handle.remove()
+
+
+def raise_on_rank_1(models, weights, output_dir):
+    if acc.process_index == 1:
+        raise ValueError("disk quota of the side files")
+
+
+acc.register_save_state_pre_hook(raise_on_rank_1)
+message = failed_save("hooked")
+assert "\n" not in message and not (folder / "hooked").exists() and not (folder / ".hooked.partial").exists(), message
+acc.end_training()
+print(f"rank {acc.process_index}: hook failure: {message}", flush=True)

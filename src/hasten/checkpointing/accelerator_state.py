@@ -122,6 +122,8 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
             participants.announce_failed(writer.final, contents.step, others, _one_line(error, writer.final))
 
     writer.begin()
+    if others:
+        participants.announce_begun(writer.final, contents.step)
     try:
         saved_models = _write_contents(writer, contents, state)
         joined = _collect_other_rng_states(writer, contents, state, others, started + participants.JOIN_GRACE_S)
@@ -205,15 +207,25 @@ def _count_iteration(project, output_dir) -> None:
 
 
 def _hand_over(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, asynchronous: bool) -> None:
-    """Replicated save on a process that writes nothing: run the hooks, give the writer this process's random
-    states, and wait for the publish (in the background for an asynchronous save)."""
-    _run_save_hooks(writer, contents)
-    wait_published = participants.hand_over(writer.final, contents.step, state.process_index, _rng_states())
+    """Replicated save on a process that writes nothing: run the hooks (in the writer's temporary folder,
+    once it exists), give the writer this process's random states, and wait for the publish (in the
+    background for an asynchronous save). A hook that raises fails the save on every process."""
+    rank = state.process_index
+    arrived = bool(contents.save_hooks) and participants.arrive(writer.final, contents.step, rank)
+    if arrived:
+        try:
+            _run_save_hooks(writer, contents)
+        except BaseException as error:
+            message = _one_line(error, writer.final, f"a save hook on process {rank}")
+            participants.report_failed(writer.final, contents.step, rank, message)
+            raise CheckpointError(message) from error
+    wait_published = participants.hand_over(writer.final, contents.step, rank, _rng_states(), arrived)
     if wait_published is None:
+        skipped = " and its save hooks did not run" if contents.save_hooks else ""
         warn_once(
             "late-save",
-            f"save_state({str(writer.final)!r}) on process {state.process_index} came after the main process had "
-            "written the checkpoint; this process's random number generator states are not in it.",
+            f"save_state({str(writer.final)!r}) on process {rank} came after the main process had "
+            f"written the checkpoint; this process's random number generator states are not in it{skipped}.",
         )
     elif asynchronous:
         start_waiting(writer.final, wait_published)
@@ -227,11 +239,11 @@ def _folder_peers(writer: CheckpointWriter, state: PartialState, on_each_node: b
     return [r for r in range(state.num_processes) if r != state.process_index and (not on_each_node or r // per_node == writer.group)]
 
 
-def _one_line(error: BaseException, final: Path) -> str:
-    """The message the other processes raise for a save that failed on the writer."""
+def _one_line(error: BaseException, final: Path, where: str = "the main process") -> str:
+    """The message every process raises for a save that failed on one of them."""
     if isinstance(error, CheckpointError):
         return str(error)
-    return f"Could not save the checkpoint {final}: the main process failed ({type(error).__name__}: {error}). Earlier checkpoints are untouched."
+    return f"Could not save the checkpoint {final}: {where} failed ({type(error).__name__}: {error}). Earlier checkpoints are untouched."
 
 
 def _collect_other_rng_states(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, others: list[int], deadline: float) -> list[int]:

@@ -9,7 +9,10 @@ key-value store (the one the process group was set up with), which is no collect
 
 * **Replicated engines** (one process, DDP): the main process writes the whole checkpoint; every other
   process that calls ``save_state`` hands its random number generator states over through the store
-  (a few kilobytes) and waits until the checkpoint is published. The main process waits for those
+  (a few kilobytes) and waits until the checkpoint is published. A process with save hooks first says it
+  is there (:func:`arrive`) and waits until the writer created the temporary folder its hooks write into
+  (:func:`announce_begun`); the writer then waits for its hooks however long they run, and a hook that
+  raises fails the save on every process with one message. The main process waits for those
   states at most :data:`JOIN_GRACE_S` seconds counted from its own call (its writing time counts), then
   closes the door: a process that was not there (a main-only save) is reported once, and its random
   states are not in the checkpoint. The door is closed atomically (``compare_set``), so a late process
@@ -39,6 +42,7 @@ JOIN_GRACE_S = 10.0
 ATTENDANCE_TIMEOUT_S = 60.0
 _CLOSED = b"closed"
 _FAILED = b"failed:"
+_PENDING = b"pending"
 _SOLO_KEY = "hasten/save/solo"
 _POLL_S = 0.02
 
@@ -73,8 +77,37 @@ def _unpack(blob: bytes) -> Any:
     return decode(json.loads(blob[8 : 8 + size]), load(blob[8 + size :]))
 
 
-def hand_over(target, step: int, rank: int, states: Any) -> Callable[[], None] | None:
-    """On a non-writing process of a replicated save: give ``states`` to the writer.
+def announce_begun(target, step: int) -> None:
+    """On the writer of a replicated save: the temporary folder exists, save hooks elsewhere may write into it."""
+    _store().set(f"{_prefix(target, step)}/begun", "1")
+
+
+def arrive(target, step: int, rank: int) -> bool:
+    """On a non-writing process with save hooks, before it runs them: tell the writer to wait for this
+    process, then wait until the temporary folder exists. False: the writer had already closed its door
+    (the hooks must not run; the folder may be published or gone)."""
+    store = _store()
+    key = f"{_prefix(target, step)}/rng/{rank}"
+    if store.compare_set(key, "", _PENDING) != _PENDING:
+        store.delete_key(_SOLO_KEY)
+        return False
+    store.wait([f"{_prefix(target, step)}/begun"])  # the writer holds the door open for a pending process
+    return True
+
+
+def report_failed(target, step: int, rank: int, message: str) -> None:
+    """On a non-writing process whose save hooks raised after :func:`arrive`: the writer fails the save;
+    returns once it removed the temporary folder (so no process sees a half-written checkpoint after)."""
+    store = _store()
+    key = f"{_prefix(target, step)}/rng/{rank}"
+    store.set(key, _FAILED + message.encode("utf-8"))
+    store.wait([f"{key}/published"])
+    store.delete_key(f"{key}/published")
+
+
+def hand_over(target, step: int, rank: int, states: Any, arrived: bool = False) -> Callable[[], None] | None:
+    """On a non-writing process of a replicated save: give ``states`` to the writer (``arrived``: after
+    :func:`arrive` returned True).
 
     Returns a function that waits until the checkpoint is published, or None when the writer had
     already stopped waiting (the states are not in the checkpoint).
@@ -82,9 +115,6 @@ def hand_over(target, step: int, rank: int, states: Any) -> Callable[[], None] |
     store = _store()
     key = f"{_prefix(target, step)}/rng/{rank}"
     blob = _pack(states)
-    if store.compare_set(key, "", blob) != blob:
-        store.delete_key(_SOLO_KEY)  # this process does save: the writer waits for it again next time
-        return None
 
     def wait_published() -> None:
         store.wait([f"{key}/published"])  # the store's own timeout bounds it (the writer is alive and writing)
@@ -93,14 +123,21 @@ def hand_over(target, step: int, rank: int, states: Any) -> Callable[[], None] |
         if outcome.startswith(_FAILED):
             raise CheckpointError(outcome[len(_FAILED) :].decode("utf-8"))
 
-    return wait_published
+    if store.compare_set(key, _PENDING if arrived else "", blob) == blob:
+        return wait_published
+    if arrived:  # the writer gave up on this process only because the save failed elsewhere
+        wait_published()
+    store.delete_key(_SOLO_KEY)  # this process does save: the writer waits for it again next time
+    return None
 
 
 def collect(target, step: int, ranks: list[int], deadline: float) -> tuple[dict[int, Any], list[int]]:
     """On the writing process: the states handed over by ``ranks`` until ``deadline`` (``time.monotonic()``).
 
-    In a solo run (an earlier save got no other process) it does not wait for the deadline.
-    Returns ``(states by rank, ranks that did not come)``; the door is closed for the latter.
+    In a solo run (an earlier save got no other process) it does not wait for the deadline. A process
+    that arrived before the door closed is waited for past the deadline (its save hooks are running);
+    one whose hooks raised fails the save (:class:`CheckpointError`). Returns ``(states by rank, ranks that did not
+    come)``; the door is closed for the latter.
     """
     store = _store()
     prefix = _prefix(target, step)
@@ -110,13 +147,21 @@ def collect(target, step: int, ranks: list[int], deadline: float) -> tuple[dict[
         time.sleep(_POLL_S)
     states, missing = {}, []
     store.set(_SOLO_KEY, "1")  # before any door closes, so a late process's clearing (after its door closed) wins
-    for rank, key in pending.items():
-        value = store.compare_set(key, "", _CLOSED)
-        if value == _CLOSED:
-            missing.append(rank)
-        else:
-            states[rank] = _unpack(value)
+    try:
+        for rank, key in pending.items():
+            value = store.compare_set(key, "", _CLOSED)
+            while value == _PENDING:
+                time.sleep(_POLL_S)
+                value = store.get(key)
+            if value == _CLOSED:
+                missing.append(rank)
+                continue
             store.delete_key(key)
+            if value.startswith(_FAILED):
+                raise CheckpointError(value[len(_FAILED) :].decode("utf-8"))
+            states[rank] = _unpack(value)
+    finally:
+        store.delete_key(f"{prefix}/begun")
     if states:
         store.delete_key(_SOLO_KEY)
     return states, missing
@@ -141,6 +186,7 @@ def announce_failed(target, step: int, ranks, message: str) -> None:
     store = _store()
     if store is None:
         return
+    store.delete_key(f"{_prefix(target, step)}/begun")
     for rank in ranks:
         key = f"{_prefix(target, step)}/rng/{rank}"
         store.delete_key(key)  # states handed over but not collected: nobody will read them
