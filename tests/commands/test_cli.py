@@ -321,6 +321,15 @@ def test_hang_report_summary(tmp_path):
     assert runners.summarize_hang_reports(tmp_path / "empty") is None
 
 
+def test_hang_report_summary_shows_the_last_attempt_only(tmp_path):
+    """Under --max_restarts, a hang of attempt 0 is not why attempt 1 ended: its report is left out."""
+    for rank, restart in ((0, 0), (1, 1)):
+        report = {"rank": rank, "restart": restart, "operation": "all_reduce", "collective": 4, "waited_s": 3, "stack": "", "peers": ""}
+        (tmp_path / f"hang_rank{rank}.json").write_text(json.dumps(report))
+    lines = runners.summarize_hang_reports(tmp_path).splitlines()
+    assert lines == ["hasten launch: debug mode: rank(s) 1 were stuck in a collective:", "  rank 1 waited for 3.0 s in all_reduce (collective #4)"]
+
+
 # ------------------------------------------------------------------------------ config / env commands
 
 

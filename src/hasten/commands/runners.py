@@ -237,13 +237,18 @@ def run_mpirun(plan: LaunchPlan) -> int:
 
 
 def summarize_hang_reports(folder: Path) -> str | None:
-    """Summarise the ``hang_rank<N>.json`` files written by stuck ranks in debug mode (None if there are none)."""
+    """Summarise the ``hang_rank<N>.json`` files written by stuck ranks (None if there are none).
+
+    Under ``--max_restarts`` only the reports of the last attempt that wrote any are shown: a hang of an
+    earlier attempt is not the reason the job ended (unreadable reports are always shown)."""
     reports = []
     for path in Path(folder).glob("hang_rank*.json"):
         try:
             reports.append(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError) as exc:
             reports.append({"rank": path.stem.removeprefix("hang_rank"), "operation": f"(unreadable report {path}: {exc})"})
+    last = max((r["restart"] for r in reports if isinstance(r.get("restart"), int)), default=0)
+    reports = [r for r in reports if r.get("restart", last) == last]
     if not reports:
         return None
     reports.sort(key=lambda r: int(r.get("rank")) if str(r.get("rank", "")).isdigit() else -1)

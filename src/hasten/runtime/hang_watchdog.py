@@ -214,7 +214,8 @@ class _Watchdog:
         print(message, file=sys.stderr, flush=True)
         report_dir = environment.get_str("HANG_REPORT_DIR")
         if report_dir:
-            record = {"rank": self.rank, "operation": f"hasten.runtime.operations.{name}", "collective": seq, "waited_s": round(waited, 2), "stack": stack, "peers": peers}
+            restart = environment.get_int_from_env(["TORCHELASTIC_RESTART_COUNT"], 0)
+            record = {"rank": self.rank, "restart": restart, "operation": f"hasten.runtime.operations.{name}", "collective": seq, "waited_s": round(waited, 2), "stack": stack, "peers": peers}
             with contextlib.suppress(OSError):
                 Path(report_dir, f"hang_rank{self.rank}.json").write_text(json.dumps(record, indent=1))
         os._exit(1)
