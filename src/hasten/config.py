@@ -27,18 +27,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import environment
-from .enums import ComputeEnvironment, DistributedType, DynamoBackend, PrecisionType, SageMakerDistributedType
+from .enums import ComputeEnvironment, DistributedType, PrecisionType, SageMakerDistributedType
 from .config_text import read_config_data
 from .errors import ConfigError, did_you_mean
 from .runtime.fileio import atomic_write
+from .settings import Section
+from .settings.dynamo import DYNAMO, DYNAMO_MODES
+from .settings.fsdp import FSDP, FSDP_AUTO_WRAP_POLICIES, FSDP_BACKWARD_PREFETCH, FSDP_SHARDING_STRATEGIES, FSDP_STATE_DICT_TYPES
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 DEEPSPEED_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
-FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
-FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
-FSDP_BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
-FSDP_STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
-DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 FP8_BACKENDS = ("TE", "MSAMP", "AO")
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
@@ -56,15 +54,17 @@ def _section(cls: type) -> Any:
     return field(default_factory=cls, metadata={"kind": "section", "cls": cls})
 
 
-@dataclass(kw_only=True, slots=True)
-class DynamoSection:
-    """``dynamo_config``: torch.compile settings."""
+def _section_class(section: Section) -> type:
+    """The config file section dataclass of a settings table: one field per row with a config key."""
+    fields = [(row.key, Any, _opt(kind=row.kind, choices=row.choices)) for row in section.rows if row.key]
+    cls = dataclasses.make_dataclass(section.class_name, fields, kw_only=True, slots=True)
+    cls.__module__, cls.__doc__ = __name__, section.doc
+    return cls
 
-    dynamo_backend: str | None = _opt(kind="choice", choices=DynamoBackend.list())
-    dynamo_mode: str | None = _opt(kind="choice", choices=DYNAMO_MODES)
-    dynamo_use_fullgraph: bool | None = _opt(kind="bool")
-    dynamo_use_dynamic: bool | None = _opt(kind="bool")
-    dynamo_use_regional_compilation: bool | None = _opt(kind="bool")
+
+DynamoSection = _section_class(DYNAMO)
+FsdpSection = _section_class(FSDP)
+_TABLES = (DYNAMO, FSDP)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -86,26 +86,6 @@ class DeepSpeedSection:
     deepspeed_inclusion_filter: str | None = _opt()
     deepspeed_multinode_launcher: str | None = _opt(kind="choice", choices=DEEPSPEED_MULTINODE_LAUNCHERS)
     deepspeed_moe_layer_cls_names: str | None = _opt()
-
-
-@dataclass(kw_only=True, slots=True)
-class FsdpSection:
-    """``fsdp_config``: fully sharded data parallel settings (hasten runs FSDP2)."""
-
-    fsdp_version: int | None = _opt(kind="choice", choices=(1, 2))
-    fsdp_sharding_strategy: str | None = _opt(kind="choice", choices=FSDP_SHARDING_STRATEGIES)
-    fsdp_reshard_after_forward: bool | str | None = _opt(kind="bool_or_strategy", choices=FSDP_SHARDING_STRATEGIES)
-    fsdp_offload_params: bool | None = _opt(kind="bool")
-    fsdp_auto_wrap_policy: str | None = _opt(kind="choice", choices=FSDP_AUTO_WRAP_POLICIES)
-    fsdp_transformer_layer_cls_to_wrap: str | None = _opt()
-    fsdp_min_num_params: int | None = _opt(kind="int")
-    fsdp_backward_prefetch: str | None = _opt(kind="choice", choices=FSDP_BACKWARD_PREFETCH)
-    fsdp_forward_prefetch: bool | None = _opt(kind="bool")
-    fsdp_state_dict_type: str | None = _opt(kind="choice", choices=FSDP_STATE_DICT_TYPES)
-    fsdp_use_orig_params: bool | None = _opt(kind="bool")
-    fsdp_cpu_ram_efficient_loading: bool | None = _opt(kind="bool")
-    fsdp_sync_module_states: bool | None = _opt(kind="bool")
-    fsdp_activation_checkpointing: bool | None = _opt(kind="bool")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -699,7 +679,6 @@ _ENV_NAMES: dict[str, str] = {
     "use_cpu": "USE_CPU",
     "debug": "DEBUG_MODE",
     "enable_cpu_affinity": "CPU_AFFINITY",
-    **{f"dynamo_config.{k}": k.upper() for k in _fields(DynamoSection)},
     "deepspeed_config.deepspeed_config_file": "DEEPSPEED_CONFIG_FILE",
     "deepspeed_config.zero_stage": "DEEPSPEED_ZERO_STAGE",
     "deepspeed_config.offload_optimizer_device": "DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
@@ -711,8 +690,7 @@ _ENV_NAMES: dict[str, str] = {
     "deepspeed_config.deepspeed_moe_layer_cls_names": "DEEPSPEED_MOE_LAYER_CLS_NAMES",
     "deepspeed_config.gradient_accumulation_steps": "GRADIENT_ACCUMULATION_STEPS",
     "deepspeed_config.gradient_clipping": "GRADIENT_CLIPPING",
-    **{f"fsdp_config.{k}": k.upper() for k in _fields(FsdpSection) if k != "fsdp_transformer_layer_cls_to_wrap"},
-    "fsdp_config.fsdp_transformer_layer_cls_to_wrap": "FSDP_TRANSFORMER_CLS_TO_WRAP",
+    **{path: name for table in _TABLES for path, name in table.env_paths().items()},
     **{f"parallelism_config.parallelism_config_{k}_size": f"PARALLELISM_CONFIG_{k.upper()}_SIZE" for k in ("dp_replicate", "dp_shard", "tp", "cp", "sp")},
     "fp8_config.backend": "FP8_BACKEND",
     "fp8_config.fp8_format": "FP8_FORMAT",
@@ -749,9 +727,8 @@ def _env_text(value: Any) -> str:
 def _exported(path: str, kind: str) -> bool:
     if path.startswith("deepspeed_config.") and path != "deepspeed_config.gradient_accumulation_steps":
         return kind == DistributedType.DEEPSPEED.value
-    if path.startswith("fsdp_config."):
-        return kind == DistributedType.FSDP.value
-    return True
+    table = next((t for t in _TABLES if path.startswith(f"{t.name}.")), None)
+    return table is None or table.only_with is None or kind == table.only_with
 
 
 def launch_environment(settings: ResolvedSettings) -> dict[str, str]:

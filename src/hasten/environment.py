@@ -16,8 +16,12 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterable
 
 from .errors import ConfigError, DistributedSetupError
+from .settings import Setting
+from .settings.dynamo import DYNAMO
+from .settings.fsdp import FSDP
 
 # name (without prefix) -> meaning. Read as HASTEN_<name>, then ACCELERATE_<name>, then the extra aliases.
 SETTINGS: dict[str, str] = {
@@ -30,11 +34,7 @@ SETTINGS: dict[str, str] = {
     "GRADIENT_CLIPPING": "DeepSpeed gradient clipping",
     "LOG_LEVEL": "default level of loggers made by hasten.logging.get_logger",
     "TORCH_DEVICE": "override the device string of every process (e.g. cuda:1)",
-    "DYNAMO_BACKEND": "torch.compile backend (no, eager, inductor, ...)",
-    "DYNAMO_MODE": "torch.compile mode",
-    "DYNAMO_USE_FULLGRAPH": "torch.compile fullgraph",
-    "DYNAMO_USE_DYNAMIC": "torch.compile dynamic",
-    "DYNAMO_USE_REGIONAL_COMPILATION": "compile repeated blocks one at a time",
+    **DYNAMO.env_help(),
     "USE_DEEPSPEED": "use the DeepSpeed strategy",
     "DEEPSPEED_CONFIG_FILE": "DeepSpeed JSON config file",
     "DEEPSPEED_ZERO_STAGE": "DeepSpeed ZeRO stage",
@@ -52,22 +52,7 @@ SETTINGS: dict[str, str] = {
     "PARALLELISM_CONFIG_TP_SIZE": "ParallelismConfig: tensor-parallel processes per layer",
     "PARALLELISM_CONFIG_CP_SIZE": "ParallelismConfig: context-parallel size (not supported above 1)",
     "PARALLELISM_CONFIG_SP_SIZE": "ParallelismConfig: sequence-parallel size (not supported above 1)",
-    "FSDP_VERSION": "FSDP version (hasten supports 2)",
-    "FSDP_SHARDING_STRATEGY": "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD",
-    "FSDP_RESHARD_AFTER_FORWARD": "reshard parameters after forward",
-    "FSDP_OFFLOAD_PARAMS": "offload parameters to the CPU",
-    "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP",
-    "FSDP_TRANSFORMER_CLS_TO_WRAP": "comma-separated layer class names to shard one by one",
-    "FSDP_MIN_NUM_PARAMS": "size threshold of SIZE_BASED_WRAP",
-    "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT or SHARDED_STATE_DICT",
-    "FSDP_CPU_RAM_EFFICIENT_LOADING": "rank 0 loads the weights, the others start on meta",
-    "FSDP_ACTIVATION_CHECKPOINTING": "recompute activations of wrapped layers in backward",
-    "FSDP_BACKWARD_PREFETCH": "FSDP1 setting; FSDP2 prefetches by itself",
-    "FSDP_FORWARD_PREFETCH": "FSDP1 setting; FSDP2 prefetches by itself",
-    "FSDP_USE_ORIG_PARAMS": "FSDP1 setting; FSDP2 always uses the original parameters",
-    "FSDP_SYNC_MODULE_STATES": "broadcast rank 0's weights at setup",
-    "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "offload checkpointed activations (not supported)",
-    "FSDP_IGNORED_MODULES": "modules FSDP leaves alone",
+    **FSDP.env_help(),
     "FP8_BACKEND": "fp8 backend (te, msamp, ao)",
     "FP8_FORMAT": "fp8 format (HYBRID, E4M3, E5M2)",
     "FP8_MARGIN": "fp8 scaling margin",
@@ -173,15 +158,36 @@ def get_float(name: str, default: float | None = None) -> float | None:
         raise ConfigError(f"Environment variable {var}={value!r} is not a number.") from None
 
 
-def get_choice(name: str, choices: list[str], default: str) -> str:
-    """Read a listed setting that must be one of ``choices`` (case-insensitive)."""
-    found = _lookup(name)
+def read_setting(row: Setting) -> Any:
+    """The value of a table row's variable, typed by the row's kind: a boolean (as :func:`get_flag`), an integer
+    (as :func:`get_int`) or the text; None when unset. An empty variable counts as unset, except for a boolean."""
+    found = _lookup(row.env_name)
     if found is None:
-        return default
-    var, value = found
-    if value.lower() not in choices:
-        raise ConfigError(f"Environment variable {var}={value!r} is not one of {choices}.")
-    return value.lower()
+        return None
+    if row.kind == "bool":
+        return get_flag(row.env_name)
+    if found[1] == "":
+        return None
+    if row.kind == "int" or (row.choices and isinstance(row.choices[0], int)):
+        return get_int(row.env_name)
+    return found[1]
+
+
+def fill_unset(obj: Any, rows: Iterable[Setting], fields: Iterable[str] | None = None) -> set[str]:
+    """Fill every field of ``obj`` still None from its row: the row's variable, else its fallback.
+
+    Only rows with a ``field`` (and, with ``fields``, only those fields) take part. Returns the fields
+    set from a variable, so that the caller can tell them from its arguments.
+    """
+    from_env: set[str] = set()
+    for row in rows:
+        if row.field is None or (fields is not None and row.field not in fields) or getattr(obj, row.field) is not None:
+            continue
+        value = read_setting(row)
+        if value is not None:
+            from_env.add(row.field)
+        setattr(obj, row.field, row.fallback if value is None else value)
+    return from_env
 
 
 # --------------------------------------------------------------- any variable (Accelerate's helpers)
