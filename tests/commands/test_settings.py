@@ -16,14 +16,21 @@ from hasten.commands.main import build_parser
 from hasten.config import Hardware
 from hasten.errors import ConfigError
 from hasten.plugins.dynamo import TorchDynamoPlugin
+from hasten.runtime.parallelism import ParallelismConfig
+from hasten.settings.deepspeed import DEEPSPEED
 from hasten.settings.dynamo import DYNAMO
+from hasten.settings.fp8 import FP8
 from hasten.settings.fsdp import FSDP
+from hasten.settings.parallelism import PARALLELISM
 from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
-TABLES = (DYNAMO, FSDP)
+TABLES = (DYNAMO, DEEPSPEED, FSDP, FP8, PARALLELISM)
 ROWS = [(table, row) for table in TABLES for row in table.rows]
 KEYED = [(table, row) for table, row in ROWS if row.key]
-PLUGINS = {DYNAMO.name: TorchDynamoPlugin, FSDP.name: FullyShardedDataParallelPlugin}
+FLAGGED = [(table, row) for table, row in KEYED if row.flag_name]
+DOCUMENTED = [(table, row) for table, row in ROWS if row.env_name]
+EXPORTED = [(table, row) for table, row in KEYED if row.env_name]
+PLUGINS = {DYNAMO.name: TorchDynamoPlugin, FSDP.name: FullyShardedDataParallelPlugin, PARALLELISM.name: ParallelismConfig}
 
 # plugin field -> (variable's text, the field's value after the plugin read it); every row with a field needs one.
 ENV_SAMPLES = {
@@ -48,9 +55,21 @@ ENV_SAMPLES = {
     "activation_checkpointing": ("true", True),
     "activation_checkpointing_offload": ("false", False),
     "ignored_modules": ("head.*", "head.*"),
+    "dp_replicate_size": ("2", 2),
+    "dp_shard_size": ("3", 3),
+    "tp_size": ("4", 4),
+    "cp_size": ("1", 1),
+    "sp_size": ("1", 1),
 }
 # config key -> (text given as flag or in the environment, value in the config file)
-CONFIG_SAMPLES = {"bool": ("true", True), "int": ("7", 7), "str": ("A,B", "A,B"), "bool_or_strategy": ("false", False)}
+CONFIG_SAMPLES = {
+    "bool": ("true", True),
+    "int": ("7", 7),
+    "str": ("A,B", "A,B"),
+    "bool_or_strategy": ("false", False),
+    "float_or_auto": ("auto", "auto"),
+    "bool3": ("false,false,true", (False, False, True)),
+}
 
 
 def _ids(pairs):
@@ -82,7 +101,7 @@ def test_a_config_file_key_round_trips(table, row, tmp_path):
     assert cfg.get_path(cfg.load_config_file(tmp_path / "again.yaml"), f"{table.name}.{row.key}") == value
 
 
-@pytest.mark.parametrize(("table", "row"), KEYED, ids=_ids(KEYED))
+@pytest.mark.parametrize(("table", "row"), FLAGGED, ids=_ids(FLAGGED))
 def test_the_flag_parses_into_the_setting(table, row):
     flag = next(f for f in FLAGS if f.name == row.flag_name)
     assert (flag.path, flag.help, flag.switch) == (f"{table.name}.{row.key}", row.flag_help, row.switch)
@@ -94,12 +113,12 @@ def test_the_flag_parses_into_the_setting(table, row):
     assert str(resolved.sources[flag.path]) == f"flag --{row.flag_name}"
 
 
-@pytest.mark.parametrize(("table", "row"), ROWS, ids=_ids(ROWS))
+@pytest.mark.parametrize(("table", "row"), DOCUMENTED, ids=_ids(DOCUMENTED))
 def test_every_row_is_a_documented_variable(table, row):
     assert environment.SETTINGS[row.env_name] == row.env_help and row.env_help
 
 
-@pytest.mark.parametrize(("table", "row"), KEYED, ids=_ids(KEYED))
+@pytest.mark.parametrize(("table", "row"), EXPORTED, ids=_ids(EXPORTED))
 def test_the_variable_is_a_launch_setting_and_is_exported(table, row, monkeypatch):
     text, value = _config_sample(row)
     monkeypatch.setenv(f"HASTEN_{row.env_name}", text)
@@ -107,7 +126,9 @@ def test_the_variable_is_a_launch_setting_and_is_exported(table, row, monkeypatc
     assert env[f"{table.name}.{row.key}"] == (text, f"HASTEN_{row.env_name}")
     resolved = cfg.resolve_settings(flags={}, loaded=None, env=env, hardware=lambda: Hardware("cpu", 0))
     exported = cfg.launch_environment(resolved)
-    if table.only_with is None:
+    if row.kind == "bool3":
+        return
+    if table.only_with is None or row.always_export:
         assert f"HASTEN_{row.env_name}" in exported
     else:
         assert f"HASTEN_{row.env_name}" not in exported
@@ -137,6 +158,7 @@ def test_an_argument_wins_over_the_variable_and_fallbacks_apply(monkeypatch):
     plugin = FullyShardedDataParallelPlugin()
     assert (plugin.activation_checkpointing, plugin.state_dict_type, plugin.fsdp_version, plugin.use_orig_params) == (False, "SHARDED_STATE_DICT", 2, None)
     assert TorchDynamoPlugin().dynamic is None
+    assert (ParallelismConfig().tp_size, ParallelismConfig().dp_shard_size, ParallelismConfig.from_launch_settings()) == (1, None, None)
 
 
 def test_a_bad_variable_names_itself(monkeypatch):
@@ -168,7 +190,10 @@ class _Scripted:
         return default
 
 
-@pytest.mark.parametrize("table", TABLES, ids=[t.name for t in TABLES])
+ASKED = [table for table in TABLES if any(row.question for row in table.rows)]
+
+
+@pytest.mark.parametrize("table", ASKED, ids=[t.name for t in ASKED])
 def test_the_dialogue_asks_the_table_and_writes_valid_keys(table):
     asker = _Scripted()
     answers = {key: value for stage in ("main", "custom") for key, value in config_cmd._ask_table(asker, table, stage).items()}

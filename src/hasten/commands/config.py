@@ -31,6 +31,7 @@ from ..config import (
 from ..errors import ConfigError
 from ..settings import Section, Setting
 from ..settings.dynamo import DYNAMO
+from ..settings.fp8 import FP8
 from ..settings.fsdp import FSDP
 
 # Accelerate's ``accelerate.commands.config`` names, which transformers' ``env`` command reads: the path of the
@@ -368,9 +369,7 @@ def _ask_precision(ask: _Asker, answers: dict, hardware: Hardware) -> None:
     options = [("no", "no", None), ("fp16", "fp16", None), ("bf16", "bf16", None), ("fp8", "fp8", fp8)]
     answers["mixed_precision"] = ask.select("Do you wish to use FP16 or BF16 (mixed precision)?", options, "no")
     if answers["mixed_precision"] == "fp8":
-        answers["fp8_config"] = {
-            "backend": ask.select("Which FP8 backend do you want to use?", [("te", "TE", None), ("msamp", "MSAMP", None), ("ao", "AO", None)], "TE")
-        }
+        answers["fp8_config"] = _ask_table(ask, FP8)
 
 
 def _at_least(minimum: int) -> Callable[[int], str | None]:

@@ -6,7 +6,8 @@ From a section's rows hasten builds the config file's section dataclass (:mod:`h
 and the plugin fields filled from the environment (:func:`hasten.environment.fill_unset`).
 
 This package imports neither torch nor the hasten modules built on it, so that the command line
-stays fast. Tables: :mod:`.dynamo` (``dynamo_config``), :mod:`.fsdp` (``fsdp_config``).
+stays fast. Tables: :mod:`.dynamo` (``dynamo_config``), :mod:`.deepspeed` (``deepspeed_config``),
+:mod:`.fsdp` (``fsdp_config``), :mod:`.fp8` (``fp8_config``), :mod:`.parallelism` (``parallelism_config``).
 """
 
 from __future__ import annotations
@@ -45,21 +46,23 @@ class Setting:
             float_or_auto, str, list, choice, bool_or_strategy, bool3 or any.
         choices: the allowed values of a ``choice`` (or ``bool_or_strategy``).
         env: the variable's name without prefix (read as ``HASTEN_<env>``, then ``ACCELERATE_<env>``);
-            default: ``key`` in upper case.
+            default: ``key`` in upper case; None: no variable.
         env_help: what the variable means (listed in :data:`hasten.environment.SETTINGS`).
         flag: the ``hasten launch`` option (without ``--``); ``""`` is ``key``, None is no option.
         flag_help: the option's help text.
         switch: the option takes no value (it stores true).
-        lower: choices are shown in lower case (option metavar and dialogue).
+        lower: the dialogue shows the choices in lower case.
         field: the plugin field filled from the variable when left unset.
         fallback: the plugin field's value when neither the argument nor the variable gives one.
         question: how ``hasten config`` asks for it (None: not asked).
+        always_export: ``hasten launch`` exports the variable whatever the distributed type (the
+            section's ``only_with`` does not apply).
     """
 
     key: str | None
     kind: str = "str"
     choices: tuple | None = None
-    env: str = ""
+    env: str | None = ""
     env_help: str = ""
     flag: str | None = ""
     flag_help: str = ""
@@ -68,11 +71,12 @@ class Setting:
     field: str | None = None
     fallback: Any = None
     question: Question | None = None
+    always_export: bool = False
 
     @property
-    def env_name(self) -> str:
-        """The variable's name without prefix."""
-        return self.env or str(self.key).upper()
+    def env_name(self) -> str | None:
+        """The variable's name without prefix, or None."""
+        return str(self.key).upper() if self.env == "" else self.env
 
     @property
     def flag_name(self) -> str | None:
@@ -100,8 +104,8 @@ class Section:
 
     def env_paths(self) -> dict[str, str]:
         """Dotted config path -> variable name (without prefix) for the rows with a config key."""
-        return {f"{self.name}.{row.key}": row.env_name for row in self.rows if row.key}
+        return {f"{self.name}.{row.key}": row.env_name for row in self.rows if row.key and row.env_name}
 
     def env_help(self) -> dict[str, str]:
         """Variable name (without prefix) -> meaning, for :data:`hasten.environment.SETTINGS`."""
-        return {row.env_name: row.env_help for row in self.rows}
+        return {row.env_name: row.env_help for row in self.rows if row.env_name}
