@@ -28,6 +28,7 @@ from .settings.parallelism import PARALLELISM
 from .settings.values import str_to_bool
 
 # name (without prefix) -> meaning. Read as HASTEN_<name>, then ACCELERATE_<name>, then the extra aliases.
+# The launch settings of the config file's sections come from their rows in hasten.settings.
 SETTINGS: dict[str, str] = {
     "MIXED_PRECISION": "default mixed precision: no, fp16, bf16 or fp8",
     "USE_CPU": "force the CPU even when an accelerator is present",

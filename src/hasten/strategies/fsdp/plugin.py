@@ -2,7 +2,8 @@
 
 Fields keep Accelerate's names. Each field comes from its argument, else from the ``FSDP_*`` setting
 (``HASTEN_FSDP_*``, ``ACCELERATE_FSDP_*`` or the bare ``FSDP_*`` variable, as written by ``hasten launch``
-from the flags and the config file's ``fsdp_config`` block), else from a default.
+from the flags and the config file's ``fsdp_config`` block), else from a default: the rows of
+:mod:`hasten.settings.fsdp` say which variable fills which field.
 
 hasten runs FSDP2 only. FSDP1 settings are translated where FSDP2 has the same behaviour
 (``sharding_strategy`` becomes ``reshard_after_forward`` plus a device mesh; ``use_orig_params=True``,
@@ -27,6 +28,7 @@ from ...settings.fsdp import FSDP_AUTO_WRAP_POLICIES as AUTO_WRAP_POLICIES
 from ...settings.fsdp import FSDP_BACKWARD_PREFETCH as _PREFETCH
 from ...settings.fsdp import FSDP_SHARDING_STRATEGIES as SHARDING_STRATEGIES
 from ...settings.fsdp import FSDP_STATE_DICT_TYPES as STATE_DICT_TYPES
+
 DEFAULT_MIN_NUM_PARAMS = 100_000_000
 
 # sharding strategy -> reshard_after_forward (the mesh shape follows from the name)
@@ -163,8 +165,7 @@ class FullyShardedDataParallelPlugin:
         self.fsdp_version = 2
 
     def _resolve_sharding(self, from_env: set[str]) -> None:
-        strategy = self.sharding_strategy
-        strategy = _name(strategy, SHARDING_STRATEGIES, "sharding_strategy") if strategy is not None else None
+        strategy = _name(self.sharding_strategy, SHARDING_STRATEGIES, "sharding_strategy") if self.sharding_strategy is not None else None
         reshard = self.reshard_after_forward
         if "reshard_after_forward" in from_env:
             reshard = _bool_or_name(reshard, "FSDP_RESHARD_AFTER_FORWARD")
