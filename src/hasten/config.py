@@ -37,7 +37,7 @@ from .config_text import read_config_data
 from .errors import ConfigError, did_you_mean
 from .runtime.fileio import atomic_write
 from .settings import Section
-from .settings.deepspeed import DEEPSPEED, DEEPSPEED_MULTINODE_LAUNCHERS, OFFLOAD_DEVICES
+from .settings.deepspeed import DEEPSPEED, DEEPSPEED_MULTINODE_LAUNCHERS
 from .settings.dynamo import DYNAMO
 from .settings.fp8 import FP8
 from .settings.fsdp import FSDP, FSDP_AUTO_WRAP_POLICIES, FSDP_BACKWARD_PREFETCH, FSDP_SHARDING_STRATEGIES, FSDP_STATE_DICT_TYPES

@@ -172,7 +172,8 @@ def test_a_bad_variable_names_itself(monkeypatch):
 
 
 class _Scripted:
-    """Answers the dialogue: yes to every question, the last option of every choice, the default of every text."""
+    """Answers the dialogue: yes to every question, the last option of every choice, the default of every text
+    (a file name where there is none)."""
 
     def __init__(self):
         self.asked: list[str] = []
@@ -187,7 +188,7 @@ class _Scripted:
 
     def text(self, message, default=None, convert=str, check=None):
         self.asked.append(message)
-        return default
+        return "a.json" if default is None else default
 
 
 ASKED = [table for table in TABLES if any(row.question for row in table.rows)]
@@ -196,7 +197,9 @@ ASKED = [table for table in TABLES if any(row.question for row in table.rows)]
 @pytest.mark.parametrize("table", ASKED, ids=[t.name for t in ASKED])
 def test_the_dialogue_asks_the_table_and_writes_valid_keys(table):
     asker = _Scripted()
-    answers = {key: value for stage in ("main", "custom") for key, value in config_cmd._ask_table(asker, table, stage).items()}
+    answers: dict = {}
+    for stage in dict.fromkeys(row.question.stage for row in table.rows if row.question):
+        answers |= config_cmd._ask_table(asker, table, stage, answers)
     asked = [row.question.text for row in table.rows if row.question and not row.question.fixed and row.question.text in asker.asked]
     assert asked and set(answers) <= {row.key for row in table.rows}
     config, present, _ = cfg.config_from_dict({table.name: answers})

@@ -18,7 +18,6 @@ from typing import Any, Callable
 
 from .. import environment
 from ..config import (
-    OFFLOAD_DEVICES,
     RDZV_BACKENDS,
     Hardware,
     config_from_dict,
@@ -30,6 +29,7 @@ from ..config import (
 )
 from ..errors import ConfigError
 from ..settings import Section, Setting
+from ..settings.deepspeed import DEEPSPEED
 from ..settings.dynamo import DYNAMO
 from ..settings.fp8 import FP8
 from ..settings.fsdp import FSDP
@@ -262,33 +262,14 @@ def _ask_deepspeed(ask: _Asker, answers: dict) -> None:
     if not ask.yes_no("Do you want to use DeepSpeed?", check=_deepspeed_installed):
         return
     answers["distributed_type"] = "DEEPSPEED"
-    ds: dict[str, Any] = {}
     if ask.yes_no("Do you want to specify a json file to a DeepSpeed config?"):
-        ds["deepspeed_config_file"] = ask.text(
-            "Please enter the path to the json DeepSpeed config file", check=lambda p: None if Path(p).expanduser().is_file() else "No such file."
-        )
+        ds = _ask_table(ask, DEEPSPEED, "file")
     else:
-        stage = ds["zero_stage"] = ask.select(
-            "What should be your DeepSpeed's ZeRO optimization stage?", [(str(s), s, None) for s in range(4)], 2
-        )
-        if stage >= 2:
-            devices = [(d, d, None) for d in OFFLOAD_DEVICES]
-            ds["offload_optimizer_device"] = ask.select("Where to offload optimizer states?", devices, "none")
-            ds["offload_param_device"] = ask.select("Where to offload parameters?", devices, "none")
-            if ds["offload_param_device"] == "nvme":
-                ds["offload_param_nvme_path"] = ask.text("Nvme Path to offload parameters?", "/nvme")
-            if ds["offload_optimizer_device"] == "nvme":
-                ds["offload_optimizer_nvme_path"] = ask.text("Nvme Path to offload optimizer states?", "/nvme")
-        ds["gradient_accumulation_steps"] = ask.text(
-            "How many gradient accumulation steps you're passing in your script?", 1, int, _at_least(1)
-        )
+        ds = _ask_table(ask, DEEPSPEED, "zero")
         if ask.yes_no("Do you want to use gradient clipping?"):
-            ds["gradient_clipping"] = ask.text("What is the gradient clipping value?", 1.0, float)
-        if stage == 3:
-            ds["zero3_save_16bit_model"] = ask.yes_no("Do you want to save 16-bit model weights when using ZeRO Stage-3?")
-    ds["zero3_init_flag"] = ask.yes_no(
-        "Do you want to enable `deepspeed.zero.Init` when using ZeRO Stage-3 for constructing massive models?"
-    )
+            ds |= _ask_table(ask, DEEPSPEED, "clipping")
+        ds |= _ask_table(ask, DEEPSPEED, "zero3", ds)
+    ds |= _ask_table(ask, DEEPSPEED, "init")
     answers["deepspeed_config"] = ds
 
 
@@ -302,21 +283,22 @@ def _ask_fsdp(ask: _Asker, answers: dict) -> None:
     answers["fsdp_config"] = fsdp
 
 
-def _ask_table(ask: _Asker, table: Section, stage: str = "main") -> dict:
+def _ask_table(ask: _Asker, table: Section, stage: str = "main", known: dict | None = None) -> dict:
     """Ask the questions of one stage of a settings table in their order; returns key -> answer.
 
-    A question whose ``when`` answer differs is skipped, a fixed one writes its default, and an empty
-    free-text answer leaves its key out.
+    A question is skipped unless its ``when`` key (among its stage's answers and ``known``) has one of
+    the allowed answers; a fixed one writes its default, and an empty free-text answer leaves its key out.
     """
     values: dict[str, Any] = {}
+    seen = dict(known or {})
     rows = sorted((row for row in table.rows if row.question and row.question.stage == stage), key=lambda row: row.question.step)
     for row in rows:
         question = row.question
-        if question.when and values.get(question.when[0]) != question.when[1]:
+        if question.when and seen.get(question.when[0]) not in question.when[1]:
             continue
         answer = question.default if question.fixed else _ask_setting(ask, row)
         if answer != "":
-            values[row.key] = answer
+            values[row.key] = seen[row.key] = answer
     return values
 
 
@@ -327,10 +309,16 @@ def _ask_setting(ask: _Asker, row: Setting) -> Any:
         return ask.yes_no(question.text, question.default)
     if row.kind == "int":
         return ask.text(question.text, question.default, int, _at_least(1))
+    if row.kind in ("float", "float_or_auto"):
+        return ask.text(question.text, question.default, float)
     if row.choices:
         options = [(str(c).lower() if row.lower else str(c), c, None) for c in question.options or row.choices]
         return ask.select(question.text, options, question.default)
-    return ask.text(question.text, question.default)
+    return ask.text(question.text, question.default, check=_existing_file if question.must_exist else None)
+
+
+def _existing_file(path: str) -> str | None:
+    return None if Path(path).expanduser().is_file() else "No such file."
 
 
 def _ask_processes(ask: _Asker, answers: dict, hardware: Hardware) -> None:

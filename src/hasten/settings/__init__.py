@@ -21,10 +21,11 @@ class Question:
     """How ``hasten config`` asks for a setting.
 
     A boolean ``default`` makes it a yes/no question; a setting with choices is picked from
-    ``options`` (default: all its choices); an integer is typed in (at least 1); anything else is free
-    text, and an empty answer leaves the key out. ``step`` orders the section's questions, ``stage``
-    groups them (the dialogue asks one stage at a time), ``when`` = (other key, value) asks only after
-    that answer, and a ``fixed`` question is not asked: ``default`` is written.
+    ``options`` (default: all its choices); an integer (at least 1) or a number is typed in; anything
+    else is free text (``must_exist``: the path of an existing file), and an empty answer leaves the
+    key out. ``step`` orders the section's questions, ``stage`` groups them (the dialogue asks one
+    stage at a time), ``when`` = (other key, allowed answers) asks only after one of those answers,
+    and a ``fixed`` question is not asked: ``default`` is written.
     """
 
     text: str = ""
@@ -32,8 +33,9 @@ class Question:
     step: int = 0
     stage: str = "main"
     options: tuple | None = None
-    when: tuple[str, Any] | None = None
+    when: tuple[str, tuple] | None = None
     fixed: bool = False
+    must_exist: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,7 +33,7 @@ FSDP = Section(
             field="min_num_params",
             question=Question(
                 "What should be your FSDP's minimum number of parameters for Default Auto Wrapping Policy?", 100000000, step=5,
-                when=(_WRAP, "SIZE_BASED_WRAP"),
+                when=(_WRAP, ("SIZE_BASED_WRAP",)),
             ),
         ),
         Setting(
@@ -55,7 +55,7 @@ FSDP = Section(
             flag_help="Comma-separated layer class names to shard one by one.", field="transformer_cls_names_to_wrap",
             question=Question(
                 "Specify the comma-separated list of transformer layer class names (case-sensitive) to wrap, e.g. BertLayer,T5Block "
-                "(empty: the model's _no_split_modules)", "", step=4, when=(_WRAP, "TRANSFORMER_BASED_WRAP"),
+                "(empty: the model's _no_split_modules)", "", step=4, when=(_WRAP, ("TRANSFORMER_BASED_WRAP",)),
             ),
         ),
         Setting(
