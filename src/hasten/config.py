@@ -7,6 +7,11 @@ migrated on read, and ``hasten config update`` rewrites them. Every key and valu
 problem is a :class:`~hasten.errors.ConfigError` that names the file, the (dotted) key, the allowed
 values and the closest valid key.
 
+The sections ``dynamo_config``, ``deepspeed_config``, ``fsdp_config``, ``fp8_config`` and
+``parallelism_config`` are generated from the tables of :mod:`hasten.settings`, which also give the
+variables each setting travels in; values are checked by :mod:`hasten.settings.values`, old files
+rewritten by :mod:`hasten.settings.migrate`.
+
 Example::
 
     from hasten.config import load_config_file, write_basic_config
@@ -27,23 +32,22 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import environment
-from .enums import ComputeEnvironment, DistributedType, DynamoBackend, PrecisionType, SageMakerDistributedType
+from .enums import ComputeEnvironment, DistributedType, PrecisionType, SageMakerDistributedType
 from .config_text import read_config_data
 from .errors import ConfigError, did_you_mean
 from .runtime.fileio import atomic_write
+from .settings import Section
+from .settings.deepspeed import DEEPSPEED, DEEPSPEED_MULTINODE_LAUNCHERS
+from .settings.dynamo import DYNAMO
+from .settings.fp8 import FP8
+from .settings.fsdp import FSDP, FSDP_AUTO_WRAP_POLICIES, FSDP_BACKWARD_PREFETCH, FSDP_SHARDING_STRATEGIES, FSDP_STATE_DICT_TYPES
+from .settings.migrate import migrate as _migrate
+from .settings.parallelism import PARALLELISM
+from .settings.values import Invalid as _Invalid
+from .settings.values import as_choice as _as_choice
+from .settings.values import convert as _convert
 
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-DEEPSPEED_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
-FSDP_SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
-FSDP_AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
-FSDP_BACKWARD_PREFETCH = ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH")
-FSDP_STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
-DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
-FP8_BACKENDS = ("TE", "MSAMP", "AO")
-FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
-AMAX_COMPUTE_ALGORITHMS = ("max", "most_recent")
-FP8_OPT_LEVELS = ("O1", "O2")
 _GPU_TYPES = (DistributedType.MULTI_GPU.value, DistributedType.MULTI_XPU.value)
 
 
@@ -56,90 +60,20 @@ def _section(cls: type) -> Any:
     return field(default_factory=cls, metadata={"kind": "section", "cls": cls})
 
 
-@dataclass(kw_only=True, slots=True)
-class DynamoSection:
-    """``dynamo_config``: torch.compile settings."""
-
-    dynamo_backend: str | None = _opt(kind="choice", choices=DynamoBackend.list())
-    dynamo_mode: str | None = _opt(kind="choice", choices=DYNAMO_MODES)
-    dynamo_use_fullgraph: bool | None = _opt(kind="bool")
-    dynamo_use_dynamic: bool | None = _opt(kind="bool")
-    dynamo_use_regional_compilation: bool | None = _opt(kind="bool")
+def _section_class(section: Section) -> type:
+    """The config file section dataclass of a settings table: one field per row with a config key."""
+    fields = [(row.key, Any, _opt(kind=row.kind, choices=row.choices)) for row in section.rows if row.key]
+    cls = dataclasses.make_dataclass(section.class_name, fields, kw_only=True, slots=True)
+    cls.__module__, cls.__doc__ = __name__, section.doc
+    return cls
 
 
-@dataclass(kw_only=True, slots=True)
-class DeepSpeedSection:
-    """``deepspeed_config``: DeepSpeed settings (a JSON file, or the ZeRO settings one by one)."""
-
-    deepspeed_config_file: str | None = _opt()
-    zero_stage: int | None = _opt(kind="choice", choices=(0, 1, 2, 3))
-    offload_optimizer_device: str | None = _opt(kind="choice", choices=OFFLOAD_DEVICES)
-    offload_param_device: str | None = _opt(kind="choice", choices=OFFLOAD_DEVICES)
-    offload_optimizer_nvme_path: str | None = _opt()
-    offload_param_nvme_path: str | None = _opt()
-    gradient_accumulation_steps: int | None = _opt(kind="int")
-    gradient_clipping: float | str | None = _opt(kind="float_or_auto")
-    zero3_init_flag: bool | None = _opt(kind="bool")
-    zero3_save_16bit_model: bool | None = _opt(kind="bool")
-    deepspeed_hostfile: str | None = _opt()
-    deepspeed_exclusion_filter: str | None = _opt()
-    deepspeed_inclusion_filter: str | None = _opt()
-    deepspeed_multinode_launcher: str | None = _opt(kind="choice", choices=DEEPSPEED_MULTINODE_LAUNCHERS)
-    deepspeed_moe_layer_cls_names: str | None = _opt()
-
-
-@dataclass(kw_only=True, slots=True)
-class FsdpSection:
-    """``fsdp_config``: fully sharded data parallel settings (hasten runs FSDP2)."""
-
-    fsdp_version: int | None = _opt(kind="choice", choices=(1, 2))
-    fsdp_sharding_strategy: str | None = _opt(kind="choice", choices=FSDP_SHARDING_STRATEGIES)
-    fsdp_reshard_after_forward: bool | str | None = _opt(kind="bool_or_strategy", choices=FSDP_SHARDING_STRATEGIES)
-    fsdp_offload_params: bool | None = _opt(kind="bool")
-    fsdp_auto_wrap_policy: str | None = _opt(kind="choice", choices=FSDP_AUTO_WRAP_POLICIES)
-    fsdp_transformer_layer_cls_to_wrap: str | None = _opt()
-    fsdp_min_num_params: int | None = _opt(kind="int")
-    fsdp_backward_prefetch: str | None = _opt(kind="choice", choices=FSDP_BACKWARD_PREFETCH)
-    fsdp_forward_prefetch: bool | None = _opt(kind="bool")
-    fsdp_state_dict_type: str | None = _opt(kind="choice", choices=FSDP_STATE_DICT_TYPES)
-    fsdp_use_orig_params: bool | None = _opt(kind="bool")
-    fsdp_cpu_ram_efficient_loading: bool | None = _opt(kind="bool")
-    fsdp_sync_module_states: bool | None = _opt(kind="bool")
-    fsdp_activation_checkpointing: bool | None = _opt(kind="bool")
-
-
-@dataclass(kw_only=True, slots=True)
-class Fp8Section:
-    """``fp8_config``: FP8 recipe settings."""
-
-    backend: str | None = _opt(kind="choice", choices=FP8_BACKENDS)
-    fp8_format: str | None = _opt(kind="choice", choices=FP8_FORMATS)
-    margin: int | None = _opt(kind="int")
-    interval: int | None = _opt(kind="int")
-    amax_history_length: int | None = _opt(kind="int")
-    amax_compute_algorithm: str | None = _opt(kind="choice", choices=AMAX_COMPUTE_ALGORITHMS)
-    override_linear_precision: tuple | None = _opt(kind="bool3")
-    optimization_level: str | None = _opt(kind="choice", choices=FP8_OPT_LEVELS)
-    use_autocast_during_eval: bool | None = _opt(kind="bool")
-    enable_fsdp_float8_all_gather: bool | None = _opt(kind="bool")
-    pad_inner_dim: bool | None = _opt(kind="bool")
-
-
-@dataclass(kw_only=True, slots=True)
-class ParallelismSection:
-    """``parallelism_config``: N-D parallelism sizes (``ParallelismConfig``; hasten runs dp_replicate, dp_shard and tp)."""
-
-    parallelism_config_dp_replicate_size: int | None = _opt(kind="int")
-    parallelism_config_dp_shard_size: int | None = _opt(kind="int")
-    parallelism_config_tp_size: int | None = _opt(kind="int")
-    parallelism_config_cp_size: int | None = _opt(kind="int")
-    parallelism_config_cp_backend: str | None = _opt()
-    parallelism_config_cp_comm_strategy: str | None = _opt()
-    parallelism_config_sp_size: int | None = _opt(kind="int")
-    parallelism_config_sp_backend: str | None = _opt()
-    parallelism_config_sp_seq_length: int | None = _opt(kind="int")
-    parallelism_config_sp_seq_length_is_variable: bool | None = _opt(kind="bool")
-    parallelism_config_sp_attn_implementation: str | None = _opt()
+DynamoSection = _section_class(DYNAMO)
+DeepSpeedSection = _section_class(DEEPSPEED)
+FsdpSection = _section_class(FSDP)
+Fp8Section = _section_class(FP8)
+ParallelismSection = _section_class(PARALLELISM)
+_TABLES = (DYNAMO, DEEPSPEED, FSDP, FP8, PARALLELISM)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -226,105 +160,6 @@ class SageMakerConfig:
         return config_to_dict(self)
 
 
-# ------------------------------------------------------------------------------------ values
-
-
-class _Invalid(Exception):
-    """A value failed its field's check; the message says what was expected."""
-
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str):
-        try:
-            return bool(environment.str_to_bool(value))
-        except ConfigError:
-            pass
-    raise _Invalid("expected a boolean (true/false, yes/no or 1/0)")
-
-
-def _as_int(value: Any) -> int:
-    if isinstance(value, bool):
-        raise _Invalid("expected an integer")
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
-        try:
-            return int(value.strip())
-        except ValueError:
-            pass
-    raise _Invalid("expected an integer")
-
-
-def _as_float(value: Any) -> float:
-    if not isinstance(value, bool):
-        try:
-            return float(value)
-        except (TypeError, ValueError):
-            pass
-    raise _Invalid("expected a number")
-
-
-def _as_choice(value: Any, choices: tuple) -> Any:
-    if value is False and "no" in (str(c).lower() for c in choices):  # YAML 1.1 reads a bare `no` or `off` as false
-        return next(c for c in choices if str(c).lower() == "no")
-    if isinstance(choices[0], int):
-        try:
-            if _as_int(value) in choices:
-                return _as_int(value)
-        except _Invalid:
-            pass
-    else:
-        for choice in choices:
-            if str(value).lower() == choice.lower():
-                return choice
-    raise _Invalid(f"expected one of: {', '.join(map(str, choices))}.{did_you_mean(str(value), map(str, choices))}")
-
-
-def _as_bool3(value: Any) -> tuple:
-    if isinstance(value, str):
-        value = [part for part in value.strip().strip("()[]").split(",") if part.strip()]
-    if isinstance(value, (list, tuple)) and len(value) == 3:
-        return tuple(_as_bool(part.strip() if isinstance(part, str) else part) for part in value)
-    raise _Invalid("expected three booleans (fprop, dgrad, wgrad), e.g. [false, false, true]")
-
-
-def _convert(value: Any, meta: dict) -> Any:
-    """Check and normalise one value against its field's metadata (raises :class:`_Invalid`)."""
-    kind, choices = meta["kind"], meta.get("choices")
-    if kind == "bool":
-        return _as_bool(value)
-    if kind == "int":
-        return _as_int(value)
-    if kind == "float":
-        return _as_float(value)
-    if kind == "float_or_auto":
-        return "auto" if str(value).lower() == "auto" else _as_float(value)
-    if kind == "choice":
-        return _as_choice(value, choices)
-    if kind == "bool_or_strategy":
-        try:
-            return _as_bool(value)
-        except _Invalid:
-            return _as_choice(value, choices)
-    if kind == "bool3":
-        return _as_bool3(value)
-    if kind == "list":
-        if isinstance(value, (list, tuple)) and all(isinstance(item, (str, int, float)) for item in value):
-            return [str(item) for item in value]
-        raise _Invalid("expected a list of strings")
-    if kind == "str":
-        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-            return str(value)
-        raise _Invalid("expected a string")
-    return value
-
-
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
     return {f.name: f for f in dataclasses.fields(cls)}
 
@@ -372,58 +207,6 @@ def _check_prefixed(value: Any, dotted: str, prefix: str, errors: list[str], pre
     if value:
         present.add(dotted)
     return dict(value)
-
-
-# ------------------------------------------------------------------------------ migration
-
-
-_FSDP_STRATEGY_BY_NUMBER = {i + 1: name for i, name in enumerate(FSDP_SHARDING_STRATEGIES)}
-_RENAMED = {
-    ("fsdp_config", "fsdp_backward_prefetch_policy"): "fsdp_backward_prefetch",
-    ("fp8_config", "amax_history_len"): "amax_history_length",
-    ("fp8_config", "amax_compute_algo"): "amax_compute_algorithm",
-}
-
-
-def _migrate(data: dict) -> list[str]:
-    """Rewrite keys of older (or Accelerate-written) files in place; return one note per change."""
-    notes: list[str] = []
-    if "fp16" in data:
-        fp16 = data.pop("fp16")
-        if data.get("mixed_precision") is None:
-            data["mixed_precision"] = "fp16" if fp16 in (True, "true", "True", "yes") else "no"
-        notes.append(f"fp16: {fp16} became mixed_precision: {data['mixed_precision']}")
-    if "dynamo_backend" in data:
-        backend = data.pop("dynamo_backend")
-        if str(backend).upper() != "NO":
-            data.setdefault("dynamo_config", {}).setdefault("dynamo_backend", backend)
-        notes.append(f"dynamo_backend: {backend} moved into dynamo_config")
-    if data.get("num_processes") == -1:
-        data.pop("num_processes")
-        notes.append("num_processes: -1 (unset) was dropped")
-    for key, why in (("ipex_config", "hasten does not use IPEX"), ("tp_config", "see parallelism_config")):
-        if key in data:
-            section = data.pop(key) or {}
-            tp_size = section.get("tp_size") if isinstance(section, dict) else None
-            if key == "tp_config" and tp_size and int(tp_size) > 1:
-                data.setdefault("parallelism_config", {})["parallelism_config_tp_size"] = tp_size
-            notes.append(f"{key} was dropped ({why})")
-    mpirun = data.get("mpirun_config")
-    if isinstance(mpirun, dict) and "mpirun_ccl" in mpirun:
-        mpirun.pop("mpirun_ccl")
-        notes.append("mpirun_config.mpirun_ccl was dropped (oneCCL worker threads are set with CCL_WORKER_COUNT)")
-    for (section, old), new in _RENAMED.items():
-        values = data.get(section)
-        if isinstance(values, dict) and old in values:
-            values.setdefault(new, values.pop(old))
-            notes.append(f"{section}.{old} was renamed {section}.{new}")
-    fsdp = data.get("fsdp_config")
-    if isinstance(fsdp, dict) and isinstance(fsdp.get("fsdp_sharding_strategy"), int):
-        number = fsdp["fsdp_sharding_strategy"]
-        if number in _FSDP_STRATEGY_BY_NUMBER:
-            fsdp["fsdp_sharding_strategy"] = _FSDP_STRATEGY_BY_NUMBER[number]
-            notes.append(f"fsdp_config.fsdp_sharding_strategy: {number} became {fsdp['fsdp_sharding_strategy']}")
-    return notes
 
 
 # ------------------------------------------------------------------------------ load / save
@@ -699,31 +482,7 @@ _ENV_NAMES: dict[str, str] = {
     "use_cpu": "USE_CPU",
     "debug": "DEBUG_MODE",
     "enable_cpu_affinity": "CPU_AFFINITY",
-    **{f"dynamo_config.{k}": k.upper() for k in _fields(DynamoSection)},
-    "deepspeed_config.deepspeed_config_file": "DEEPSPEED_CONFIG_FILE",
-    "deepspeed_config.zero_stage": "DEEPSPEED_ZERO_STAGE",
-    "deepspeed_config.offload_optimizer_device": "DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
-    "deepspeed_config.offload_param_device": "DEEPSPEED_OFFLOAD_PARAM_DEVICE",
-    "deepspeed_config.offload_optimizer_nvme_path": "DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH",
-    "deepspeed_config.offload_param_nvme_path": "DEEPSPEED_OFFLOAD_PARAM_NVME_PATH",
-    "deepspeed_config.zero3_init_flag": "DEEPSPEED_ZERO3_INIT",
-    "deepspeed_config.zero3_save_16bit_model": "DEEPSPEED_ZERO3_SAVE_16BIT_MODEL",
-    "deepspeed_config.deepspeed_moe_layer_cls_names": "DEEPSPEED_MOE_LAYER_CLS_NAMES",
-    "deepspeed_config.gradient_accumulation_steps": "GRADIENT_ACCUMULATION_STEPS",
-    "deepspeed_config.gradient_clipping": "GRADIENT_CLIPPING",
-    **{f"fsdp_config.{k}": k.upper() for k in _fields(FsdpSection) if k != "fsdp_transformer_layer_cls_to_wrap"},
-    "fsdp_config.fsdp_transformer_layer_cls_to_wrap": "FSDP_TRANSFORMER_CLS_TO_WRAP",
-    **{f"parallelism_config.parallelism_config_{k}_size": f"PARALLELISM_CONFIG_{k.upper()}_SIZE" for k in ("dp_replicate", "dp_shard", "tp", "cp", "sp")},
-    "fp8_config.backend": "FP8_BACKEND",
-    "fp8_config.fp8_format": "FP8_FORMAT",
-    "fp8_config.margin": "FP8_MARGIN",
-    "fp8_config.interval": "FP8_INTERVAL",
-    "fp8_config.amax_history_length": "FP8_AMAX_HISTORY_LEN",
-    "fp8_config.amax_compute_algorithm": "FP8_AMAX_COMPUTE_ALGO",
-    "fp8_config.optimization_level": "FP8_OPT_LEVEL",
-    "fp8_config.use_autocast_during_eval": "FP8_USE_AUTOCAST_DURING_EVAL",
-    "fp8_config.enable_fsdp_float8_all_gather": "FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER",
-    "fp8_config.pad_inner_dim": "FP8_PAD_INNER_DIM",
+    **{path: name for table in _TABLES for path, name in table.env_paths().items()},
 }
 _STRATEGY_SWITCHES = {"USE_DEEPSPEED": DistributedType.DEEPSPEED.value, "USE_FSDP": DistributedType.FSDP.value}
 
@@ -747,11 +506,12 @@ def _env_text(value: Any) -> str:
 
 
 def _exported(path: str, kind: str) -> bool:
-    if path.startswith("deepspeed_config.") and path != "deepspeed_config.gradient_accumulation_steps":
-        return kind == DistributedType.DEEPSPEED.value
-    if path.startswith("fsdp_config."):
-        return kind == DistributedType.FSDP.value
-    return True
+    """Whether ``hasten launch`` exports the setting at ``path`` to the processes of a ``kind`` job."""
+    section, _, key = path.rpartition(".")
+    table = next((t for t in _TABLES if t.name == section), None)
+    if table is None or table.only_with is None or kind == table.only_with:
+        return True
+    return next(row for row in table.rows if row.key == key).always_export
 
 
 def launch_environment(settings: ResolvedSettings) -> dict[str, str]:

@@ -16,71 +16,35 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Iterable
 
 from .errors import ConfigError, DistributedSetupError
+from .settings import Setting
+from .settings.deepspeed import DEEPSPEED
+from .settings.dynamo import DYNAMO
+from .settings.fp8 import FP8
+from .settings.fsdp import FSDP
+from .settings.parallelism import PARALLELISM
+from .settings.values import str_to_bool
 
 # name (without prefix) -> meaning. Read as HASTEN_<name>, then ACCELERATE_<name>, then the extra aliases.
+# The launch settings of the config file's sections come from their rows in hasten.settings.
 SETTINGS: dict[str, str] = {
     "MIXED_PRECISION": "default mixed precision: no, fp16, bf16 or fp8",
     "USE_CPU": "force the CPU even when an accelerator is present",
     "DEBUG_MODE": "check every collective's inputs across ranks before running it",
     "HANG_TIMEOUT": "seconds a rank may wait in one hasten collective before the job ends with a hang report (default: the InitProcessGroupKwargs timeout, else 300; 0 turns it off)",
     "HANG_REPORT_DIR": "folder where a rank stuck in a collective writes hang_rank<N>.json for the launcher",
-    "GRADIENT_ACCUMULATION_STEPS": "default gradient accumulation steps",
-    "GRADIENT_CLIPPING": "DeepSpeed gradient clipping",
     "LOG_LEVEL": "default level of loggers made by hasten.logging.get_logger",
     "TORCH_DEVICE": "override the device string of every process (e.g. cuda:1)",
-    "DYNAMO_BACKEND": "torch.compile backend (no, eager, inductor, ...)",
-    "DYNAMO_MODE": "torch.compile mode",
-    "DYNAMO_USE_FULLGRAPH": "torch.compile fullgraph",
-    "DYNAMO_USE_DYNAMIC": "torch.compile dynamic",
-    "DYNAMO_USE_REGIONAL_COMPILATION": "compile repeated blocks one at a time",
+    **DYNAMO.env_help(),
     "USE_DEEPSPEED": "use the DeepSpeed strategy",
-    "DEEPSPEED_CONFIG_FILE": "DeepSpeed JSON config file",
-    "DEEPSPEED_ZERO_STAGE": "DeepSpeed ZeRO stage",
-    "DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "none, cpu or nvme",
-    "DEEPSPEED_OFFLOAD_PARAM_DEVICE": "none, cpu or nvme",
-    "DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH": "NVMe folder for optimizer offload",
-    "DEEPSPEED_OFFLOAD_PARAM_NVME_PATH": "NVMe folder for parameter offload",
-    "DEEPSPEED_ZERO3_INIT": "build the model partitioned under ZeRO-3 (deepspeed.zero.Init)",
-    "DEEPSPEED_ZERO3_SAVE_16BIT_MODEL": "gather 16-bit weights when saving under ZeRO-3",
-    "DEEPSPEED_MOE_LAYER_CLS_NAMES": "comma-separated MoE layer classes",
+    **DEEPSPEED.env_help(),
     "CONFIG_DS_FIELDS": "comma-separated DeepSpeed fields that came from the launch config",
     "USE_FSDP": "use the FSDP2 strategy",
-    "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "ParallelismConfig: data-parallel replicas of the sharded model (HSDP)",
-    "PARALLELISM_CONFIG_DP_SHARD_SIZE": "ParallelismConfig: processes each parameter is sharded over (FSDP2)",
-    "PARALLELISM_CONFIG_TP_SIZE": "ParallelismConfig: tensor-parallel processes per layer",
-    "PARALLELISM_CONFIG_CP_SIZE": "ParallelismConfig: context-parallel size (not supported above 1)",
-    "PARALLELISM_CONFIG_SP_SIZE": "ParallelismConfig: sequence-parallel size (not supported above 1)",
-    "FSDP_VERSION": "FSDP version (hasten supports 2)",
-    "FSDP_SHARDING_STRATEGY": "FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD",
-    "FSDP_RESHARD_AFTER_FORWARD": "reshard parameters after forward",
-    "FSDP_OFFLOAD_PARAMS": "offload parameters to the CPU",
-    "FSDP_AUTO_WRAP_POLICY": "TRANSFORMER_BASED_WRAP, SIZE_BASED_WRAP or NO_WRAP",
-    "FSDP_TRANSFORMER_CLS_TO_WRAP": "comma-separated layer class names to shard one by one",
-    "FSDP_MIN_NUM_PARAMS": "size threshold of SIZE_BASED_WRAP",
-    "FSDP_STATE_DICT_TYPE": "FULL_STATE_DICT or SHARDED_STATE_DICT",
-    "FSDP_CPU_RAM_EFFICIENT_LOADING": "rank 0 loads the weights, the others start on meta",
-    "FSDP_ACTIVATION_CHECKPOINTING": "recompute activations of wrapped layers in backward",
-    "FSDP_BACKWARD_PREFETCH": "FSDP1 setting; FSDP2 prefetches by itself",
-    "FSDP_FORWARD_PREFETCH": "FSDP1 setting; FSDP2 prefetches by itself",
-    "FSDP_USE_ORIG_PARAMS": "FSDP1 setting; FSDP2 always uses the original parameters",
-    "FSDP_SYNC_MODULE_STATES": "broadcast rank 0's weights at setup",
-    "FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD": "offload checkpointed activations (not supported)",
-    "FSDP_IGNORED_MODULES": "modules FSDP leaves alone",
-    "FP8_BACKEND": "fp8 backend (te, msamp, ao)",
-    "FP8_FORMAT": "fp8 format (HYBRID, E4M3, E5M2)",
-    "FP8_MARGIN": "fp8 scaling margin",
-    "FP8_INTERVAL": "fp8 scaling update interval",
-    "FP8_AMAX_HISTORY_LEN": "fp8 amax history length",
-    "FP8_AMAX_COMPUTE_ALGO": "fp8 amax algorithm (max, most_recent)",
-    "FP8_OPT_LEVEL": "MS-AMP optimisation level (O1, O2)",
-    "FP8_USE_AUTOCAST_DURING_EVAL": "keep fp8 autocast in evaluation",
-    "FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER": "all-gather FSDP parameters in fp8",
-    "FP8_PAD_INNER_DIM": "pad inner dimensions for fp8 matmuls",
-    "FP8_OVERRIDE_FPROP": "Transformer Engine override of the forward precision",
-    "FP8_OVERRIDE_DGRAD": "Transformer Engine override of the data-gradient precision",
-    "FP8_OVERRIDE_WGRAD": "Transformer Engine override of the weight-gradient precision",
+    **PARALLELISM.env_help(),
+    **FSDP.env_help(),
+    **FP8.env_help(),
     "BYPASS_DEVICE_MAP": "let prepare() accept a model dispatched with a device_map",
     "INIT_INCLUDE_BUFFERS": "default include_buffers of init_empty_weights",
     "HOME": "folder of the default launch config file",
@@ -95,21 +59,6 @@ SETTINGS: dict[str, str] = {
 
 # Settings that Accelerate reads without a prefix, accepted as a last fallback.
 _BARE_ALIASES = {name: name for name in SETTINGS if name.startswith(("FSDP_", "PARALLELISM_CONFIG_"))}
-
-_TRUE = {"1", "true", "yes", "y", "on"}
-_FALSE = {"0", "false", "no", "n", "off", ""}
-
-
-def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
-    """Convert a string like ``"yes"``/``"0"`` to 1 or 0 (``True``/``False`` with ``to_bool``); anything else is a
-    :class:`ConfigError`."""
-    text = str(value).strip().lower()
-    if text in _TRUE:
-        return True if to_bool else 1
-    if text in _FALSE:
-        return False if to_bool else 0
-    raise ConfigError(f"Expected a boolean (1/0, true/false, yes/no), got {value!r}.")
-
 
 def _lookup(name: str) -> tuple[str, str] | None:
     """Return (variable, value) for a listed setting, or None when it is unset."""
@@ -173,15 +122,36 @@ def get_float(name: str, default: float | None = None) -> float | None:
         raise ConfigError(f"Environment variable {var}={value!r} is not a number.") from None
 
 
-def get_choice(name: str, choices: list[str], default: str) -> str:
-    """Read a listed setting that must be one of ``choices`` (case-insensitive)."""
-    found = _lookup(name)
+def read_setting(row: Setting) -> Any:
+    """The value of a table row's variable, typed by the row's kind: a boolean (as :func:`get_flag`), an integer
+    (as :func:`get_int`) or the text; None when unset. An empty variable counts as unset, except for a boolean."""
+    found = _lookup(row.env_name)
     if found is None:
-        return default
-    var, value = found
-    if value.lower() not in choices:
-        raise ConfigError(f"Environment variable {var}={value!r} is not one of {choices}.")
-    return value.lower()
+        return None
+    if row.kind == "bool":
+        return get_flag(row.env_name)
+    if found[1] == "":
+        return None
+    if row.kind == "int" or (row.choices and isinstance(row.choices[0], int)):
+        return get_int(row.env_name)
+    return found[1]
+
+
+def fill_unset(obj: Any, rows: Iterable[Setting], fields: Iterable[str] | None = None) -> set[str]:
+    """Fill every field of ``obj`` still None from its row: the row's variable, else its fallback.
+
+    Only rows with a ``field`` (and, with ``fields``, only those fields) take part. Returns the fields
+    set from a variable, so that the caller can tell them from its arguments.
+    """
+    from_env: set[str] = set()
+    for row in rows:
+        if row.field is None or (fields is not None and row.field not in fields) or getattr(obj, row.field) is not None:
+            continue
+        value = read_setting(row)
+        if value is not None:
+            from_env.add(row.field)
+        setattr(obj, row.field, row.fallback if value is None else value)
+    return from_env
 
 
 # --------------------------------------------------------------- any variable (Accelerate's helpers)

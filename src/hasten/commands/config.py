@@ -18,9 +18,6 @@ from typing import Any, Callable
 
 from .. import environment
 from ..config import (
-    DYNAMO_MODES,
-    FSDP_AUTO_WRAP_POLICIES,
-    OFFLOAD_DEVICES,
     RDZV_BACKENDS,
     Hardware,
     config_from_dict,
@@ -30,8 +27,12 @@ from ..config import (
     save_config_file,
     write_basic_config,
 )
-from ..enums import DynamoBackend
 from ..errors import ConfigError
+from ..settings import Section, Setting
+from ..settings.deepspeed import DEEPSPEED
+from ..settings.dynamo import DYNAMO
+from ..settings.fp8 import FP8
+from ..settings.fsdp import FSDP
 
 # Accelerate's ``accelerate.commands.config`` names, which transformers' ``env`` command reads: the path of the
 # default launch config file (in hasten's config folder) and a loader returning the config object.
@@ -243,17 +244,9 @@ def _ask_cpu(ask: _Asker, answers: dict, hardware: Hardware) -> None:
 def _ask_dynamo(ask: _Asker, answers: dict) -> None:
     if not ask.yes_no("Do you wish to optimize your script with torch dynamo?"):
         return
-    backends = [(name.lower(), name, None) for name in DynamoBackend.list() if name != "NO"]
-    dynamo = {"dynamo_backend": ask.select("Which dynamo backend would you like to use?", backends, "INDUCTOR")}
+    dynamo = _ask_table(ask, DYNAMO)
     if ask.yes_no("Do you want to customize the defaults sent to torch.compile?"):
-        dynamo["dynamo_mode"] = ask.select("Which mode do you want to use?", [(m, m, None) for m in DYNAMO_MODES], "default")
-        dynamo["dynamo_use_fullgraph"] = ask.yes_no(
-            "Do you want the fullgraph mode or it is ok to break model into several subgraphs?"
-        )
-        dynamo["dynamo_use_dynamic"] = ask.yes_no("Do you want to enable dynamic shape tracing?")
-        dynamo["dynamo_use_regional_compilation"] = ask.yes_no(
-            "Do you want to compile repeated blocks one at a time (regional compilation)?"
-        )
+        dynamo |= _ask_table(ask, DYNAMO, "custom")
     answers["dynamo_config"] = dynamo
 
 
@@ -269,33 +262,14 @@ def _ask_deepspeed(ask: _Asker, answers: dict) -> None:
     if not ask.yes_no("Do you want to use DeepSpeed?", check=_deepspeed_installed):
         return
     answers["distributed_type"] = "DEEPSPEED"
-    ds: dict[str, Any] = {}
     if ask.yes_no("Do you want to specify a json file to a DeepSpeed config?"):
-        ds["deepspeed_config_file"] = ask.text(
-            "Please enter the path to the json DeepSpeed config file", check=lambda p: None if Path(p).expanduser().is_file() else "No such file."
-        )
+        ds = _ask_table(ask, DEEPSPEED, "file")
     else:
-        stage = ds["zero_stage"] = ask.select(
-            "What should be your DeepSpeed's ZeRO optimization stage?", [(str(s), s, None) for s in range(4)], 2
-        )
-        if stage >= 2:
-            devices = [(d, d, None) for d in OFFLOAD_DEVICES]
-            ds["offload_optimizer_device"] = ask.select("Where to offload optimizer states?", devices, "none")
-            ds["offload_param_device"] = ask.select("Where to offload parameters?", devices, "none")
-            if ds["offload_param_device"] == "nvme":
-                ds["offload_param_nvme_path"] = ask.text("Nvme Path to offload parameters?", "/nvme")
-            if ds["offload_optimizer_device"] == "nvme":
-                ds["offload_optimizer_nvme_path"] = ask.text("Nvme Path to offload optimizer states?", "/nvme")
-        ds["gradient_accumulation_steps"] = ask.text(
-            "How many gradient accumulation steps you're passing in your script?", 1, int, _at_least(1)
-        )
+        ds = _ask_table(ask, DEEPSPEED, "zero")
         if ask.yes_no("Do you want to use gradient clipping?"):
-            ds["gradient_clipping"] = ask.text("What is the gradient clipping value?", 1.0, float)
-        if stage == 3:
-            ds["zero3_save_16bit_model"] = ask.yes_no("Do you want to save 16-bit model weights when using ZeRO Stage-3?")
-    ds["zero3_init_flag"] = ask.yes_no(
-        "Do you want to enable `deepspeed.zero.Init` when using ZeRO Stage-3 for constructing massive models?"
-    )
+            ds |= _ask_table(ask, DEEPSPEED, "clipping")
+        ds |= _ask_table(ask, DEEPSPEED, "zero3", ds)
+    ds |= _ask_table(ask, DEEPSPEED, "init")
     answers["deepspeed_config"] = ds
 
 
@@ -305,37 +279,46 @@ def _ask_fsdp(ask: _Asker, answers: dict) -> None:
     if not ask.yes_no("Do you want to use FullyShardedDataParallel?"):
         return
     answers["distributed_type"] = "FSDP"
-    fsdp: dict[str, Any] = {"fsdp_version": 2}
-    fsdp["fsdp_reshard_after_forward"] = ask.yes_no(
-        "Do you want to reshard the parameters after the forward pass (less memory, like FULL_SHARD)?", True
-    )
-    fsdp["fsdp_offload_params"] = ask.yes_no("Do you want to offload parameters and gradients to CPU?")
-    policy = fsdp["fsdp_auto_wrap_policy"] = ask.select(
-        "What should be your auto wrap policy?", [(p, p, None) for p in FSDP_AUTO_WRAP_POLICIES], "TRANSFORMER_BASED_WRAP"
-    )
-    if policy == "TRANSFORMER_BASED_WRAP":
-        layers = ask.text(
-            "Specify the comma-separated list of transformer layer class names (case-sensitive) to wrap, e.g. BertLayer,T5Block "
-            "(empty: the model's _no_split_modules)",
-            "",
-        )
-        if layers:
-            fsdp["fsdp_transformer_layer_cls_to_wrap"] = layers
-    elif policy == "SIZE_BASED_WRAP":
-        fsdp["fsdp_min_num_params"] = ask.text(
-            "What should be your FSDP's minimum number of parameters for Default Auto Wrapping Policy?", 100000000, int, _at_least(1)
-        )
-    fsdp["fsdp_state_dict_type"] = ask.select(
-        "What should be your FSDP's state dict type?",
-        [(t, t, None) for t in ("FULL_STATE_DICT", "SHARDED_STATE_DICT")],
-        "SHARDED_STATE_DICT",
-    )
-    fsdp["fsdp_cpu_ram_efficient_loading"] = ask.yes_no(
-        "Do you want to enable CPU RAM efficient model loading? Only applicable for 🤗 Transformers models.", True
-    )
-    fsdp["fsdp_sync_module_states"] = True
-    fsdp["fsdp_activation_checkpointing"] = ask.yes_no("Do you want to enable FSDP activation checkpointing?")
+    fsdp = _ask_table(ask, FSDP)
     answers["fsdp_config"] = fsdp
+
+
+def _ask_table(ask: _Asker, table: Section, stage: str = "main", known: dict | None = None) -> dict:
+    """Ask the questions of one stage of a settings table in their order; returns key -> answer.
+
+    A question is skipped unless its ``when`` key (among its stage's answers and ``known``) has one of
+    the allowed answers; a fixed one writes its default, and an empty free-text answer leaves its key out.
+    """
+    values: dict[str, Any] = {}
+    seen = dict(known or {})
+    rows = sorted((row for row in table.rows if row.question and row.question.stage == stage), key=lambda row: row.question.step)
+    for row in rows:
+        question = row.question
+        if question.when and seen.get(question.when[0]) not in question.when[1]:
+            continue
+        answer = question.default if question.fixed else _ask_setting(ask, row)
+        if answer != "":
+            values[row.key] = seen[row.key] = answer
+    return values
+
+
+def _ask_setting(ask: _Asker, row: Setting) -> Any:
+    """Ask one setting: yes/no for a boolean default, a pick among its choices, a number, or free text."""
+    question = row.question
+    if isinstance(question.default, bool):
+        return ask.yes_no(question.text, question.default)
+    if row.kind == "int":
+        return ask.text(question.text, question.default, int, _at_least(1))
+    if row.kind in ("float", "float_or_auto"):
+        return ask.text(question.text, question.default, float)
+    if row.choices:
+        options = [(str(c).lower() if row.lower else str(c), c, None) for c in question.options or row.choices]
+        return ask.select(question.text, options, question.default)
+    return ask.text(question.text, question.default, check=_existing_file if question.must_exist else None)
+
+
+def _existing_file(path: str) -> str | None:
+    return None if Path(path).expanduser().is_file() else "No such file."
 
 
 def _ask_processes(ask: _Asker, answers: dict, hardware: Hardware) -> None:
@@ -374,9 +357,7 @@ def _ask_precision(ask: _Asker, answers: dict, hardware: Hardware) -> None:
     options = [("no", "no", None), ("fp16", "fp16", None), ("bf16", "bf16", None), ("fp8", "fp8", fp8)]
     answers["mixed_precision"] = ask.select("Do you wish to use FP16 or BF16 (mixed precision)?", options, "no")
     if answers["mixed_precision"] == "fp8":
-        answers["fp8_config"] = {
-            "backend": ask.select("Which FP8 backend do you want to use?", [("te", "TE", None), ("msamp", "MSAMP", None), ("ao", "AO", None)], "TE")
-        }
+        answers["fp8_config"] = _ask_table(ask, FP8)
 
 
 def _at_least(minimum: int) -> Callable[[int], str | None]:

@@ -12,6 +12,12 @@ import argparse
 from dataclasses import dataclass
 
 from ..config import leaf_fields
+from ..settings import Section
+from ..settings.deepspeed import DEEPSPEED
+from ..settings.dynamo import DYNAMO
+from ..settings.fp8 import FP8
+from ..settings.fsdp import FSDP
+from ..settings.parallelism import PARALLELISM
 
 _BOOL = "{true,false}"
 
@@ -33,6 +39,22 @@ class Flag:
     short: str | None = None
     type: type = str
     metavar: str | None = None
+
+
+def _table_flags(table: Section, group: str) -> tuple[Flag, ...]:
+    """The launch options of a settings table's rows (a boolean option that is not a switch takes true or false)."""
+    return tuple(
+        Flag(
+            row.flag_name,
+            group,
+            row.flag_help,
+            f"{table.name}.{row.key}",
+            switch=row.switch,
+            metavar=_BOOL if row.kind == "bool" and not row.switch else None,
+        )
+        for row in table.rows
+        if row.key and row.flag_name
+    )
 
 
 _GENERAL = "General arguments"
@@ -66,17 +88,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("num_machines", _RESOURCES, "Number of machines taking part in the job.", "num_machines"),
     Flag("num_cpu_threads_per_process", _RESOURCES, "Threads per process (OMP_NUM_THREADS).", type=int, metavar="N"),
     Flag("enable_cpu_affinity", _RESOURCES, "Pin each process to the CPUs of its NUMA node.", "enable_cpu_affinity", switch=True),
-    Flag("dynamo_backend", _RESOURCES, "torch.compile backend (no, eager, aot_eager, inductor, ...).", "dynamo_config.dynamo_backend"),
-    Flag("dynamo_mode", _RESOURCES, "torch.compile mode.", "dynamo_config.dynamo_mode"),
-    Flag("dynamo_use_fullgraph", _RESOURCES, "torch.compile with fullgraph=True.", "dynamo_config.dynamo_use_fullgraph", switch=True),
-    Flag("dynamo_use_dynamic", _RESOURCES, "torch.compile with dynamic=True.", "dynamo_config.dynamo_use_dynamic", switch=True),
-    Flag(
-        "dynamo_use_regional_compilation",
-        _RESOURCES,
-        "Compile repeated blocks one at a time.",
-        "dynamo_config.dynamo_use_regional_compilation",
-        switch=True,
-    ),
+    *_table_flags(DYNAMO, _RESOURCES),
     Flag("use_deepspeed", _PARADIGM, "Use DeepSpeed.", "distributed_type", switch=True, const="DEEPSPEED"),
     Flag("use_fsdp", _PARADIGM, "Use fully sharded data parallel (FSDP2).", "distributed_type", switch=True, const="FSDP"),
     Flag("use_megatron_lm", _PARADIGM, "Megatron-LM (not supported by hasten).", "distributed_type", switch=True, const="MEGATRON_LM"),
@@ -98,90 +110,10 @@ FLAGS: tuple[Flag, ...] = (
         switch=True,
     ),
     Flag("monitor_interval", _DISTRIBUTED, "Seconds between checks of the processes' state (default 0.1).", type=float, metavar="S"),
-    Flag("deepspeed_config_file", _DEEPSPEED, "DeepSpeed JSON config file.", "deepspeed_config.deepspeed_config_file"),
-    Flag("zero_stage", _DEEPSPEED, "ZeRO stage.", "deepspeed_config.zero_stage", metavar="{0,1,2,3}"),
-    Flag("offload_optimizer_device", _DEEPSPEED, "Offload optimizer states to.", "deepspeed_config.offload_optimizer_device"),
-    Flag("offload_param_device", _DEEPSPEED, "Offload parameters to.", "deepspeed_config.offload_param_device"),
-    Flag("offload_optimizer_nvme_path", _DEEPSPEED, "NVMe folder for optimizer offload.", "deepspeed_config.offload_optimizer_nvme_path"),
-    Flag("offload_param_nvme_path", _DEEPSPEED, "NVMe folder for parameter offload.", "deepspeed_config.offload_param_nvme_path"),
-    Flag("gradient_accumulation_steps", _DEEPSPEED, "Gradient accumulation steps.", "deepspeed_config.gradient_accumulation_steps"),
-    Flag("gradient_clipping", _DEEPSPEED, "Gradient clipping value.", "deepspeed_config.gradient_clipping"),
-    Flag("zero3_init_flag", _DEEPSPEED, "Build the model partitioned (deepspeed.zero.Init).", "deepspeed_config.zero3_init_flag", metavar=_BOOL),
-    Flag(
-        "zero3_save_16bit_model",
-        _DEEPSPEED,
-        "Save 16-bit weights under ZeRO-3.",
-        "deepspeed_config.zero3_save_16bit_model",
-        metavar=_BOOL,
-    ),
-    Flag("deepspeed_hostfile", _DEEPSPEED, "DeepSpeed hostfile.", "deepspeed_config.deepspeed_hostfile"),
-    Flag("deepspeed_exclusion_filter", _DEEPSPEED, "DeepSpeed exclusion filter.", "deepspeed_config.deepspeed_exclusion_filter"),
-    Flag("deepspeed_inclusion_filter", _DEEPSPEED, "DeepSpeed inclusion filter.", "deepspeed_config.deepspeed_inclusion_filter"),
-    Flag("deepspeed_multinode_launcher", _DEEPSPEED, "DeepSpeed multi-node launcher.", "deepspeed_config.deepspeed_multinode_launcher"),
-    Flag(
-        "deepspeed_moe_layer_cls_names",
-        _DEEPSPEED,
-        "Comma-separated MoE layer class names.",
-        "deepspeed_config.deepspeed_moe_layer_cls_names",
-    ),
-    Flag("parallelism_config_dp_replicate_size", _PARALLELISM, "Data-parallel replicas of the sharded model (HSDP).", "parallelism_config.parallelism_config_dp_replicate_size"),
-    Flag("parallelism_config_dp_shard_size", _PARALLELISM, "Processes each parameter is sharded over (FSDP2).", "parallelism_config.parallelism_config_dp_shard_size"),
-    Flag("parallelism_config_tp_size", _PARALLELISM, "Tensor-parallel processes per layer.", "parallelism_config.parallelism_config_tp_size"),
-    Flag("parallelism_config_cp_size", _PARALLELISM, "Context-parallel size (not supported above 1).", "parallelism_config.parallelism_config_cp_size"),
-    Flag("parallelism_config_sp_size", _PARALLELISM, "Sequence-parallel size (not supported above 1).", "parallelism_config.parallelism_config_sp_size"),
-    Flag("fsdp_version", _FSDP, "FSDP version (hasten runs FSDP2).", "fsdp_config.fsdp_version", metavar="{1,2}"),
-    Flag("fsdp_offload_params", _FSDP, "Offload parameters to the CPU.", "fsdp_config.fsdp_offload_params", metavar=_BOOL),
-    Flag("fsdp_min_num_params", _FSDP, "Size threshold of SIZE_BASED_WRAP.", "fsdp_config.fsdp_min_num_params"),
-    Flag("fsdp_sharding_strategy", _FSDP, "Sharding strategy.", "fsdp_config.fsdp_sharding_strategy"),
-    Flag("fsdp_reshard_after_forward", _FSDP, "Reshard parameters after forward.", "fsdp_config.fsdp_reshard_after_forward"),
-    Flag("fsdp_auto_wrap_policy", _FSDP, "Auto wrap policy.", "fsdp_config.fsdp_auto_wrap_policy"),
-    Flag(
-        "fsdp_transformer_layer_cls_to_wrap",
-        _FSDP,
-        "Comma-separated layer class names to shard one by one.",
-        "fsdp_config.fsdp_transformer_layer_cls_to_wrap",
-    ),
-    Flag("fsdp_backward_prefetch", _FSDP, "Backward prefetch (FSDP1).", "fsdp_config.fsdp_backward_prefetch"),
-    Flag("fsdp_state_dict_type", _FSDP, "State dict type.", "fsdp_config.fsdp_state_dict_type"),
-    Flag("fsdp_forward_prefetch", _FSDP, "Forward prefetch (FSDP1).", "fsdp_config.fsdp_forward_prefetch", metavar=_BOOL),
-    Flag("fsdp_use_orig_params", _FSDP, "use_orig_params (FSDP1).", "fsdp_config.fsdp_use_orig_params", metavar=_BOOL),
-    Flag(
-        "fsdp_cpu_ram_efficient_loading",
-        _FSDP,
-        "Rank 0 loads the weights, the others start empty.",
-        "fsdp_config.fsdp_cpu_ram_efficient_loading",
-        metavar=_BOOL,
-    ),
-    Flag("fsdp_sync_module_states", _FSDP, "Broadcast rank 0's weights at setup.", "fsdp_config.fsdp_sync_module_states", metavar=_BOOL),
-    Flag(
-        "fsdp_activation_checkpointing",
-        _FSDP,
-        "Recompute activations in backward.",
-        "fsdp_config.fsdp_activation_checkpointing",
-        metavar=_BOOL,
-    ),
-    Flag("fp8_backend", _FP8, "FP8 backend: te, msamp or ao.", "fp8_config.backend"),
-    Flag("fp8_use_autocast_during_eval", _FP8, "Keep FP8 autocast in eval mode.", "fp8_config.use_autocast_during_eval", switch=True),
-    Flag("fp8_margin", _FP8, "Margin of the scaling factor.", "fp8_config.margin"),
-    Flag("fp8_interval", _FP8, "Steps between scaling factor updates.", "fp8_config.interval"),
-    Flag("fp8_format", _FP8, "FP8 format: HYBRID, E4M3 or E5M2.", "fp8_config.fp8_format"),
-    Flag("fp8_amax_history_len", _FP8, "Length of the amax history.", "fp8_config.amax_history_length"),
-    Flag("fp8_amax_compute_algo", _FP8, "Amax algorithm: max or most_recent.", "fp8_config.amax_compute_algorithm"),
-    Flag(
-        "fp8_override_linear_precision",
-        _FP8,
-        "Higher precision for fprop, dgrad, wgrad, e.g. false,false,true.",
-        "fp8_config.override_linear_precision",
-    ),
-    Flag("fp8_opt_level", _FP8, "MS-AMP optimization level: O1 or O2.", "fp8_config.optimization_level"),
-    Flag(
-        "fp8_enable_fsdp_float8_all_gather",
-        _FP8,
-        "All-gather in float8 under FSDP (torchao).",
-        "fp8_config.enable_fsdp_float8_all_gather",
-        switch=True,
-    ),
-    Flag("fp8_pad_inner_dim", _FP8, "Pad inner dimensions for float8 matmuls (torchao).", "fp8_config.pad_inner_dim", switch=True),
+    *_table_flags(DEEPSPEED, _DEEPSPEED),
+    *_table_flags(PARALLELISM, _PARALLELISM),
+    *_table_flags(FSDP, _FSDP),
+    *_table_flags(FP8, _FP8),
     Flag("mpirun_hostfile", _MPI, "Start the job with mpirun on the hosts of this file (CPU jobs).", "mpirun_config.mpirun_hostfile"),
 )
 

@@ -12,9 +12,9 @@ from typing import Any
 from .. import environment
 from ..enums import DynamoBackend
 from ..errors import ConfigError, did_you_mean
+from ..settings.dynamo import DYNAMO, DYNAMO_MODES
 from .kwargs import KwargsHandler
 
-DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _DEFAULTS = {"backend": "no", "mode": "default", "fullgraph": False, "dynamic": None, "options": None, "disable": False, "use_regional_compilation": False}
 
 
@@ -48,19 +48,10 @@ class TorchDynamoPlugin(KwargsHandler):
     use_regional_compilation: bool | None = None
 
     def __post_init__(self):
-        if self.backend is None:
-            self.backend = environment.get_str("DYNAMO_BACKEND") or "no"
+        environment.fill_unset(self, DYNAMO.rows)
         self.backend = _backend(self.backend)
-        if self.mode is None:
-            self.mode = environment.get_str("DYNAMO_MODE") or "default"
         if self.mode not in DYNAMO_MODES:
             raise ConfigError(f"TorchDynamoPlugin: mode={self.mode!r} is not a torch.compile mode; choose one of {list(DYNAMO_MODES)}.{did_you_mean(str(self.mode), DYNAMO_MODES)}")
-        if self.fullgraph is None:
-            self.fullgraph = environment.get_flag("DYNAMO_USE_FULLGRAPH")
-        if self.dynamic is None and environment.setting_source("DYNAMO_USE_DYNAMIC") is not None:
-            self.dynamic = environment.get_flag("DYNAMO_USE_DYNAMIC")
-        if self.use_regional_compilation is None:
-            self.use_regional_compilation = environment.get_flag("DYNAMO_USE_REGIONAL_COMPILATION")
         if self.options is not None and self.mode != "default":
             raise ConfigError(
                 f"TorchDynamoPlugin: torch.compile takes either a mode or options, got mode={self.mode!r} and options={self.options!r}. "

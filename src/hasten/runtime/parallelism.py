@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import environment
 from ..errors import ConfigError, NotSupportedError
+from ..settings.parallelism import PARALLELISM
 
 MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
 
@@ -56,11 +57,7 @@ class ParallelismConfig:
         self.device_mesh = None
         self.cp_backend = self.cp_backend or "torch"
         self.sp_backend = self.sp_backend or "deepspeed"
-        for name in ("dp_replicate_size", "tp_size", "cp_size", "sp_size"):
-            if getattr(self, name) is None:
-                setattr(self, name, environment.get_int(f"PARALLELISM_CONFIG_{name.upper()}", 1))
-        if self.dp_shard_size is None:
-            self.dp_shard_size = environment.get_int("PARALLELISM_CONFIG_DP_SHARD_SIZE")
+        environment.fill_unset(self, PARALLELISM.rows)
         for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
@@ -76,8 +73,7 @@ class ParallelismConfig:
     @classmethod
     def from_launch_settings(cls) -> ParallelismConfig | None:
         """The layout the launch settings ask for, or None when they set no ``parallelism_config_*`` size."""
-        names = ("DP_REPLICATE_SIZE", "DP_SHARD_SIZE", "TP_SIZE", "CP_SIZE", "SP_SIZE")
-        if not any(environment.setting_source(f"PARALLELISM_CONFIG_{name}") for name in names):
+        if not any(environment.setting_source(row.env_name) for row in PARALLELISM.rows if row.field):
             return None
         return cls()
 

@@ -2,7 +2,8 @@
 
 Fields keep Accelerate's names. Each field comes from its argument, else from the ``FSDP_*`` setting
 (``HASTEN_FSDP_*``, ``ACCELERATE_FSDP_*`` or the bare ``FSDP_*`` variable, as written by ``hasten launch``
-from the flags and the config file's ``fsdp_config`` block), else from a default.
+from the flags and the config file's ``fsdp_config`` block), else from a default: the rows of
+:mod:`hasten.settings.fsdp` say which variable fills which field.
 
 hasten runs FSDP2 only. FSDP1 settings are translated where FSDP2 has the same behaviour
 (``sharding_strategy`` becomes ``reshard_after_forward`` plus a device mesh; ``use_orig_params=True``,
@@ -22,10 +23,12 @@ import torch
 
 from ... import environment
 from ...errors import ConfigError, did_you_mean
+from ...settings.fsdp import FSDP
+from ...settings.fsdp import FSDP_AUTO_WRAP_POLICIES as AUTO_WRAP_POLICIES
+from ...settings.fsdp import FSDP_BACKWARD_PREFETCH as _PREFETCH
+from ...settings.fsdp import FSDP_SHARDING_STRATEGIES as SHARDING_STRATEGIES
+from ...settings.fsdp import FSDP_STATE_DICT_TYPES as STATE_DICT_TYPES
 
-SHARDING_STRATEGIES = ("FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2")
-AUTO_WRAP_POLICIES = ("TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP")
-STATE_DICT_TYPES = ("FULL_STATE_DICT", "LOCAL_STATE_DICT", "SHARDED_STATE_DICT")
 DEFAULT_MIN_NUM_PARAMS = 100_000_000
 
 # sharding strategy -> reshard_after_forward (the mesh shape follows from the name)
@@ -139,22 +142,21 @@ class FullyShardedDataParallelPlugin:
     min_num_params: int | None = None
 
     def __post_init__(self):
+        from_env = environment.fill_unset(self, FSDP.rows)
         self._resolve_version()
-        self._resolve_sharding()
+        self._resolve_sharding(from_env)
         self._resolve_fsdp1_settings()
         self._resolve_wrapping()
         self.validate_cpu_offload()
         self.validate_mixed_precision_policy()
         self.set_state_dict_type(self.state_dict_type)
-        if isinstance(self.ignored_modules, str) or self.ignored_modules is None:
-            self.ignored_modules = self.ignored_modules or environment.get_str("FSDP_IGNORED_MODULES") or None
+        if isinstance(self.ignored_modules, str):
+            self.ignored_modules = self.ignored_modules or None
         self._resolve_loading()
 
     # ------------------------------------------------------------------------------- resolution
 
     def _resolve_version(self) -> None:
-        if self.fsdp_version is None:
-            self.fsdp_version = environment.get_int("FSDP_VERSION", 2)
         if str(self.fsdp_version) != "2":
             raise ConfigError(
                 f"FullyShardedDataParallelPlugin: fsdp_version={self.fsdp_version!r}; hasten runs FSDP2 (torch.distributed.fsdp.fully_shard) only. "
@@ -162,12 +164,11 @@ class FullyShardedDataParallelPlugin:
             )
         self.fsdp_version = 2
 
-    def _resolve_sharding(self) -> None:
-        strategy = self.sharding_strategy if self.sharding_strategy is not None else environment.get_str("FSDP_SHARDING_STRATEGY")
-        strategy = _name(strategy, SHARDING_STRATEGIES, "sharding_strategy") if strategy is not None else None
+    def _resolve_sharding(self, from_env: set[str]) -> None:
+        strategy = _name(self.sharding_strategy, SHARDING_STRATEGIES, "sharding_strategy") if self.sharding_strategy is not None else None
         reshard = self.reshard_after_forward
-        if reshard is None and environment.get_str("FSDP_RESHARD_AFTER_FORWARD"):
-            reshard = _bool_or_name(environment.get_str("FSDP_RESHARD_AFTER_FORWARD"), "FSDP_RESHARD_AFTER_FORWARD")
+        if "reshard_after_forward" in from_env:
+            reshard = _bool_or_name(reshard, "FSDP_RESHARD_AFTER_FORWARD")
         if isinstance(reshard, str):
             named = _name(reshard, SHARDING_STRATEGIES, "reshard_after_forward")
             if strategy is not None and strategy != named:
@@ -187,14 +188,12 @@ class FullyShardedDataParallelPlugin:
         self.sharding_strategy = strategy or ("FULL_SHARD" if self.reshard_after_forward is not False else "SHARD_GRAD_OP")
 
     def _resolve_fsdp1_settings(self) -> None:
-        prefetch = self.backward_prefetch if self.backward_prefetch is not None else environment.get_str("FSDP_BACKWARD_PREFETCH")
+        prefetch = self.backward_prefetch
         if prefetch is not None:
-            prefetch = _name(prefetch, ("BACKWARD_PRE", "BACKWARD_POST", "NO_PREFETCH"), "backward_prefetch")
+            prefetch = _name(prefetch, _PREFETCH, "backward_prefetch")
             if prefetch != "BACKWARD_PRE":
                 raise _fsdp1_only("backward_prefetch", prefetch, "FSDP2 always gathers the next module's parameters before its backward (BACKWARD_PRE). Remove the setting or set it to BACKWARD_PRE.")
         self.backward_prefetch = prefetch
-        if self.use_orig_params is None and environment.setting_source("FSDP_USE_ORIG_PARAMS"):
-            self.use_orig_params = environment.get_flag("FSDP_USE_ORIG_PARAMS")
         if self.use_orig_params is False:
             raise _fsdp1_only("use_orig_params", False, "FSDP2 has no flat parameters and always trains the original ones. Remove the setting or set it to True.")
         if not self.limit_all_gathers:
@@ -205,12 +204,6 @@ class FullyShardedDataParallelPlugin:
                 "build the model on the meta device on processes other than 0 and set cpu_ram_efficient_loading=True "
                 "(process 0's weights are broadcast into the shards), or initialise the weights before prepare().",
             )
-        if self.forward_prefetch is None:
-            self.forward_prefetch = environment.get_flag("FSDP_FORWARD_PREFETCH")
-        if self.activation_checkpointing is None:
-            self.activation_checkpointing = environment.get_flag("FSDP_ACTIVATION_CHECKPOINTING")
-        if self.activation_checkpointing_offload is None:
-            self.activation_checkpointing_offload = environment.get_flag("FSDP_ACTIVATION_CHECKPOINTING_OFFLOAD")
         if self.activation_checkpointing_offload:
             raise ConfigError(
                 "FullyShardedDataParallelPlugin: activation_checkpointing_offload=True is not supported by hasten. "
@@ -218,13 +211,11 @@ class FullyShardedDataParallelPlugin:
             )
 
     def _resolve_wrapping(self) -> None:
-        names = self.transformer_cls_names_to_wrap if self.transformer_cls_names_to_wrap is not None else environment.get_str("FSDP_TRANSFORMER_CLS_TO_WRAP")
+        names = self.transformer_cls_names_to_wrap
         if isinstance(names, str):
             names = [n.strip() for n in names.split(",") if n.strip()]
         self.transformer_cls_names_to_wrap = list(names) if names else None
-        if self.min_num_params is None:
-            self.min_num_params = environment.get_int("FSDP_MIN_NUM_PARAMS")
-        policy = self.auto_wrap_policy if self.auto_wrap_policy is not None else environment.get_str("FSDP_AUTO_WRAP_POLICY")
+        policy = self.auto_wrap_policy
         if isinstance(policy, functools.partial):
             policy = self._from_fsdp1_policy(policy)
         if policy is None:
@@ -255,11 +246,8 @@ class FullyShardedDataParallelPlugin:
         )
 
     def _resolve_loading(self) -> None:
-        if self.cpu_ram_efficient_loading is None:
-            self.cpu_ram_efficient_loading = environment.get_flag("FSDP_CPU_RAM_EFFICIENT_LOADING")
         if self.sync_module_states is None:
-            source = environment.setting_source("FSDP_SYNC_MODULE_STATES")
-            self.sync_module_states = environment.get_flag("FSDP_SYNC_MODULE_STATES") if source else bool(self.cpu_ram_efficient_loading)
+            self.sync_module_states = bool(self.cpu_ram_efficient_loading)
         if self.cpu_ram_efficient_loading and not self.sync_module_states:
             raise ConfigError(
                 "FullyShardedDataParallelPlugin: cpu_ram_efficient_loading=True needs sync_module_states=True "
@@ -272,8 +260,7 @@ class FullyShardedDataParallelPlugin:
         """Normalise ``cpu_offload`` to a bool or a ``CPUOffloadPolicy`` (reads ``FSDP_OFFLOAD_PARAMS`` when unset)."""
         from torch.distributed.fsdp import CPUOffload, OffloadPolicy
 
-        if self.cpu_offload is None:
-            self.cpu_offload = environment.get_flag("FSDP_OFFLOAD_PARAMS")
+        environment.fill_unset(self, FSDP.rows, fields=("cpu_offload",))
         if isinstance(self.cpu_offload, CPUOffload):
             self.cpu_offload = bool(self.cpu_offload.offload_params)
         if not isinstance(self.cpu_offload, (bool, OffloadPolicy)):
@@ -325,7 +312,8 @@ class FullyShardedDataParallelPlugin:
     def set_state_dict_type(self, state_dict_type=None) -> None:
         """Set ``state_dict_type`` (None reads ``FSDP_STATE_DICT_TYPE``, default ``SHARDED_STATE_DICT``)."""
         if state_dict_type is None:
-            state_dict_type = environment.get_str("FSDP_STATE_DICT_TYPE") or "SHARDED_STATE_DICT"
+            row = FSDP.by_field("state_dict_type")
+            state_dict_type = environment.read_setting(row) or row.fallback
         name = _name(state_dict_type, STATE_DICT_TYPES, "state_dict_type")
         if name == "LOCAL_STATE_DICT":
             raise _fsdp1_only("state_dict_type", name, "use SHARDED_STATE_DICT (per-process shards through torch.distributed.checkpoint) or FULL_STATE_DICT.")

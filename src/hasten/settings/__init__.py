@@ -1,0 +1,113 @@
+"""One table per group of launch settings: each setting is declared once, as a :class:`Setting` row.
+
+From a section's rows hasten builds the config file's section dataclass (:mod:`hasten.config`), the
+``hasten launch`` flags (:mod:`hasten.commands.launch_args`), the documented environment variables
+(:data:`hasten.environment.SETTINGS`), the ``hasten config`` questions (:mod:`hasten.commands.config`)
+and the plugin fields filled from the environment (:func:`hasten.environment.fill_unset`).
+
+This package imports neither torch nor the hasten modules built on it, so that the command line
+stays fast. Tables: :mod:`.dynamo` (``dynamo_config``), :mod:`.deepspeed` (``deepspeed_config``),
+:mod:`.fsdp` (``fsdp_config``), :mod:`.fp8` (``fp8_config``), :mod:`.parallelism` (``parallelism_config``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Question:
+    """How ``hasten config`` asks for a setting.
+
+    A boolean ``default`` makes it a yes/no question; a setting with choices is picked from
+    ``options`` (default: all its choices); an integer (at least 1) or a number is typed in; anything
+    else is free text (``must_exist``: the path of an existing file), and an empty answer leaves the
+    key out. ``step`` orders the section's questions, ``stage`` groups them (the dialogue asks one
+    stage at a time), ``when`` = (other key, allowed answers) asks only after one of those answers,
+    and a ``fixed`` question is not asked: ``default`` is written.
+    """
+
+    text: str = ""
+    default: Any = False
+    step: int = 0
+    stage: str = "main"
+    options: tuple | None = None
+    when: tuple[str, tuple] | None = None
+    fixed: bool = False
+    must_exist: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Setting:
+    """One launch setting.
+
+    Args:
+        key: its key in the config file's section; None for a setting only read from the environment.
+        kind: how a value is checked (see :func:`hasten.settings.values.convert`): bool, int, float,
+            float_or_auto, str, list, choice, bool_or_strategy, bool3 or any.
+        choices: the allowed values of a ``choice`` (or ``bool_or_strategy``).
+        env: the variable's name without prefix (read as ``HASTEN_<env>``, then ``ACCELERATE_<env>``);
+            default: ``key`` in upper case; None: no variable.
+        env_help: what the variable means (listed in :data:`hasten.environment.SETTINGS`).
+        flag: the ``hasten launch`` option (without ``--``); ``""`` is ``key``, None is no option.
+        flag_help: the option's help text.
+        switch: the option takes no value (it stores true).
+        lower: the dialogue shows the choices in lower case.
+        field: the plugin field filled from the variable when left unset.
+        fallback: the plugin field's value when neither the argument nor the variable gives one.
+        question: how ``hasten config`` asks for it (None: not asked).
+        always_export: ``hasten launch`` exports the variable whatever the distributed type (the
+            section's ``only_with`` does not apply).
+    """
+
+    key: str | None
+    kind: str = "str"
+    choices: tuple | None = None
+    env: str | None = ""
+    env_help: str = ""
+    flag: str | None = ""
+    flag_help: str = ""
+    switch: bool = False
+    lower: bool = False
+    field: str | None = None
+    fallback: Any = None
+    question: Question | None = None
+    always_export: bool = False
+
+    @property
+    def env_name(self) -> str | None:
+        """The variable's name without prefix, or None."""
+        return str(self.key).upper() if self.env == "" else self.env
+
+    @property
+    def flag_name(self) -> str | None:
+        """The launch option's name without ``--``, or None."""
+        return self.key if self.flag == "" else self.flag
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """A config file section and its rows, in the order of the ``hasten launch`` options.
+
+    ``only_with`` is the distributed type under which ``hasten launch`` exports the section's
+    variables to the processes (None: always).
+    """
+
+    name: str
+    class_name: str
+    doc: str
+    rows: tuple[Setting, ...]
+    only_with: str | None = None
+
+    def by_field(self, name: str) -> Setting:
+        """The row that fills plugin field ``name``."""
+        return next(row for row in self.rows if row.field == name)
+
+    def env_paths(self) -> dict[str, str]:
+        """Dotted config path -> variable name (without prefix) for the rows with a config key."""
+        return {f"{self.name}.{row.key}": row.env_name for row in self.rows if row.key and row.env_name}
+
+    def env_help(self) -> dict[str, str]:
+        """Variable name (without prefix) -> meaning, for :data:`hasten.environment.SETTINGS`."""
+        return {row.env_name: row.env_help for row in self.rows if row.env_name}
