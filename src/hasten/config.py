@@ -33,7 +33,7 @@ from typing import Any, Callable
 
 from . import environment
 from .enums import ComputeEnvironment, DistributedType, PrecisionType, SageMakerDistributedType
-from .config_text import read_config_data
+from .settings.file_text import read_config_data
 from .errors import ConfigError, did_you_mean
 from .runtime.fileio import atomic_write
 from .settings import Section

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 
 def read_config_data(path: Path) -> dict:
