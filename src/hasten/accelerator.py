@@ -124,7 +124,11 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         if project_dir is not None:
             self.project_configuration.set_directories(project_dir)
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
-        requested = EngineSettings(requested_mixed_precision(mixed_precision), resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin), deepspeed_plugin or deepspeed_plugins, fsdp_plugin, parallelism_config)
+        # The engine settles precision and accumulation first, so that every state below is built once, with final values.
+        requested = EngineSettings(
+            requested_mixed_precision(mixed_precision), resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin),
+            deepspeed_plugin or deepspeed_plugins, fsdp_plugin, parallelism_config,
+        )
         plan = plan_strategy(requested, PartialState(cpu, **init_kwargs).num_processes)
         settings = plan.settings
         self.state = AcceleratorState(
