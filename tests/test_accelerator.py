@@ -129,6 +129,28 @@ def test_fp16_overflow_skips_the_step_and_the_scheduler():
     assert acc.scaler.get_scale() == 512
 
 
+def test_join_uneven_inputs_overrides_even_batches_of_the_prepared_loaders_for_its_block():
+    acc = Accelerator()
+    loader = acc.prepare(DataLoader(TensorDataset(X[:10], Y[:10]), batch_size=2))
+    assert loader.even_batches is True and loader.split_batches is False
+    with acc.join_uneven_inputs([], even_batches=False):
+        assert loader.even_batches is False
+    assert loader.even_batches is True
+    with acc.join_uneven_inputs([]):
+        assert loader.even_batches is True
+
+
+def test_backward_calls_are_counted_until_the_optimizer_steps():
+    acc = Accelerator()
+    model = make_model()
+    optimizer = acc.prepare(torch.optim.SGD(model.parameters(), lr=0.1))
+    acc.backward(model(X[:2]).sum())
+    acc.backward(model(X[:2]).sum())
+    assert acc.gradient_state.backward_calls == 2
+    optimizer.step()
+    assert acc.gradient_state.backward_calls == 0
+
+
 def test_plain_backward_under_fp16_is_caught():
     acc = Accelerator(mixed_precision="fp16")
     model = make_model()

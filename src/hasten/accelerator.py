@@ -28,6 +28,7 @@ from .checkpointing.facade import CheckpointingMethods
 from .runtime.compilation import compile_model
 from .data_loader import DataLoaderStateMixin, prepare_data_loader, skip_first_batches
 from .data_loader.facade import DataLoaderSettings
+from .data_loader.loaders import even_batches_overridden
 from .enums import DistributedType, RNGType
 from .errors import ConfigError
 from .runtime.memory import release_memory
@@ -47,8 +48,8 @@ from .plugins.dynamo import build_dynamo_plugin
 from .precision import Precision
 from .scheduler import AcceleratedScheduler
 from .runtime.process_control import ProcessControl
-from .state import AcceleratorState, GradientState, warn_once
-from .strategies import select_strategy
+from .state import AcceleratorState, GradientState, PartialState, requested_mixed_precision, resolve_accumulation, warn_once
+from .strategies import EngineSettings, plan_strategy
 from .tracking.facade import TrackingMethods
 
 _UNSET = object()
@@ -123,18 +124,26 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         if project_dir is not None:
             self.project_configuration.set_directories(project_dir)
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
-        self.state = AcceleratorState(mixed_precision=mixed_precision, cpu=cpu, _from_accelerator=True, **init_kwargs)
-        self.state.dynamo_plugin = build_dynamo_plugin(dynamo_backend, dynamo_plugin)
+        # The engine settles precision and accumulation first, so that every state below is built once, with final values.
+        requested = EngineSettings(
+            requested_mixed_precision(mixed_precision), resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin),
+            deepspeed_plugin or deepspeed_plugins, fsdp_plugin, parallelism_config,
+        )
+        plan = plan_strategy(requested, PartialState(cpu, **init_kwargs).num_processes)
+        settings = plan.settings
+        self.state = AcceleratorState(
+            mixed_precision=settings.mixed_precision, cpu=cpu, dynamo_plugin=build_dynamo_plugin(dynamo_backend, dynamo_plugin), deepspeed_plugin=settings.deepspeed_plugin,
+            fsdp_plugin=settings.fsdp_plugin, parallelism_config=settings.parallelism_config, _from_accelerator=True, **init_kwargs,
+        )
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not _UNSET:
             self.dataloader_config.split_batches = bool(split_batches)
-        self.gradient_state = GradientState(gradient_accumulation_plugin=self._accumulation_plugin(gradient_accumulation_steps, gradient_accumulation_plugin))
+        self.gradient_state = GradientState(gradient_accumulation_plugin=settings.accumulation)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = rng_types if rng_types is not None else ["generator"]
         self.precision = Precision(self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler)
-        self._strategy = select_strategy(self.state, self.precision, ddp_kwargs=self.ddp_handler, deepspeed_plugin=deepspeed_plugin or deepspeed_plugins, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config)
-        self.state.distributed_type = self._strategy.distributed_type
+        self._strategy = plan.build(self.state, self.precision, ddp_kwargs=self.ddp_handler)
         self.step = 0
         self._models: list = []
         self._optimizers: list = []
@@ -160,21 +169,6 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
             if getattr(self, attribute) is not None:
                 raise ConfigError(f"kwargs_handlers holds two {type(handler).__name__} objects; pass at most one of each.")
             setattr(self, attribute, handler)
-
-    @staticmethod
-    def _accumulation_plugin(steps: int, plugin: GradientAccumulationPlugin | None) -> GradientAccumulationPlugin:
-        if plugin is not None:
-            if steps != 1:
-                raise ConfigError(
-                    f"Pass either gradient_accumulation_steps={steps} or a gradient_accumulation_plugin, not both: "
-                    "set num_steps in the plugin."
-                )
-            return plugin
-        if steps == 1:
-            steps = environment.get_int("GRADIENT_ACCUMULATION_STEPS", 1)
-        if not isinstance(steps, int) or steps < 1:
-            raise ConfigError(f"gradient_accumulation_steps={steps!r}: give a positive integer.")
-        return GradientAccumulationPlugin(num_steps=steps)
 
     # ------------------------------------------------------------------------------- process info
 
@@ -426,7 +420,7 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
         """Use instead of ``loss.backward()``: divides by the accumulation steps, scales for fp16, runs the engine's backward."""
-        self.gradient_state._backward_calls += 1
+        self.gradient_state.record_backward()
         self._strategy.backward(loss, self.gradient_accumulation_steps, **kwargs)
 
     def _do_sync(self) -> None:
@@ -543,17 +537,8 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         """
         from torch.distributed.algorithms import Join
 
-        sharders = [loader._sharder for loader in self._dataloaders if getattr(loader, "_sharder", None) is not None]
-        previous = [s.even_batches for s in sharders]
-        if even_batches is not None:
-            for sharder in sharders:
-                sharder.even_batches = even_batches
-        try:
-            with Join(joinables) if self.use_distributed else contextlib.nullcontext() as join:
-                yield join
-        finally:
-            for sharder, value in zip(sharders, previous):
-                sharder.even_batches = value
+        with even_batches_overridden(self._dataloaders, even_batches), Join(joinables) if self.use_distributed else contextlib.nullcontext() as join:
+            yield join
 
     @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None):

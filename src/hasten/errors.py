@@ -41,10 +41,6 @@ class NotSupportedError(HastenError, NotImplementedError):
     """The requested feature exists in Accelerate but is not supported by hasten."""
 
 
-class HangTimeoutError(HastenError, TimeoutError):
-    """A rank waited in a collective longer than the configured hang timeout (debug mode)."""
-
-
 def closest(name: str, choices: Iterable[str]) -> str | None:
     """Return the choice that looks most like ``name`` (for "did you mean" hints), or None."""
     matches = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.6)

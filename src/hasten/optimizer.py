@@ -113,7 +113,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             result = self._scaled_step(closure)
         if not self._is_overflow:
             self._steps += 1
-        self.gradient_state._backward_calls = 0
+        self.gradient_state.record_optimizer_step()
         preemption.after_optimizer_step()
         return result
 
@@ -147,7 +147,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return result
 
     def _check_backward_route(self) -> None:
-        if self.gradient_state._backward_calls > 0:
+        if self.gradient_state.backward_calls > 0:
             return
         if self.scaler is not None or self.gradient_state.num_steps > 1:
             what = "fp16 loss scaling" if self.scaler is not None else f"gradient accumulation over {self.gradient_state.num_steps} steps"

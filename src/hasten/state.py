@@ -25,6 +25,7 @@ import torch.distributed as dist
 from . import environment
 from .enums import DistributedType, PrecisionType
 from .errors import ConfigError, DistributedSetupError
+from .plugins import GradientAccumulationPlugin
 from .runtime import debug_mode, hang_watchdog, oom_recovery
 from .runtime.process_control import ProcessControl, do_nothing  # noqa: F401  (do_nothing: Accelerate's accelerate.state name)
 
@@ -266,17 +267,32 @@ class AcceleratorState(ProcessControl):
         self.__dict__ = self._shared_state
         if self.__dict__.get("initialized"):
             self._check_unchanged(mixed_precision)
+            if _from_accelerator:
+                self._record_engine(dynamo_plugin, deepspeed_plugin, fsdp_plugin, parallelism_config)
             return
         self._partial = PartialState(cpu, **kwargs)
         self.mixed_precision = resolve_mixed_precision(mixed_precision)
+        self.torch_tp_plugin = torch_tp_plugin
+        self.megatron_lm_plugin = megatron_lm_plugin
+        self._record_engine(dynamo_plugin, deepspeed_plugin, fsdp_plugin, parallelism_config)
+        self.initialized = True
+
+    def _record_engine(self, dynamo_plugin, deepspeed_plugin, fsdp_plugin, parallelism_config) -> None:
+        """Record the engine settings of the (latest) Accelerator and the distributed type they imply.
+
+        ``distributed_type`` is DEEPSPEED with a DeepSpeed plugin, FSDP with an FSDP plugin and the
+        launch's otherwise (what ``hasten.strategies.plan_strategy`` chose from the same settings).
+        """
         self.dynamo_plugin = dynamo_plugin
         self.deepspeed_plugin = deepspeed_plugin
         self.fsdp_plugin = fsdp_plugin
-        self.torch_tp_plugin = torch_tp_plugin
-        self.megatron_lm_plugin = megatron_lm_plugin
         self.parallelism_config = parallelism_config
-        self.distributed_type = self._partial.distributed_type
-        self.initialized = True
+        if deepspeed_plugin is not None:
+            self.distributed_type = DistributedType.DEEPSPEED
+        elif fsdp_plugin is not None:
+            self.distributed_type = DistributedType.FSDP
+        else:
+            self.distributed_type = self._partial.distributed_type
 
     def destroy_process_group(self, group=None) -> None:
         """Destroy ``group`` (default: the process group hasten created); see :meth:`PartialState.destroy_process_group`."""
@@ -353,6 +369,36 @@ class AcceleratorState(ProcessControl):
             PartialState._reset_state()
 
 
+def requested_mixed_precision(value: str | None) -> str:
+    """The precision a new Accelerator asks for: ``value``, else the existing state's, else the environment's.
+
+    The engine may still settle it differently (a DeepSpeed config that enables bf16) before the
+    ``AcceleratorState`` is built.
+    """
+    if value is None and is_initialized():
+        return AcceleratorState().mixed_precision
+    return resolve_mixed_precision(value)
+
+
+def resolve_accumulation(steps: int, plugin=None):
+    """The ``GradientAccumulationPlugin`` of ``Accelerator(gradient_accumulation_steps=steps, gradient_accumulation_plugin=plugin)``.
+
+    ``steps`` of 1 reads ``HASTEN_GRADIENT_ACCUMULATION_STEPS``; giving both ``steps`` and ``plugin`` is an error.
+    """
+    if plugin is not None:
+        if steps != 1:
+            raise ConfigError(
+                f"Pass either gradient_accumulation_steps={steps} or a gradient_accumulation_plugin, not both: "
+                "set num_steps in the plugin."
+            )
+        return plugin
+    if steps == 1:
+        steps = environment.get_int("GRADIENT_ACCUMULATION_STEPS", 1)
+    if not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"gradient_accumulation_steps={steps!r}: give a positive integer.")
+    return GradientAccumulationPlugin(num_steps=steps)
+
+
 def resolve_mixed_precision(value: str | None) -> str:
     """Validate a mixed precision choice; None reads ``HASTEN_MIXED_PRECISION`` (default ``"no"``)."""
     if value is None:
@@ -368,7 +414,9 @@ class GradientState:
 
     ``sync_gradients`` is True on steps where gradients are reduced and the optimizer steps;
     ``end_of_dataloader`` and ``remainder`` describe the batch being processed so that
-    ``gather_for_metrics`` can drop samples that were padded in.
+    ``gather_for_metrics`` can drop samples that were padded in; ``backward_calls`` counts the
+    ``accelerator.backward`` calls since the last optimizer step (:meth:`record_backward`,
+    :meth:`record_optimizer_step`).
     """
 
     _shared_state: dict[str, Any] = {}
@@ -380,7 +428,7 @@ class GradientState:
             self.active_dataloader = None
             self.dataloader_references: list = [None]
             self.plugin_kwargs: dict[str, Any] = {}
-            self._backward_calls = 0
+            self.backward_calls = 0
             self.initialized = True
         if gradient_accumulation_plugin is not None:
             # All fields, defaults included (Accelerate keeps only non-default ones, which turns the
@@ -428,6 +476,14 @@ class GradientState:
     def is_xla_gradients_synced(self) -> bool:
         """Always True: hasten never runs on XLA, whose gradients Accelerate synchronises lazily."""
         return True
+
+    def record_backward(self) -> None:
+        """Count one ``accelerator.backward`` call since the last optimizer step (read as :attr:`backward_calls`)."""
+        self.backward_calls += 1
+
+    def record_optimizer_step(self) -> None:
+        """Start counting backward calls afresh: the prepared optimizer stepped."""
+        self.backward_calls = 0
 
     def _set_sync_gradients(self, sync_gradients: bool) -> None:
         self.sync_gradients = sync_gradients

@@ -216,6 +216,47 @@ def test_file_precision_wins_over_no_with_a_warning():
     assert accelerator.mixed_precision == "bf16"
 
 
+def _record_state_writes(monkeypatch) -> list:
+    """Every attribute written on an ``AcceleratorState`` and every plugin a ``GradientState`` is built with, in order."""
+    from hasten.state import AcceleratorState, GradientState
+
+    writes = []
+    monkeypatch.setattr(AcceleratorState, "__setattr__", lambda self, name, value: writes.append((name, value)) or object.__setattr__(self, name, value))
+    build = GradientState.__init__
+
+    def recording_init(self, gradient_accumulation_plugin=None):
+        writes.append(("GradientState", getattr(gradient_accumulation_plugin, "num_steps", None)))
+        build(self, gradient_accumulation_plugin)
+
+    monkeypatch.setattr(GradientState, "__init__", recording_init)
+    return writes
+
+
+def test_bf16_from_a_config_file_is_the_precision_the_state_and_autocast_are_built_with(tmp_path, monkeypatch):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1}))
+    writes = _record_state_writes(monkeypatch)
+    with pytest.warns(UserWarning, match="the DeepSpeed config wins"):
+        accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=str(path)))
+    assert accelerator.state.mixed_precision == accelerator.mixed_precision == "bf16"
+    assert accelerator.precision.mixed_precision == "bf16" and accelerator.precision.dtype == torch.bfloat16 and accelerator.native_amp
+    with accelerator.autocast():
+        assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
+    assert [value for name, value in writes if name == "mixed_precision"] == ["bf16"], "the state is built once, with the config's precision"
+    assert accelerator.state.distributed_type == "DEEPSPEED" and accelerator.state.deepspeed_plugin.config_mixed_precision == "bf16"
+
+
+def test_accumulation_from_the_config_is_in_the_gradient_state_from_the_start(tmp_path, monkeypatch):
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"gradient_accumulation_steps": 4}))
+    writes = _record_state_writes(monkeypatch)
+    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=str(path)))
+    assert [value for name, value in writes if name == "GradientState"] == [4]
+    assert accelerator.gradient_accumulation_steps == accelerator.gradient_state.num_steps == 4
+    accelerator.gradient_accumulation_steps = 2  # Accelerate's setter stays
+    assert accelerator.gradient_accumulation_steps == 2
+
+
 def test_explicit_file_values_the_script_differs_from_are_reported(initialize, caplog):
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1}))
     model = _model()

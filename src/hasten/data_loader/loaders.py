@@ -8,6 +8,7 @@ and both place batches on the process's device.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -129,6 +130,24 @@ class DataLoaderStateMixin:
         self._resume_at = int(num_batches)
 
 
+@contextlib.contextmanager
+def even_batches_overridden(loaders, even_batches: bool | None):
+    """Context manager setting ``even_batches`` of the sharded :class:`DataLoaderShard` among ``loaders``.
+
+    None leaves them as they are; the previous values come back on exit.
+    """
+    sharded = [loader for loader in loaders if isinstance(loader, DataLoaderShard) and loader.even_batches is not None]
+    previous = [loader.even_batches for loader in sharded]
+    if even_batches is not None:
+        for loader in sharded:
+            loader.even_batches = even_batches
+    try:
+        yield
+    finally:
+        for loader, value in zip(sharded, previous):
+            loader.even_batches = value
+
+
 def _safe_len(loader) -> float:
     try:
         return len(loader)
@@ -208,6 +227,22 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     @property
     def final_round(self) -> FinalRound | None:
         return getattr(self._sharder, "final_round", None)
+
+    @property
+    def split_batches(self) -> bool:
+        """True when each batch of the original loader is the global batch, cut between the processes."""
+        return bool(getattr(self._sharder, "split_batches", False))
+
+    @property
+    def even_batches(self) -> bool | None:
+        """Whether the last round is completed with samples from the start of the epoch (None when the loader is not sharded)."""
+        return getattr(self._sharder, "even_batches", None)
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        if self._sharder is None:
+            raise ConfigError("even_batches: this dataloader is not sharded between processes, so it has no last round to complete.")
+        self._sharder.even_batches = bool(value)
 
     @property
     def batch_size(self) -> int | None:

@@ -7,13 +7,35 @@ strategy answers. Implementations live one per file (``single``, ``ddp``, ``fsdp
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from abc import ABC, abstractmethod
-from typing import ClassVar, Iterable
+from typing import Any, ClassVar, Iterable
 
 import torch
 
 from ..enums import DistributedType
 from ..precision import Precision
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineSettings:
+    """What an Accelerator trains with, settled before its state and precision policy are built.
+
+    :func:`hasten.strategies.plan_strategy` builds one from the script's arguments and the launch, and
+    the chosen strategy's :meth:`Strategy.resolve` settles it against the engine's own configuration
+    (a DeepSpeed config may fix the precision and the accumulation steps).
+
+    Args:
+        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``.
+        accumulation: the :class:`~hasten.utils.GradientAccumulationPlugin` in force.
+        deepspeed_plugin, fsdp_plugin, parallelism_config: the engine settings (None when unused).
+    """
+
+    mixed_precision: str
+    accumulation: Any
+    deepspeed_plugin: Any = None
+    fsdp_plugin: Any = None
+    parallelism_config: Any = None
 
 
 class Strategy(ABC):
@@ -29,6 +51,15 @@ class Strategy(ABC):
     def __init__(self, state, precision: Precision):
         self.state = state
         self.precision = precision
+
+    @classmethod
+    def resolve(cls, settings: EngineSettings) -> EngineSettings:
+        """Settle ``settings`` against this engine's own configuration, before any state is built.
+
+        The Accelerator builds its ``AcceleratorState``, ``GradientState`` and ``Precision`` from the
+        result, so what the engine decides is in place from the start. The default keeps everything.
+        """
+        return settings
 
     @property
     def device(self) -> torch.device:

@@ -10,6 +10,7 @@ zeroing), so ``optimizer.step()``/``zero_grad()``/``scheduler.step()`` have noth
 from __future__ import annotations
 
 import copy
+import dataclasses
 import io
 import math
 from pathlib import Path
@@ -25,7 +26,7 @@ from ...logging import get_logger
 from ...runtime.operations import barrier
 from ...scheduler import AcceleratedScheduler
 from ...state import GradientState, warn_once
-from ..base import Strategy, _suffix
+from ..base import EngineSettings, Strategy, _suffix
 from .checkpoint import deepspeed_classes, safe_torch_load
 from .dummies import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
 
@@ -94,16 +95,6 @@ class DeepSpeedStrategy(Strategy):
     def __init__(self, state, precision, plugin):
         super().__init__(state, precision)
         self.plugin = _single_plugin(plugin)
-        dsc.apply_mixed_precision(self.plugin.deepspeed_config, precision.mixed_precision, self.plugin.config_name)
-        chosen = dsc.mixed_precision_of(self.plugin.deepspeed_config)
-        if chosen != precision.mixed_precision:
-            warn_once(
-                "deepspeed-precision",
-                f"{self.plugin.config_name} trains in {chosen} while mixed_precision is {precision.mixed_precision!r}: "
-                f"the DeepSpeed config wins. Pass mixed_precision={chosen!r} to silence this warning.",
-            )
-            state.mixed_precision = chosen
-        self._adopt_accumulation()
         self.plugin.select()
         self.engine = None
         self._monitor = _OverflowMonitor()
@@ -113,19 +104,25 @@ class DeepSpeedStrategy(Strategy):
         self._dummy_optimizer = None
         self._dummy_scheduler = None
 
-    def _adopt_accumulation(self) -> None:
-        """Make the Accelerator's accumulation steps and the config's agree."""
-        gradient_state = GradientState()
-        configured = self.plugin.get_value("gradient_accumulation_steps")
-        if not isinstance(configured, int) or configured == gradient_state.num_steps:
-            return
-        if gradient_state.num_steps == 1:
-            gradient_state.plugin_kwargs["num_steps"] = configured
-            return
-        raise ConfigError(
-            f"gradient_accumulation_steps: {configured} in {self.plugin.config_name}, but {gradient_state.num_steps} "
-            f"from Accelerator(gradient_accumulation_steps={gradient_state.num_steps}). Make them agree, or set it to \"auto\" in the config."
-        )
+    @classmethod
+    def resolve(cls, settings: EngineSettings) -> EngineSettings:
+        """The DeepSpeed config's precision and accumulation steps win over the script's (with a warning or an error).
+
+        The requested precision fills the config's ``fp16``/``bf16`` ``"auto"`` sections; a config that
+        enables one itself sets the precision in force. The config's ``gradient_accumulation_steps``
+        becomes the Accelerator's when the script left it at 1; two different values are an error.
+        """
+        plugin = _single_plugin(settings.deepspeed_plugin)
+        requested = settings.mixed_precision
+        dsc.apply_mixed_precision(plugin.deepspeed_config, requested, plugin.config_name)
+        chosen = dsc.mixed_precision_of(plugin.deepspeed_config)
+        if chosen != requested:
+            warn_once(
+                "deepspeed-precision",
+                f"{plugin.config_name} trains in {chosen} while mixed_precision is {requested!r}: "
+                f"the DeepSpeed config wins. Pass mixed_precision={chosen!r} to silence this warning.",
+            )
+        return dataclasses.replace(settings, mixed_precision=chosen, accumulation=_accumulation(plugin, settings.accumulation))
 
     # ---------------------------------------------------------------------------------- preparing
 
@@ -221,7 +218,7 @@ class DeepSpeedStrategy(Strategy):
         if self._dummy_optimizer is not None:
             script.optimizer = _optimizer_values(self._dummy_optimizer)
         if self._dummy_scheduler is not None:
-            split = any(getattr(getattr(loader, "_sharder", loader), "split_batches", False) for loader in dataloaders)
+            split = any(getattr(loader, "split_batches", False) for loader in dataloaders)
             script.scheduler = _scheduler_values(self._dummy_scheduler, self._dummy_optimizer, 1 if split else num)
         return script
 
@@ -379,6 +376,20 @@ def _install_safe_loader(engine, strategy: DeepSpeedStrategy) -> None:
     checkpoint_engine = getattr(engine, "checkpoint_engine", None)
     if type(checkpoint_engine).__name__ == "TorchCheckpointEngine":
         checkpoint_engine.load = strategy._load_file
+
+
+def _accumulation(plugin, accumulation):
+    """The accumulation plugin with the DeepSpeed config's ``gradient_accumulation_steps`` when the script left 1."""
+    configured = plugin.get_value("gradient_accumulation_steps")
+    steps = accumulation.num_steps or 1
+    if not isinstance(configured, int) or configured == steps:
+        return accumulation
+    if steps == 1:
+        return dataclasses.replace(accumulation, num_steps=configured)
+    raise ConfigError(
+        f"gradient_accumulation_steps: {configured} in {plugin.config_name}, but {steps} "
+        f"from Accelerator(gradient_accumulation_steps={steps}). Make them agree, or set it to \"auto\" in the config."
+    )
 
 
 def _single_plugin(plugin):
