@@ -3,8 +3,8 @@
 ``hasten.data_loader`` keeps the public import path of ``accelerate.data_loader``.
 """
 
+from .dispatcher import DataLoaderDispatcher
 from .loaders import (
-    DataLoaderDispatcher,
     DataLoaderShard,
     DataLoaderStateMixin,
     SkipDataLoader,

@@ -14,7 +14,8 @@ from torch.utils.data.distributed import DistributedSampler
 from ..errors import ConfigError
 from ..runtime.operations import broadcast_object_list
 from ..state import PartialState, warn_once
-from .loaders import DataLoaderDispatcher, DataLoaderShard, _EmptyAwareCollate, _loader_kwargs
+from .dispatcher import DataLoaderDispatcher
+from .loaders import DataLoaderShard, _EmptyAwareCollate, _loader_kwargs
 from .sharding import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, get_sampler
 
 

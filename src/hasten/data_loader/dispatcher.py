@@ -1,0 +1,265 @@
+"""The dispatched dataloader (:class:`DataLoaderDispatcher`): rank 0 iterates the user's loader and sends
+each process its rows (``dispatch_batches=True``, or an iterable dataset that cannot be sharded), with
+the row helpers it slices, pads and broadcasts nested batches with.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import torch
+from torch.utils.data import DataLoader
+
+from ..runtime import preemption
+from ..runtime.operations import broadcast, broadcast_object_list
+from ..runtime.tree import send_to_device
+from ..state import PartialState
+from .loaders import DataLoaderStateMixin
+from .sharding import FinalRound, split_evenly
+
+
+class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
+    """A ``DataLoader`` read only on the main process, which sends each process its rows of every batch.
+
+    Use it for data that cannot be read on every process (streams, generators). Tensors travel by
+    broadcast; other leaves (e.g. lists of strings) travel with the batch's description.
+
+    Args:
+        split_batches: each loader batch is the global batch (split between processes); otherwise the
+            main process reads ``num_processes`` batches per step.
+        even_batches: complete the last global batch with rows from the first one.
+        device: where batches are placed.
+        slice_fn: ``slice_fn(batch, rows, process_index, num_processes)`` returning this process's part of
+            a global batch (``rows`` is a ``slice``); by default every tensor and list is cut on its first dimension.
+    """
+
+    def __init__(self, dataset, split_batches: bool = False, even_batches: bool = True, device=None, _non_blocking: bool = False, slice_fn=None, _batch_size: int = 1, _drop_last: bool = False, **kwargs):
+        super().__init__(dataset, **kwargs)
+        self._init_state()
+        self._batch_size, self._drop_last = _batch_size, _drop_last
+        state = PartialState()
+        self._world, self._rank = state.num_processes, state.process_index
+        self.split_batches = split_batches
+        self.even_batches = even_batches
+        self.device = torch.device(device) if device is not None else state.device
+        self._non_blocking = _non_blocking
+        self._final: FinalRound | None = None
+        self._slice_fn = slice_fn
+
+    @property
+    def final_round(self) -> FinalRound | None:
+        return self._final
+
+    @property
+    def total_batch_size(self) -> int:
+        """Samples per step across all processes."""
+        return self._batch_size if self.split_batches else self._batch_size * self._world
+
+    def __len__(self) -> int:
+        length = super().__len__()
+        if self.split_batches:
+            return length
+        return length // self._world if self._drop_last else math.ceil(length / self._world)
+
+    def _fetch(self, iterator):
+        if self.split_batches:
+            return next(iterator, None)
+        parts = []
+        for _ in range(self._world):
+            batch = next(iterator, None)
+            if batch is None:
+                break
+            parts.append(batch)
+        if not parts or (self._drop_last and len(parts) < self._world):
+            return None
+        return parts[0] if len(parts) == 1 else _concat_rows(parts)
+
+    def _layout(self, batch, first, full_rows: int | None):
+        rows = _rows(batch)
+        if full_rows is None or rows >= full_rows:
+            sizes = tuple(len(c) for c in split_evenly(range(rows), self._world))
+            return batch, sizes, None
+        if self.even_batches:
+            target = math.ceil(full_rows / self._world) * self._world
+            padded = _pad_rows(batch, first, target - rows)
+            return padded, (target // self._world,) * self._world, FinalRound(rows, (target // self._world,) * self._world, True)
+        sizes = tuple(len(c) for c in split_evenly(range(rows), self._world))
+        return batch, sizes, FinalRound(rows, sizes, False)
+
+    def _main_process_batches(self, skip: int):
+        iterator = super().__iter__()
+        for _ in range(skip):
+            if self._fetch(iterator) is None:
+                break
+        first = current = self._fetch(iterator)
+        full_rows = _rows(first) if first is not None else None
+        while current is not None:
+            upcoming = self._fetch(iterator)
+            batch, sizes, final = self._layout(current, first, full_rows)
+            if upcoming is None and final is None:
+                final = FinalRound(_rows(batch), sizes, False)
+            yield batch, sizes, final, upcoming is None
+            current = upcoming
+
+    def _exchange(self, item):
+        """Broadcast one (batch, sizes, final, is_last) from the main process; None means the data ended."""
+        if self._rank == 0:
+            if item is None:
+                broadcast_object_list([None])
+                return None
+            batch, sizes, final, is_last = item
+            batch = send_to_device(batch, self.device)
+            spec = _describe(batch)
+            broadcast_object_list([(spec, sizes, final, is_last)])
+            _broadcast_leaves(batch)
+            return batch, sizes, final, is_last
+        (payload,) = broadcast_object_list([None])
+        if payload is None:
+            return None
+        spec, sizes, final, is_last = payload
+        batch = _materialise(spec, self.device)
+        _broadcast_leaves(batch)
+        return batch, sizes, final, is_last
+
+    def __iter__(self):
+        if preemption.save_due:
+            preemption.batch_requested(self)
+        self._propagate_epoch()
+        skip, self._resume_at = self._resume_at, 0
+        self._yielded = skip
+        source = self._main_process_batches(skip) if self._rank == 0 else None
+        self.begin()
+        try:
+            while True:
+                item = self._exchange(next(source, None) if source is not None else None)
+                if item is None:
+                    break
+                batch, sizes, final, is_last = item
+                start = sum(sizes[: self._rank])
+                rows = slice(start, start + sizes[self._rank])
+                local = self._slice_fn(batch, rows, self._rank, self._world) if self._slice_fn else _slice_rows(batch, rows.start, rows.stop)
+                if is_last:
+                    self._final, self.end_of_dataloader = final, True
+                self._yielded += 1
+                yield local
+                if is_last:
+                    break
+                if preemption.save_due:
+                    preemption.batch_requested(self)
+            self.iteration += 1
+            self._yielded = 0
+        finally:
+            self.end()
+
+
+def _rows(batch) -> int:
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.ndim else 1
+    if isinstance(batch, Mapping):
+        return _rows(next(iter(batch.values())))
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], (torch.Tensor, Mapping, list, tuple)):
+        return _rows(batch[0])
+    return len(batch) if isinstance(batch, (list, tuple)) else 1
+
+
+def _map_rows(batch, fn):
+    """Apply ``fn(sequence)`` to every batch-dimension leaf (tensors and lists of plain values)."""
+    if isinstance(batch, torch.Tensor):
+        return fn(batch)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: _map_rows(v, fn) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_map_rows(v, fn) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        if batch and isinstance(batch[0], (torch.Tensor, Mapping, list, tuple)):
+            return type(batch)(_map_rows(v, fn) for v in batch)
+        return fn(batch)
+    return batch
+
+
+def _slice_rows(batch, start: int, end: int):
+    return _map_rows(batch, lambda seq: seq[start:end])
+
+
+def _concat_rows(parts: list):
+    first = parts[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(parts, dim=0)
+    if isinstance(first, Mapping):
+        return type(first)({k: _concat_rows([p[k] for p in parts]) for k in first})
+    if isinstance(first, (list, tuple)) and first and isinstance(first[0], (torch.Tensor, Mapping, list, tuple)):
+        return type(first)(_concat_rows([p[i] for p in parts]) for i in range(len(first)))
+    if isinstance(first, (list, tuple)):
+        return type(first)(x for p in parts for x in p)
+    return first
+
+
+def _pad_rows(batch, first, count: int):
+    def pad(seq_pair):
+        seq, source = seq_pair
+        extra_index = [i % _len(source) for i in range(count)]
+        if isinstance(seq, torch.Tensor):
+            return torch.cat([seq, source[torch.tensor(extra_index, dtype=torch.long, device=source.device)].to(seq.device)], dim=0)
+        return type(seq)(list(seq) + [source[i] for i in extra_index])
+
+    return _zip_rows(batch, first, pad)
+
+
+def _len(seq) -> int:
+    return seq.shape[0] if isinstance(seq, torch.Tensor) else len(seq)
+
+
+def _zip_rows(batch, other, fn):
+    if isinstance(batch, torch.Tensor):
+        return fn((batch, other))
+    if isinstance(batch, Mapping):
+        return type(batch)({k: _zip_rows(v, other[k], fn) for k, v in batch.items()})
+    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], (torch.Tensor, Mapping, list, tuple)):
+        items = [_zip_rows(v, o, fn) for v, o in zip(batch, other)]
+        return type(batch)(*items) if hasattr(batch, "_fields") else type(batch)(items)
+    if isinstance(batch, (list, tuple)):
+        return fn((batch, other))
+    return batch
+
+
+class _TensorSpec:
+    __slots__ = ("shape", "dtype")
+
+    def __init__(self, shape, dtype):
+        self.shape, self.dtype = shape, dtype
+
+
+def _describe(batch):
+    if isinstance(batch, torch.Tensor):
+        return _TensorSpec(tuple(batch.shape), batch.dtype)
+    if isinstance(batch, Mapping):
+        return type(batch)({k: _describe(v) for k, v in batch.items()})
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
+        return type(batch)(*(_describe(v) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(_describe(v) for v in batch)
+    return batch
+
+
+def _materialise(spec, device):
+    if isinstance(spec, _TensorSpec):
+        return torch.empty(spec.shape, dtype=spec.dtype, device=device)
+    if isinstance(spec, Mapping):
+        return type(spec)({k: _materialise(v, device) for k, v in spec.items()})
+    if isinstance(spec, tuple) and hasattr(spec, "_fields"):
+        return type(spec)(*(_materialise(v, device) for v in spec))
+    if isinstance(spec, (list, tuple)):
+        return type(spec)(_materialise(v, device) for v in spec)
+    return spec
+
+
+def _broadcast_leaves(batch) -> None:
+    if isinstance(batch, torch.Tensor):
+        broadcast(batch)
+    elif isinstance(batch, Mapping):
+        for value in batch.values():
+            _broadcast_leaves(value)
+    elif isinstance(batch, (list, tuple)):
+        for value in batch:
+            _broadcast_leaves(value)
