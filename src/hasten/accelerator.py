@@ -23,7 +23,7 @@ import torch
 
 from . import environment
 from .runtime import operations, preemption
-from .accelerator_compat import AcceleratorCompatibility, refuse_unsupported_plugins
+from .compat.accelerator_members import AcceleratorCompatibility, refuse_unsupported_plugins
 from .checkpointing.facade import CheckpointingMethods
 from .runtime.compilation import compile_model
 from .data_loader import DataLoaderStateMixin, prepare_data_loader, skip_first_batches
@@ -45,7 +45,7 @@ from .plugins import (
     ProjectConfiguration,
 )
 from .plugins.dynamo import build_dynamo_plugin
-from .precision import Precision
+from .runtime.precision import Precision
 from .scheduler import AcceleratedScheduler
 from .runtime.process_control import ProcessControl
 from .state import AcceleratorState, GradientState, PartialState, requested_mixed_precision, resolve_accumulation, warn_once

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ..precision import Precision
+from .precision import Precision
 
 
 def is_compiled_module(module) -> bool:

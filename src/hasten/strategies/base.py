@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Iterable
 import torch
 
 from ..enums import DistributedType
-from ..precision import Precision
+from ..runtime.precision import Precision
 
 
 @dataclasses.dataclass(frozen=True)

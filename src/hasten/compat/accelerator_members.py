@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
-from .errors import NotSupportedError
+from ..errors import NotSupportedError
 
 
 def refuse_unsupported_plugins(torch_tp_plugin=None, megatron_lm_plugin=None, parallelism_config=None) -> None:
@@ -66,7 +66,7 @@ class AcceleratorCompatibility:
         return getattr(self._strategy, "device_mesh", None)
 
     def _mesh_rank(self, name: str, default: int) -> int:
-        from .runtime.parallelism import data_parallel_mesh
+        from ..runtime.parallelism import data_parallel_mesh
 
         mesh = self.torch_device_mesh if self.state.parallelism_config is not None else None
         if mesh is None:

@@ -14,9 +14,9 @@ import importlib.util
 
 import torch
 
-from .errors import ConfigError, MissingDependencyError
-from .runtime.tree import convert_to_fp32
-from .plugins.kwargs import AutocastKwargs, GradScalerKwargs
+from ..errors import ConfigError, MissingDependencyError
+from .tree import convert_to_fp32
+from ..plugins.kwargs import AutocastKwargs, GradScalerKwargs
 
 _DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
