@@ -266,7 +266,10 @@ class AcceleratorState(ProcessControl):
     ):
         self.__dict__ = self._shared_state
         if self.__dict__.get("initialized"):
-            self._check_unchanged(mixed_precision)
+            if _from_accelerator and deepspeed_plugin is not None and mixed_precision is not None:
+                self.mixed_precision = str(mixed_precision)  # a DeepSpeed config decides its precision, as in Accelerate
+            else:
+                self._check_unchanged(mixed_precision)
             if _from_accelerator:
                 self._record_engine(dynamo_plugin, deepspeed_plugin, fsdp_plugin, parallelism_config)
             return

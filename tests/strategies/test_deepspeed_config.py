@@ -246,6 +246,17 @@ def test_bf16_from_a_config_file_is_the_precision_the_state_and_autocast_are_bui
     assert accelerator.state.distributed_type == "DEEPSPEED" and accelerator.state.deepspeed_plugin.config_mixed_precision == "bf16"
 
 
+def test_a_second_accelerator_takes_its_deepspeed_configs_precision(tmp_path):
+    """As in Accelerate, an Accelerator under DeepSpeed may change the precision of an existing state (one
+    process building several engines with different configs): no error, the new value."""
+    first = Accelerator(mixed_precision="fp16")
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"bf16": {"enabled": True}, "train_micro_batch_size_per_gpu": 1}))
+    second = Accelerator(mixed_precision="bf16", deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=str(path)))
+    assert second.state.mixed_precision == second.precision.mixed_precision == "bf16"
+    assert first.state.mixed_precision == "bf16", "the state is shared, as in Accelerate"
+
+
 def test_accumulation_from_the_config_is_in_the_gradient_state_from_the_start(tmp_path, monkeypatch):
     path = tmp_path / "ds.json"
     path.write_text(json.dumps({"gradient_accumulation_steps": 4}))
