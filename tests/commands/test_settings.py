@@ -22,6 +22,7 @@ from hasten.settings.dynamo import DYNAMO
 from hasten.settings.fp8 import FP8
 from hasten.settings.fsdp import FSDP
 from hasten.settings.parallelism import PARALLELISM
+from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin
 from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
 TABLES = (DYNAMO, DEEPSPEED, FSDP, FP8, PARALLELISM)
@@ -30,7 +31,7 @@ KEYED = [(table, row) for table, row in ROWS if row.key]
 FLAGGED = [(table, row) for table, row in KEYED if row.flag_name]
 DOCUMENTED = [(table, row) for table, row in ROWS if row.env_name]
 EXPORTED = [(table, row) for table, row in KEYED if row.env_name]
-PLUGINS = {DYNAMO.name: TorchDynamoPlugin, FSDP.name: FullyShardedDataParallelPlugin, PARALLELISM.name: ParallelismConfig}
+PLUGINS = {DYNAMO.name: TorchDynamoPlugin, DEEPSPEED.name: DeepSpeedPlugin, FSDP.name: FullyShardedDataParallelPlugin, PARALLELISM.name: ParallelismConfig}
 
 # plugin field -> (variable's text, the field's value after the plugin read it); every row with a field needs one.
 ENV_SAMPLES = {
@@ -60,7 +61,19 @@ ENV_SAMPLES = {
     "tp_size": ("4", 4),
     "cp_size": ("1", 1),
     "sp_size": ("1", 1),
+    "zero_stage": ("3", 3),
+    "offload_optimizer_device": ("cpu", "cpu"),
+    "offload_param_device": ("cpu", "cpu"),
+    "offload_optimizer_nvme_path": ("/nvme/a", "/nvme/a"),
+    "offload_param_nvme_path": ("/nvme/b", "/nvme/b"),
+    "gradient_accumulation_steps": ("4", 4),
+    "gradient_clipping": ("0.5", 0.5),
+    "zero3_init_flag": ("false", False),
+    "zero3_save_16bit_model": ("true", True),
+    "transformer_moe_cls_names": ("MoEBlock", "MoEBlock"),
 }
+# plugin field -> other variables its sample needs to be valid
+COMPANIONS = {"offload_param_device": {"DEEPSPEED_ZERO_STAGE": "3"}}
 # config key -> (text given as flag or in the environment, value in the config file)
 CONFIG_SAMPLES = {
     "bool": ("true", True),
@@ -144,6 +157,8 @@ FIELDED = [(table, row) for table, row in ROWS if row.field]
 def test_the_plugin_reads_the_variable(table, row, prefix, monkeypatch):
     text, expected = ENV_SAMPLES[row.field]
     monkeypatch.setenv(f"{prefix}{row.env_name}", text)
+    for name, value in COMPANIONS.get(row.field, {}).items():
+        monkeypatch.setenv(f"{prefix}{name}", value)
     plugin = PLUGINS[table.name]()
     assert getattr(plugin, row.field) == expected
 

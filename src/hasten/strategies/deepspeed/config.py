@@ -24,10 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ConfigError, NotSupportedError
+from ...settings.deepspeed import AUTO, OFFLOAD_DEVICES
 from .schema import unknown_keys
-
-AUTO = "auto"
-OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 
 
 # ------------------------------------------------------------------------------------- loading

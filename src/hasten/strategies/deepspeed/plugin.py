@@ -21,15 +21,10 @@ from . import config as dsc
 from . import zero3
 from ... import environment
 from ...errors import ConfigError, NotSupportedError, require
+from ...settings.deepspeed import DEEPSPEED
 
-_BOOL_FIELDS = {"zero3_init_flag": "DEEPSPEED_ZERO3_INIT", "zero3_save_16bit_model": "DEEPSPEED_ZERO3_SAVE_16BIT_MODEL"}
-_STR_FIELDS = {
-    "offload_optimizer_device": "DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
-    "offload_param_device": "DEEPSPEED_OFFLOAD_PARAM_DEVICE",
-    "offload_optimizer_nvme_path": "DEEPSPEED_OFFLOAD_OPTIMIZER_NVME_PATH",
-    "offload_param_nvme_path": "DEEPSPEED_OFFLOAD_PARAM_NVME_PATH",
-    "transformer_moe_cls_names": "DEEPSPEED_MOE_LAYER_CLS_NAMES",
-}
+# plugin field -> its deepspeed_config row (variable, kind, default when neither argument nor variable sets it)
+_ROWS = {row.field: row for row in DEEPSPEED.rows if row.field}
 # plugin field -> key path in the DeepSpeed config
 _CONFIG_PATHS = {
     "gradient_accumulation_steps": "gradient_accumulation_steps",
@@ -40,17 +35,6 @@ _CONFIG_PATHS = {
     "offload_optimizer_nvme_path": "zero_optimization.offload_optimizer.nvme_path",
     "offload_param_nvme_path": "zero_optimization.offload_param.nvme_path",
     "zero3_save_16bit_model": "zero_optimization.stage3_gather_16bit_weights_on_model_save",
-}
-_DEFAULTS = {
-    "gradient_accumulation_steps": dsc.AUTO,
-    "gradient_clipping": dsc.AUTO,
-    "zero_stage": 2,
-    "offload_optimizer_device": "none",
-    "offload_param_device": "none",
-    "offload_optimizer_nvme_path": "none",
-    "offload_param_nvme_path": "none",
-    "zero3_init_flag": False,
-    "zero3_save_16bit_model": False,
 }
 
 
@@ -125,20 +109,20 @@ class DeepSpeedPlugin:
     def _read_settings(self) -> dict[str, dsc.Setting]:
         """Fill unset fields from the launch settings, then defaults; return the explicit ones with their source."""
         explicit = {}
-        for name in ("gradient_accumulation_steps", "gradient_clipping", "zero_stage", *_STR_FIELDS, *_BOOL_FIELDS):
+        for name, row in _ROWS.items():
             value = getattr(self, name)
             if value is not None:
                 explicit[name] = dsc.Setting(_parse_field(name, value, f"DeepSpeedPlugin({name}={value!r})"), f"DeepSpeedPlugin({name}={value!r})")
                 setattr(self, name, explicit[name].value)
                 continue
-            variable = _VARIABLES[name]
+            variable = row.env_name
             if environment.setting_source(variable) is not None and environment.get_str(variable) not in ("", None):
                 raw = environment.get_str(variable)
                 where = f"{environment.setting_source(variable)}={raw}"
                 explicit[name] = dsc.Setting(_parse_field(name, raw, where), where)
                 setattr(self, name, explicit[name].value)
-            elif name in _DEFAULTS:
-                setattr(self, name, _DEFAULTS[name])
+            elif row.fallback is not None:
+                setattr(self, name, row.fallback)
         for name in ("gradient_accumulation_steps", "gradient_clipping"):
             if name in explicit and explicit[name].value == dsc.AUTO:
                 del explicit[name]
@@ -256,14 +240,13 @@ class DeepSpeedPlugin:
         zero3.set_moe_leaf_modules(model, self.transformer_moe_cls_names)
 
 
-_VARIABLES = {"gradient_accumulation_steps": "GRADIENT_ACCUMULATION_STEPS", "gradient_clipping": "GRADIENT_CLIPPING", "zero_stage": "DEEPSPEED_ZERO_STAGE", **_STR_FIELDS, **_BOOL_FIELDS}
 
 
 def _parse_field(name: str, value, where: str):
     """Check and convert one plugin field (from an argument or an environment variable)."""
     text = value.strip() if isinstance(value, str) else value
     try:
-        if name in _BOOL_FIELDS:
+        if _ROWS[name].kind == "bool":
             return value if isinstance(value, bool) else bool(environment.str_to_bool(text))
         if name == "zero_stage":
             stage = int(text)
