@@ -49,7 +49,7 @@ def test_state_is_shared_between_accelerators():
 
 
 def test_state_before_initialisation_is_a_clear_error():
-    with pytest.raises(AttributeError, match="Create an Accelerator"):
+    with pytest.raises(AttributeError, match=r"create an Accelerator\(\) first"):
         AcceleratorState._shared_state.clear() or AcceleratorState.__new__(AcceleratorState).mixed_precision
 
 

@@ -105,7 +105,6 @@ class PartialState(ProcessControl):
         self.process_index = launch.rank
         self.local_process_index = launch.local_rank
         self.debug = environment.get_flag("DEBUG_MODE")
-        debug_mode.configure(self.debug)
         self.fork_launched = os.environ.get("FORK_LAUNCHED") == "1"
         self.device = environment.select_device(cpu, launch.local_rank)
         self.backend = None
@@ -170,9 +169,21 @@ class PartialState(ProcessControl):
         if name.startswith("__"):
             raise AttributeError(name)
         raise _NotInitialized(
-            f"PartialState has no attribute {name!r} yet: the process state is not initialized. "
-            "Create an Accelerator() (or PartialState()) before using it."
+            f"`PartialState` object has no attribute `{name}`: the process state is not initialized. This happens "
+            "before the first Accelerator() or PartialState(), or if `PartialState._reset_state()` (hasten.state.reset_state()) "
+            "was called and none was created again: create an Accelerator() (or PartialState()) before using it."
         )
+
+    @property
+    def debug(self) -> bool:
+        """Debug mode: every hasten collective first checks that all ranks pass matching shapes
+        (``hasten launch --debug`` / ``HASTEN_DEBUG_MODE``); settable at run time, as in Accelerate."""
+        return bool(self.__dict__.get("_debug", False))
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        self.__dict__["_debug"] = bool(value)
+        debug_mode.configure(bool(value))
 
     @property
     def initialized_state(self) -> bool:
@@ -299,7 +310,8 @@ class AcceleratorState(ProcessControl):
 
     def destroy_process_group(self, group=None) -> None:
         """Destroy ``group`` (default: the process group hasten created); see :meth:`PartialState.destroy_process_group`."""
-        self._partial.destroy_process_group(group)
+        partial = self.__dict__.get("_partial") or PartialState()  # after _reset_state() the process state lives on
+        partial.destroy_process_group(group)
 
     def get_deepspeed_plugin(self, name: str):
         """The DeepSpeed plugin passed under ``name`` in ``Accelerator(deepspeed_plugins={name: plugin})``."""
@@ -331,9 +343,21 @@ class AcceleratorState(ProcessControl):
         partial = self.__dict__.get("_partial")
         if partial is None:
             raise _NotInitialized(
-                f"AcceleratorState has no attribute {name!r} yet: it is not initialized. Create an Accelerator() first."
+                f"`AcceleratorState` object has no attribute `{name}`: it is not initialized. This happens if "
+                "`AcceleratorState._reset_state()` (hasten.state.reset_state()) was called, or before the first Accelerator(), "
+                "and no `Accelerator` was created again: create an Accelerator() first (objects prepared by the old one "
+                "belong to the old state)."
             )
         return getattr(partial, name)
+
+    @property
+    def debug(self) -> bool:
+        """Debug mode of the process state (see :attr:`PartialState.debug`); settable."""
+        return self._partial.debug
+
+    @debug.setter
+    def debug(self, value: bool) -> None:
+        self._partial.debug = value
 
     @property
     def num_processes(self) -> int:

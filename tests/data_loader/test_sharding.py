@@ -83,10 +83,23 @@ def test_iterable_dataset_shard():
 
 def test_seedable_sampler_depends_on_seed_and_epoch_only():
     a, b = SeedableRandomSampler(range(20), data_seed=5), SeedableRandomSampler(range(20), data_seed=5)
-    assert list(a) == list(b)
     first = list(a)
-    a.set_epoch(1)
-    assert list(a) != first and sorted(a) == list(range(20))
+    assert first == list(b) and a.epoch == b.epoch == 1, "a full pass moves to the next epoch, as in Accelerate"
+    second = list(a)
+    assert second != first and sorted(second) == list(range(20))
+    a.set_epoch(0)
+    assert list(a) == first
+
+
+def test_seedable_sampler_seeds_from_the_global_seed_by_default():
+    """Without data_seed the order follows set_seed (torch.initial_seed()), as Accelerate's sampler does."""
+    torch.manual_seed(42)
+    a = SeedableRandomSampler(range(20))
+    torch.manual_seed(7)
+    b = SeedableRandomSampler(range(20))
+    torch.manual_seed(42)
+    c = SeedableRandomSampler(range(20))
+    assert a.initial_seed == c.initial_seed == 42 and b.initial_seed == 7 and list(a) == list(c)
 
 
 def test_skip_batch_sampler():

@@ -34,12 +34,14 @@ def _shared_seed(data_seed: int | None, generator) -> int:
     return broadcast_object_list(seed)[0]
 
 
-def _seeded_batch_sampler(dataloader: DataLoader, data_seed: int):
+def _seeded_batch_sampler(dataloader: DataLoader, data_seed: int, use_seedable_sampler: bool = False):
     """The loader's batch sampler, with a plain ``RandomSampler`` replaced by a seeded one shared by all ranks.
 
     Custom samplers (subclasses included) and custom batch samplers are kept, as in Accelerate; a custom
     sampler with an unset ``generator`` gets one seeded with the shared seed, so every rank draws the
-    same order.
+    same order. A ``RandomSampler`` given the user's own generator keeps it (without
+    ``use_seedable_sampler``), as in Accelerate: a script that re-seeds that generator after ``prepare``
+    steers the order, which rank 0 shares with every rank at each epoch start.
     """
     batch_sampler = dataloader.batch_sampler
     sampler = get_sampler(dataloader)
@@ -50,6 +52,8 @@ def _seeded_batch_sampler(dataloader: DataLoader, data_seed: int):
             sampler.generator = torch.Generator().manual_seed(data_seed)
             return batch_sampler, None
         return batch_sampler, getattr(sampler, "generator", None)
+    if sampler.generator is not None and not use_seedable_sampler:
+        return batch_sampler, sampler.generator
     if sampler.generator is not None:  # the user seeded shuffling with their own generator: derive from it
         data_seed = int(torch.randint(0, 2**62, (1,), generator=sampler.generator).item()) ^ data_seed
     seeded = SeedableRandomSampler(sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, data_seed=data_seed)
@@ -123,7 +127,7 @@ def prepare_data_loader(
     if dataloader.batch_sampler is None:
         raise ConfigError("prepare() supports map-style DataLoaders with automatic batching (batch_size set or a batch_sampler); this one has batch_size=None.")
     seed = _shared_seed(data_seed, None)
-    batch_sampler, generator = _seeded_batch_sampler(dataloader, seed)
+    batch_sampler, generator = _seeded_batch_sampler(dataloader, seed, use_seedable_sampler)
     sharder = BatchSamplerShard(batch_sampler, world, rank, split_batches, even_batches)  # also alone: it resumes mid-epoch
     if world > 1 and not even_batches:
         kwargs["collate_fn"] = _EmptyAwareCollate(kwargs["collate_fn"], dataset)

@@ -60,14 +60,14 @@ class SeedableRandomSampler(RandomSampler):
     """A ``RandomSampler`` whose order depends only on ``seed + epoch``.
 
     Every rank with the same seed draws the same permutation, and a resumed run reproduces the epoch's
-    order exactly. Call :meth:`set_epoch` (prepared loaders do it for you) to reshuffle.
+    order exactly. The seed is ``data_seed``, else the global torch seed (``torch.initial_seed()``, what
+    ``set_seed`` sets), as in Accelerate. The epoch advances after each full pass; prepared loaders set
+    it at each epoch start (:meth:`set_epoch`).
     """
 
     def __init__(self, data_source, replacement: bool = False, num_samples: int | None = None, generator=None, data_seed: int | None = None):
-        super().__init__(data_source, replacement=replacement, num_samples=num_samples)
-        if data_seed is None:
-            data_seed = int(torch.randint(0, 2**62, (1,), generator=generator).item())
-        self.initial_seed = int(data_seed)
+        super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
+        self.initial_seed = int(torch.initial_seed() if data_seed is None else data_seed)
         self.epoch = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -75,9 +75,11 @@ class SeedableRandomSampler(RandomSampler):
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
-        self.generator = torch.Generator()
+        if self.generator is None:
+            self.generator = torch.Generator()
         self.generator.manual_seed(self.initial_seed + self.epoch)
         yield from super().__iter__()
+        self.set_epoch(self.epoch + 1)
 
 
 class BatchSamplerShard(BatchSampler):

@@ -1,0 +1,32 @@
+"""Accelerate's own distributed check scripts (``accelerate/test_utils/scripts/`` of the reference copy
+of accelerate 1.15.0, which `make reference` installs beside the venv) run unchanged on hasten: 2
+processes under torchrun, ``import accelerate`` answered by hasten through the alias shim.
+
+They are Accelerate's behavioural contract for collectives, training equality with one process,
+gradient accumulation and synchronisation, dataloader sharding and uneven inputs; hasten passing them
+as they are is what "change the imports and it runs" means.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from helpers import ROOT, clean_env, torchrun
+
+from hasten.accelerate_alias import SHIM_DIR
+
+SCRIPTS_DIR = ROOT / ".reference" / "accelerate-1.15.0" / "accelerate" / "test_utils" / "scripts"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("script", ["test_ops.py", "test_script.py", "test_sync.py"])
+def test_accelerates_own_check_script_passes_on_two_processes(script, tmp_path):
+    source = SCRIPTS_DIR / script
+    if not source.is_file():
+        pytest.skip(f"no reference copy of accelerate 1.15 in {SCRIPTS_DIR.parents[2]} (`make reference` installs it; pip was offline?)")
+    copy = tmp_path / script  # run from outside the reference package: only the shim answers `import accelerate`
+    shutil.copy(source, copy)
+    env = clean_env(PYTHONPATH=str(SHIM_DIR))
+    proc = torchrun(copy, env=env, timeout=600)
+    assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
