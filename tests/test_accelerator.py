@@ -129,15 +129,20 @@ def test_fp16_overflow_skips_the_step_and_the_scheduler():
     assert acc.scaler.get_scale() == 512
 
 
-def test_join_uneven_inputs_overrides_even_batches_of_the_prepared_loaders_for_its_block():
+def test_join_uneven_inputs_is_a_no_op_in_one_process_and_warns_under_other_engines():
+    """As in Accelerate: one process has nothing to join; a non-DDP engine cannot join (the override by
+    even_batches on 2 processes is checked by Accelerate's own script, tests/compat/test_accelerate_scripts.py)."""
     acc = Accelerator()
     loader = acc.prepare(DataLoader(TensorDataset(X[:10], Y[:10]), batch_size=2))
     assert loader.even_batches is True and loader.split_batches is False
-    with acc.join_uneven_inputs([], even_batches=False):
-        assert loader.even_batches is False
-    assert loader.even_batches is True
-    with acc.join_uneven_inputs([]):
-        assert loader.even_batches is True
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with acc.join_uneven_inputs([], even_batches=False) as join:
+            assert join is None and loader.even_batches is True
+    acc.state.distributed_type = "FSDP"
+    with pytest.warns(UserWarning, match="only supported for multi-GPU training"):
+        with acc.join_uneven_inputs([]):
+            pass
 
 
 def test_backward_calls_are_counted_until_the_optimizer_steps():

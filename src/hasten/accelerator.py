@@ -28,7 +28,6 @@ from .checkpointing.facade import CheckpointingMethods
 from .runtime.compilation import compile_model
 from .data_loader import DataLoaderStateMixin, prepare_data_loader, skip_first_batches
 from .data_loader.facade import DataLoaderSettings
-from .data_loader.loaders import even_batches_overridden
 from .enums import DistributedType, RNGType
 from .errors import ConfigError
 from .runtime.memory import release_memory
@@ -48,7 +47,8 @@ from .plugins.dynamo import build_dynamo_plugin
 from .runtime.precision import Precision
 from .scheduler import AcceleratedScheduler
 from .runtime.process_control import ProcessControl
-from .state import AcceleratorState, GradientState, PartialState, requested_mixed_precision, resolve_accumulation, warn_once
+from .plugins.training import resolve_accumulation
+from .state import AcceleratorState, GradientState, PartialState, requested_mixed_precision, warn_once
 from .strategies import EngineSettings, plan_strategy
 from .tracking.facade import TrackingMethods
 
@@ -528,17 +528,6 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         if self._trigger is None:
             self._trigger = torch.zeros((), dtype=torch.int32, device=self.device)
         return self._trigger
-
-    @contextlib.contextmanager
-    def join_uneven_inputs(self, joinables, even_batches: bool | None = None):
-        """Context manager for training on uneven inputs with ``torch.distributed.algorithms.Join``.
-
-        ``even_batches`` temporarily overrides the setting of the prepared dataloaders.
-        """
-        from torch.distributed.algorithms import Join
-
-        with even_batches_overridden(self._dataloaders, even_batches), Join(joinables) if self.use_distributed else contextlib.nullcontext() as join:
-            yield join
 
     @contextlib.contextmanager
     def profile(self, profile_handler: ProfileKwargs | None = None):

@@ -25,7 +25,6 @@ import torch.distributed as dist
 from . import environment
 from .enums import DistributedType, PrecisionType
 from .errors import ConfigError, DistributedSetupError
-from .plugins import GradientAccumulationPlugin
 from .runtime import debug_mode, hang_watchdog, oom_recovery
 from .runtime.process_control import ProcessControl, do_nothing  # noqa: F401  (do_nothing: Accelerate's accelerate.state name)
 
@@ -173,6 +172,13 @@ class PartialState(ProcessControl):
             "before the first Accelerator() or PartialState(), or if `PartialState._reset_state()` (hasten.state.reset_state()) "
             "was called and none was created again: create an Accelerator() (or PartialState()) before using it."
         )
+
+    def __eq__(self, other) -> bool:
+        """Process states compare by their contents (an unpickled copy equals the live one)."""
+        return isinstance(other, PartialState) and self.__dict__ == other.__dict__
+
+    def __hash__(self) -> int:
+        return hash(PartialState)  # one process state per process: every instance is the same one
 
     @property
     def debug(self) -> bool:
@@ -407,25 +413,6 @@ def requested_mixed_precision(value: str | None) -> str:
     return resolve_mixed_precision(value)
 
 
-def resolve_accumulation(steps: int, plugin=None):
-    """The ``GradientAccumulationPlugin`` of ``Accelerator(gradient_accumulation_steps=steps, gradient_accumulation_plugin=plugin)``.
-
-    ``steps`` of 1 reads ``HASTEN_GRADIENT_ACCUMULATION_STEPS``; giving both ``steps`` and ``plugin`` is an error.
-    """
-    if plugin is not None:
-        if steps != 1:
-            raise ConfigError(
-                f"Pass either gradient_accumulation_steps={steps} or a gradient_accumulation_plugin, not both: "
-                "set num_steps in the plugin."
-            )
-        return plugin
-    if steps == 1:
-        steps = environment.get_int("GRADIENT_ACCUMULATION_STEPS", 1)
-    if not isinstance(steps, int) or steps < 1:
-        raise ConfigError(f"gradient_accumulation_steps={steps!r}: give a positive integer.")
-    return GradientAccumulationPlugin(num_steps=steps)
-
-
 def resolve_mixed_precision(value: str | None) -> str:
     """Validate a mixed precision choice; None reads ``HASTEN_MIXED_PRECISION`` (default ``"no"``)."""
     if value is None:
@@ -526,6 +513,14 @@ class GradientState:
             self.dataloader_references.remove(dataloader)
         self.active_dataloader = self.dataloader_references[-1]
         self._last_dataloader = weakref.ref(dataloader)
+
+    def __getstate__(self) -> dict:
+        """Picklable (``pickle.dumps(accelerator)`` works, as in Accelerate): the weak reference to the last
+        dataloader is left out."""
+        return {k: v for k, v in self.__dict__.items() if k != "_last_dataloader"}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
 
     def last_dataloader(self):
         """The prepared dataloader whose iteration ended last (None if none did or it is gone).

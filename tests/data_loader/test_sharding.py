@@ -26,12 +26,16 @@ def test_round_robin_with_even_batches_cycles_from_the_start():
     assert l0 == l1 == 2
 
 
-def test_uneven_batches_split_the_leftover_and_never_duplicate():
-    (r0, f0, _), (r1, _, _) = shards(11, 4, even_batches=False)
-    assert r0 == [[0, 1, 2, 3], [8, 9]] and r1 == [[4, 5, 6, 7], [10]]
-    assert (f0.real, f0.sizes, f0.padded) == (3, (2, 1), False)
-    (r0, f0, _), (r1, _, _) = shards(1, 4, even_batches=False)
-    assert r0 == [[0]] and r1 == [[]], "a rank with no data gets an empty batch, so loops stay in step"
+def test_uneven_batches_keep_accelerates_layout_and_never_duplicate():
+    """even_batches=False: the leftover batches go to the first ranks, a rank with nothing left gets no
+    batch (Accelerate's BatchSamplerShard layout, which its own tests and join_uneven_inputs expect)."""
+    (r0, f0, l0), (r1, _, l1) = shards(11, 4, even_batches=False)
+    assert r0 == [[0, 1, 2, 3], [8, 9, 10]] and r1 == [[4, 5, 6, 7]] and (l0, l1) == (2, 1)
+    assert (f0.real, f0.sizes, f0.padded) == (3, (3, 0), False)
+    (r0, f0, _), (r1, _, _) = shards(13, 4, even_batches=False)
+    assert r0 == [[0, 1, 2, 3], [8, 9, 10, 11]] and r1 == [[4, 5, 6, 7], [12]] and f0.sizes == (4, 1)
+    (r0, f0, l0), (r1, _, l1) = shards(1, 4, even_batches=False)
+    assert r0 == [[0]] and r1 == [] and (l0, l1) == (1, 0)
 
 
 def test_dataset_smaller_than_one_round():
@@ -54,7 +58,9 @@ def test_split_batches():
     assert r0 == [[0, 1], [4, 5], [8, 9]] and r1 == [[2, 3], [6, 7], [0, 1]]
     assert (f0.real, f0.sizes, f0.padded, l0) == (2, (2, 2), True, 3)
     (r0, f0, _), (r1, _, _) = shards(10, 4, split_batches=True, even_batches=False)
-    assert r0[-1] == [8] and r1[-1] == [9] and f0.sizes == (1, 1)
+    assert r0 == [[0, 1], [4, 5], [8, 9]] and r1 == [[2, 3], [6, 7]] and f0.sizes == (2, 0)
+    (r0, f0, _), (r1, _, _) = shards(7, 4, split_batches=True, even_batches=False)
+    assert r0[-1] == [4, 5] and r1[-1] == [6] and f0.sizes == (2, 1)
 
 
 def test_split_batches_needs_a_divisible_batch_size():

@@ -23,7 +23,8 @@ for n, batch_size, even, mode in cases:
     data = torch.arange(n, dtype=torch.float32)[:, None] * torch.ones(1, 3)
     loader = accelerator.prepare(DataLoader(TensorDataset(data), batch_size=batch_size))
     collected = [batch for (batch,) in loader]
-    joined = accelerator.gather_for_metrics(torch.cat(collected))
+    # with even_batches=False a rank may have no batch at all (Accelerate's layout): its part is empty
+    joined = accelerator.gather_for_metrics(torch.cat(collected) if collected else data[:0])
     as_list = accelerator.gather_for_metrics(collected)
     listed = torch.cat(as_list) if isinstance(as_list, list) and all(isinstance(t, torch.Tensor) for t in as_list) else as_list
     ok = isinstance(joined, torch.Tensor) and torch.equal(joined, data) and isinstance(listed, torch.Tensor) and torch.equal(listed, data)

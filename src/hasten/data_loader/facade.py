@@ -1,10 +1,53 @@
-"""The ``Accelerator``'s dataloader settings, mixed into the facade: read-through properties of its ``DataLoaderConfiguration``."""
+"""The ``Accelerator``'s dataloader settings, mixed into the facade: read-through properties of its
+``DataLoaderConfiguration``, and ``join_uneven_inputs`` (which overrides them for a block)."""
 
 from __future__ import annotations
+
+import contextlib
+import warnings
+
+from ..enums import DistributedType
+from .loaders import DataLoaderShard, even_batches_overridden
+
+# Launch types whose model wrapper is DDP, the one engine torch's Join works with.
+_JOIN_TYPES = frozenset(
+    {DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.MULTI_XPU, DistributedType.MULTI_NPU,
+     DistributedType.MULTI_MLU, DistributedType.MULTI_SDAA, DistributedType.MULTI_MUSA}
+)
 
 
 class DataLoaderSettings:
     """``split_batches``, ``even_batches`` and the other :class:`~hasten.DataLoaderConfiguration` values of :class:`~hasten.Accelerator`."""
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(self, joinables, even_batches: bool | None = None):
+        """Context manager for training on uneven inputs with ``torch.distributed.algorithms.Join`` (DDP).
+
+        With ``even_batches=False`` (here or in the dataloader configuration) a rank may run out of batches
+        first; ``Join`` shadows its collectives so the others finish. ``even_batches`` overrides the
+        prepared map-style dataloaders' setting for the block. Under other engines (FSDP, DeepSpeed) it
+        warns and has no effect, as in Accelerate.
+        """
+        if self.state.distributed_type not in _JOIN_TYPES:
+            if self.state.distributed_type != DistributedType.NO:
+                warnings.warn(
+                    f"Joining uneven inputs is only supported for multi-GPU training (DDP, here {self.state.distributed_type}); "
+                    "join_uneven_inputs has no effect. Keep even_batches=True under this engine.",
+                    stacklevel=3,
+                )
+            yield None
+            return
+        from torch.distributed.algorithms import Join
+
+        if even_batches is not None and any(not isinstance(dl, DataLoaderShard) or dl.even_batches is None for dl in self._dataloaders):
+            warnings.warn(
+                "Overriding even_batches is only supported for map-style datasets, yet some prepared dataloaders are iterable: "
+                "their setting stays as it is.",
+                stacklevel=3,
+            )
+        uneven = not (self.even_batches if even_batches is None else even_batches)
+        with even_batches_overridden(self._dataloaders, even_batches), Join(joinables, enable=uneven, throw_on_early_termination=False) as join:
+            yield join
 
     @property
     def split_batches(self) -> bool:

@@ -154,32 +154,6 @@ def _safe_len(loader) -> float:
         return math.inf
 
 
-class _EmptyAwareCollate:
-    """Collate function that turns an empty list of samples into an empty batch of the right structure."""
-
-    def __init__(self, collate_fn, dataset):
-        self.collate_fn = collate_fn
-        self.dataset = dataset
-
-    def __call__(self, samples):
-        if samples:
-            return self.collate_fn(samples)
-        template = self.collate_fn([self.dataset[0]])
-        return _empty_like(template)
-
-
-def _empty_like(batch):
-    if isinstance(batch, torch.Tensor):
-        return batch[:0]
-    if isinstance(batch, Mapping):
-        return type(batch)({k: _empty_like(v) for k, v in batch.items()})
-    if isinstance(batch, tuple) and hasattr(batch, "_fields"):
-        return type(batch)(*(_empty_like(v) for v in batch))
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_empty_like(v) for v in batch) if batch and isinstance(batch[0], (torch.Tensor, Mapping, list, tuple)) else type(batch)()
-    return batch
-
-
 class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     """A ``DataLoader`` whose batches are this process's share, placed on ``device``.
 

@@ -6,8 +6,9 @@ running, whether this is its last batch, its layout) or from one agreed exchange
 - inside a loop, on any batch but the last: a plain ``gather`` (every rank holds a full batch);
 - on the last batch: the ranks exchange their row counts (one small collective per epoch); when they
   match the loader's layout the padded samples are dropped, otherwise every row is gathered as it is;
-- after the loop, on outputs collected during it (one concatenated tensor, or the list of batches):
-  the ranks exchange their row counts; when they match the epoch of the loader that ran last, the
+- after the loop, on outputs collected during it (one concatenated tensor, or the list of batches; a
+  rank that got no batch in the last round, ``even_batches=False``, has one batch fewer): the ranks
+  exchange their row counts; when they match the epoch of the loader that ran last, the
   result is the dataset exactly, in order, padding dropped; otherwise every rank's rows, in rank order.
 """
 
@@ -49,6 +50,8 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
     final = loader.final_round if loader is not None and loader.end_of_dataloader else None
     if not use_gather_object and loader is not None and final is None:  # inside the loop: every rank holds a full batch
         return gather(input_data) if _is_tensor_structure(input_data) else gather_object(input_data)
+    if loader is None and not use_gather_object:
+        input_data = _with_missing_last_batch(input_data, _EpochLayout.of(state.last_dataloader()))
     rows = None if use_gather_object else _exchange_rows(input_data)
     if rows is None:
         data = gather_object(input_data)
@@ -97,7 +100,7 @@ class _EpochLayout:
         final = getattr(loader, "final_round", None)
         total = getattr(loader, "total_batch_size", None)
         try:
-            rounds = len(loader)
+            rounds = getattr(loader.batch_sampler, "rounds", None) or len(loader)  # len() is per rank
         except TypeError:  # an iterable dataset without a length
             return None
         if final is None or not total or rounds < 1:
@@ -122,6 +125,16 @@ def _gather_after_loop(data, rows, layout: _EpochLayout | None):
                 batches[-1] = _truncate(batches[-1], layout.final.real)
             return type(data)(batches) if type(data) in (list, tuple) else batches
     return _gather_leaves(data, rows, layout)
+
+
+def _with_missing_last_batch(data, layout: _EpochLayout | None):
+    """A list of batches from a rank that got no batch in the last round (``even_batches=False``), completed
+    with an empty one, so that every rank passes the same structure."""
+    if layout is None or not isinstance(data, (list, tuple)) or not data or 0 not in layout.final.sizes:
+        return data
+    if len(data) != len(layout.rounds) - 1 or not _is_tensor_structure(data[-1]):
+        return data
+    return type(data)([*data, recursively_apply(lambda t: t[:0], data[-1])])
 
 
 def _matches(rows: list[tuple[int, ...]], sizes: tuple[int, ...]) -> bool:

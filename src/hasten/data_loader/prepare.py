@@ -15,7 +15,7 @@ from ..errors import ConfigError
 from ..runtime.operations import broadcast_object_list
 from ..state import PartialState, warn_once
 from .dispatcher import DataLoaderDispatcher
-from .loaders import DataLoaderShard, _EmptyAwareCollate, _loader_kwargs
+from .loaders import DataLoaderShard, _loader_kwargs
 from .sharding import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, get_sampler
 
 
@@ -43,7 +43,7 @@ def _seeded_batch_sampler(dataloader: DataLoader, data_seed: int, use_seedable_s
     ``use_seedable_sampler``), as in Accelerate: a script that re-seeds that generator after ``prepare``
     steers the order, which rank 0 shares with every rank at each epoch start.
     """
-    batch_sampler = dataloader.batch_sampler
+    batch_sampler = _batch_sampler_of(dataloader)
     sampler = get_sampler(dataloader)
     if isinstance(sampler, SeedableRandomSampler):
         return batch_sampler, None
@@ -124,19 +124,22 @@ def prepare_data_loader(
         shard = IterableDatasetShard(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, num_processes=world, process_index=rank, split_batches=split_batches, even_batches=even_batches)
         local = _per_process(dataloader.batch_size, world, split_batches)
         return DataLoaderShard(shard, device=device, rng_types=rng_types, batch_size=local, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _sharder=shard, _num_processes=world, **kwargs)
-    if dataloader.batch_sampler is None:
-        raise ConfigError("prepare() supports map-style DataLoaders with automatic batching (batch_size set or a batch_sampler); this one has batch_size=None.")
+    if _batch_sampler_of(dataloader) is None:
+        raise ConfigError(
+            "prepare() supports map-style DataLoaders that batch (batch_size set, a batch_sampler, or a BatchSampler "
+            "given as sampler with batch_size=None); this one has batch_size=None and a plain sampler."
+        )
     seed = _shared_seed(data_seed, None)
     batch_sampler, generator = _seeded_batch_sampler(dataloader, seed, use_seedable_sampler)
     sharder = BatchSamplerShard(batch_sampler, world, rank, split_batches, even_batches)  # also alone: it resumes mid-epoch
-    if world > 1 and not even_batches:
-        kwargs["collate_fn"] = _EmptyAwareCollate(kwargs["collate_fn"], dataset)
+    # a BatchSampler given as `sampler` (batch_size=None) stays in that place, as Accelerate keeps it
+    placement = {"batch_sampler": sharder} if dataloader.batch_sampler is not None else {"sampler": sharder, "batch_size": None}
     return DataLoaderShard(
         dataset,
         device=device,
         rng_types=rng_types,
         synchronized_generator=generator,
-        batch_sampler=sharder,
+        **placement,
         _non_blocking=non_blocking,
         _sharder=sharder,
         _loader_seed=seed if kwargs.get("generator") is None else None,
@@ -163,8 +166,15 @@ def _check_split_batches(dataloader: DataLoader, world: int) -> None:
         )
 
 
+def _batch_sampler_of(dataloader: DataLoader):
+    """The loader's batch sampler, or the ``BatchSampler`` it was given as ``sampler`` (with ``batch_size=None``)."""
+    if dataloader.batch_sampler is not None:
+        return dataloader.batch_sampler
+    return dataloader.sampler if isinstance(dataloader.sampler, BatchSampler) else None
+
+
 def _batch_size_of(dataloader: DataLoader) -> int | None:
-    return dataloader.batch_size if dataloader.batch_size is not None else getattr(dataloader.batch_sampler, "batch_size", None)
+    return dataloader.batch_size if dataloader.batch_size is not None else getattr(_batch_sampler_of(dataloader), "batch_size", None)
 
 
 def _per_process(size: int | None, world: int, split_batches: bool) -> int | None:

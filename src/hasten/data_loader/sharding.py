@@ -8,9 +8,11 @@ splitting) can be incomplete:
 * ``even_batches=True``: the round is completed with samples from the start of the epoch, so every
   rank gets a full batch; :class:`FinalRound` records how many samples are real so that
   ``gather_for_metrics`` drops the duplicates.
-* ``even_batches=False``: the leftover samples are split between the ranks as evenly as possible and
-  nothing is duplicated. Every rank still gets one batch per round (possibly empty), so loops with
-  collectives never hang on a rank that ran out of data.
+* ``even_batches=False``: nothing is duplicated and the last round keeps Accelerate's layout: the
+  leftover batches go to the first ranks (with ``split_batches``, the last batch is cut into pieces of
+  the usual size from rank 0 on), and a rank with nothing left gets no batch, so its loop ends one
+  step earlier. A training loop then needs ``accelerator.join_uneven_inputs`` (DDP), as in Accelerate;
+  ``gather_for_metrics`` after the loop still returns the dataset exactly.
 
 A ``drop_last=True`` loader drops an incomplete last round, as in Accelerate.
 """
@@ -124,9 +126,20 @@ class BatchSamplerShard(BatchSampler):
         length = len(self.batch_sampler)
         if self.split_batches:
             return length
-        if self.drop_last:
-            return length // self.num_processes
-        return math.ceil(length / self.num_processes)
+        full, leftover = divmod(length, self.num_processes)
+        if self.drop_last or leftover == 0:
+            return full
+        if self.even_batches:
+            return full + 1
+        return full + (1 if self.process_index < leftover else 0)
+
+    @property
+    def rounds(self) -> int:
+        """Rounds in an epoch, the same on every rank (a rank may have no batch in the last one)."""
+        length = len(self.batch_sampler)
+        if self.split_batches:
+            return length
+        return length // self.num_processes if self.drop_last else math.ceil(length / self.num_processes)
 
     @property
     def total_length(self) -> int:
@@ -154,12 +167,15 @@ class BatchSamplerShard(BatchSampler):
                 yield round_[rank]
                 round_ = []
         if round_ and not self.drop_last:
-            yield self._finish_round(round_, first)
+            mine = self._finish_round(round_, first)
+            if mine is not None:
+                yield mine
         elif self._last_round:  # the epoch ended on a complete round (or the incomplete one was dropped)
             sizes = tuple(len(b) for b in self._last_round)
             self.final_round = FinalRound(sum(sizes), sizes, padded=False)
 
-    def _finish_round(self, round_: list[list[int]], first: list[int]) -> list[int]:
+    def _finish_round(self, round_: list[list[int]], first: list[int]) -> list[int] | None:
+        """This rank's batch of the incomplete last round (None: it has none, ``even_batches=False``)."""
         n = self.num_processes
         leftover = [i for batch in round_ for i in batch]
         if self.even_batches and n > 1:
@@ -167,10 +183,10 @@ class BatchSamplerShard(BatchSampler):
             full = leftover + _cycle(first, n * size - len(leftover))
             chunks = [full[k * size : (k + 1) * size] for k in range(n)]
             self.final_round = FinalRound(len(leftover), (size,) * n, padded=True)
-        else:
-            chunks = split_evenly(leftover, n)
-            self.final_round = FinalRound(len(leftover), tuple(len(c) for c in chunks), padded=False)
-        return chunks[self.process_index]
+            return chunks[self.process_index]
+        chunks = round_ + [[]] * (n - len(round_))
+        self.final_round = FinalRound(len(leftover), tuple(len(c) for c in chunks), padded=False)
+        return chunks[self.process_index] if self.process_index < len(round_) else None
 
     def _iter_split(self) -> Iterator[list[int]]:
         n, rank = self.num_processes, self.process_index
@@ -193,9 +209,11 @@ class BatchSamplerShard(BatchSampler):
                 self.final_round = FinalRound(len(batch), (piece,) * n, padded=True)
                 yield padded[rank * piece : (rank + 1) * piece]
             else:
-                chunks = split_evenly(batch, n)
+                piece = full_size // n
+                chunks = [batch[k * piece : (k + 1) * piece] for k in range(n)]
                 self.final_round = FinalRound(len(batch), tuple(len(c) for c in chunks), padded=False)
-                yield chunks[rank]
+                if chunks[rank]:
+                    yield chunks[rank]
             return
         if last:
             piece = len(last) // n
@@ -292,6 +310,14 @@ class SkipBatchSampler(BatchSampler):
         yield from itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
 
     @property
+    def rounds(self) -> int:
+        """Rounds in an epoch, the same on every rank (a rank may have no batch in the last one)."""
+        length = len(self.batch_sampler)
+        if self.split_batches:
+            return length
+        return length // self.num_processes if self.drop_last else math.ceil(length / self.num_processes)
+
+    @property
     def total_length(self) -> int:
         """Length of the wrapped batch sampler."""
         return len(self.batch_sampler)
@@ -301,7 +327,10 @@ class SkipBatchSampler(BatchSampler):
 
 
 def get_sampler(dataloader) -> Sampler | None:
-    """The sampler that orders ``dataloader``'s samples (through its batch sampler when there is one)."""
+    """The sampler that orders ``dataloader``'s samples (through its batch sampler when there is one, also when
+    the ``sampler`` argument itself is a ``BatchSampler`` with ``batch_size=None``)."""
     batch_sampler = getattr(dataloader, "batch_sampler", None)
+    if batch_sampler is None and isinstance(getattr(dataloader, "sampler", None), BatchSampler):
+        batch_sampler = dataloader.sampler
     sampler = getattr(batch_sampler, "sampler", None)
     return sampler if sampler is not None else getattr(dataloader, "sampler", None)

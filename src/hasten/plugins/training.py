@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .. import environment
 from ..errors import ConfigError
 from .kwargs import KwargsHandler
 
@@ -95,3 +96,22 @@ class GradientAccumulationPlugin(KwargsHandler):
     def __post_init__(self):
         if self.num_steps is not None and (not isinstance(self.num_steps, int) or self.num_steps < 1):
             raise ConfigError(f"GradientAccumulationPlugin(num_steps={self.num_steps!r}): give a positive integer.")
+
+
+def resolve_accumulation(steps: int, plugin=None):
+    """The ``GradientAccumulationPlugin`` of ``Accelerator(gradient_accumulation_steps=steps, gradient_accumulation_plugin=plugin)``.
+
+    ``steps`` of 1 reads ``HASTEN_GRADIENT_ACCUMULATION_STEPS``; giving both ``steps`` and ``plugin`` is an error.
+    """
+    if plugin is not None:
+        if steps != 1:
+            raise ConfigError(
+                f"Pass either gradient_accumulation_steps={steps} or a gradient_accumulation_plugin, not both: "
+                "set num_steps in the plugin."
+            )
+        return plugin
+    if steps == 1:
+        steps = environment.get_int("GRADIENT_ACCUMULATION_STEPS", 1)
+    if not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"gradient_accumulation_steps={steps!r}: give a positive integer.")
+    return GradientAccumulationPlugin(num_steps=steps)
