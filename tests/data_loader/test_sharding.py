@@ -36,6 +36,9 @@ def test_uneven_batches_keep_accelerates_layout_and_never_duplicate():
     assert r0 == [[0, 1, 2, 3], [8, 9, 10, 11]] and r1 == [[4, 5, 6, 7], [12]] and f0.sizes == (4, 1)
     (r0, f0, l0), (r1, _, l1) = shards(1, 4, even_batches=False)
     assert r0 == [[0]] and r1 == [] and (l0, l1) == (1, 0)
+    base = BatchSampler(SequentialSampler(range(11)), 4, False)
+    assert [BatchSamplerShard(base, 2, r, even_batches=False).rounds for r in (0, 1)] == [2, 2], "rounds: the same on every rank"
+    assert not hasattr(SkipBatchSampler(base, 1), "rounds")
 
 
 def test_dataset_smaller_than_one_round():

@@ -310,14 +310,6 @@ class SkipBatchSampler(BatchSampler):
         yield from itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
 
     @property
-    def rounds(self) -> int:
-        """Rounds in an epoch, the same on every rank (a rank may have no batch in the last one)."""
-        length = len(self.batch_sampler)
-        if self.split_batches:
-            return length
-        return length // self.num_processes if self.drop_last else math.ceil(length / self.num_processes)
-
-    @property
     def total_length(self) -> int:
         """Length of the wrapped batch sampler."""
         return len(self.batch_sampler)
