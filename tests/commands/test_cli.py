@@ -22,7 +22,7 @@ from hasten.commands import runners
 from hasten.commands.main import build_parser, main
 from hasten.config import Hardware
 from hasten.errors import ConfigError, NotSupportedError
-from helpers import FIXTURES_ROOT, SCRIPTS
+from helpers import FIXTURES_ROOT, ROOT, SCRIPTS
 
 FIXTURES = FIXTURES_ROOT / "configs"
 HASTEN = Path(sys.executable).with_name("hasten")
@@ -469,3 +469,20 @@ def test_dialogue_asks_for_a_whole_number(tmp_path):
         child.expect_exact("Please enter a whole number, such as 2.")
     finally:
         child.terminate(force=True)
+
+
+def test_merge_command_has_accelerates_path_and_parser():
+    """`from accelerate.commands.merge import merge_command, merge_command_parser` (Accelerate's own merge test
+    uses it) works: the parser stands alone or joins a caller's subparsers, and the command refuses a folder
+    that holds no sharded checkpoint with a clear error."""
+    import argparse
+
+    from hasten.commands.merge import merge_command, merge_command_parser
+    from hasten.errors import CheckpointError
+
+    args = merge_command_parser().parse_args(["ckpt", "out", "--unsafe_serialization"])
+    assert (args.checkpoint_directory, args.output_path, args.safe_serialization) == ("ckpt", "out", False)
+    sub = argparse.ArgumentParser().add_subparsers()
+    assert merge_command_parser(sub).parse_args(["a", "b"]).func is merge_command
+    with pytest.raises(CheckpointError, match="holds neither a DeepSpeed ZeRO checkpoint"):
+        merge_command(merge_command_parser().parse_args([str(ROOT / "docs"), str(ROOT / "docs")]))

@@ -73,13 +73,20 @@ def merge_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def merge_command_parser(subparsers=None) -> argparse.ArgumentParser:
+    """The ``merge-weights`` parser (Accelerate's name): a subcommand of ``subparsers``, or a parser of its own."""
+    if subparsers is not None:
+        return add_parser(subparsers)
+    parser = argparse.ArgumentParser(prog="hasten merge-weights", description=__doc__, allow_abbrev=False)
+    _add_arguments(parser)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``hasten merge-weights`` on its own (``python -m hasten.commands.merge_weights``)."""
     from ..errors import HastenError
 
-    parser = argparse.ArgumentParser(prog="hasten merge-weights", description=__doc__, allow_abbrev=False)
-    _add_arguments(parser)
-    args = parser.parse_args(argv)
+    args = merge_command_parser().parse_args(argv)
     try:
         return merge_command(args)
     except HastenError as error:
