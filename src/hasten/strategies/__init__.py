@@ -33,14 +33,7 @@ class StrategyPlan:
 
     def build(self, state, precision, *, ddp_kwargs=None) -> Strategy:
         """The strategy, for ``state`` and ``precision`` built from :attr:`settings`."""
-        settings = self.settings
-        if settings.deepspeed_plugin is not None:
-            return self.strategy_class(state, precision, settings.deepspeed_plugin)
-        if settings.fsdp_plugin is not None:
-            return self.strategy_class(state, precision, settings.fsdp_plugin, parallelism_config=settings.parallelism_config)
-        if state.num_processes > 1:
-            return self.strategy_class(state, precision, ddp_kwargs=ddp_kwargs)
-        return self.strategy_class(state, precision)
+        return self.strategy_class.build(state, precision, self.settings, ddp_kwargs=ddp_kwargs)
 
 
 def plan_strategy(settings: EngineSettings, num_processes: int) -> StrategyPlan:

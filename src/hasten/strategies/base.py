@@ -61,6 +61,11 @@ class Strategy(ABC):
         """
         return settings
 
+    @classmethod
+    def build(cls, state, precision: Precision, settings: EngineSettings, ddp_kwargs=None) -> Strategy:
+        """This strategy for ``state`` and ``precision``, with what it needs of the settled ``settings``."""
+        return cls(state, precision)
+
     @property
     def device(self) -> torch.device:
         """The device of this process."""

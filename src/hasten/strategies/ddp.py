@@ -18,6 +18,11 @@ class DDPStrategy(Strategy):
         ddp_kwargs: ``DistributedDataParallelKwargs`` (bucket size, unused parameters, comm hook, ...).
     """
 
+    @classmethod
+    def build(cls, state, precision, settings, ddp_kwargs=None) -> DDPStrategy:
+        """DDP with the script's ``DistributedDataParallelKwargs``."""
+        return cls(state, precision, ddp_kwargs=ddp_kwargs)
+
     def __init__(self, state, precision, ddp_kwargs: DistributedDataParallelKwargs | None = None):
         super().__init__(state, precision)
         self.ddp_kwargs = ddp_kwargs or DistributedDataParallelKwargs()

@@ -92,6 +92,11 @@ class DeepSpeedStrategy(Strategy):
 
     distributed_type = DistributedType.DEEPSPEED
 
+    @classmethod
+    def build(cls, state, precision, settings, ddp_kwargs=None) -> DeepSpeedStrategy:
+        """The engine for the settled ``DeepSpeedPlugin``."""
+        return cls(state, precision, settings.deepspeed_plugin)
+
     def __init__(self, state, precision, plugin):
         super().__init__(state, precision)
         self.plugin = _single_plugin(plugin)
