@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from hasten.data_loader import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler, prepare_data_loader
+from hasten.data_loader import BatchSamplerShard, FinalRound, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler, prepare_data_loader
 from hasten.errors import ConfigError
 
 
@@ -81,13 +81,14 @@ def test_four_processes_cover_everything_exactly_once_when_uneven():
     assert len({len(batches) for batches, _, _ in parts}) == 1, "every rank gets the same number of batches"
 
 
-def test_iterable_dataset_shard():
-    for even, expected0, expected1 in [(True, [0, 1, 4, 5, 8, 9], [2, 3, 6, 7, 0, 1]), (False, [0, 1, 4, 5, 8], [2, 3, 6, 7, 9])]:
-        got = [list(IterableDatasetShard(range(10), batch_size=2, num_processes=2, process_index=r, even_batches=even)) for r in (0, 1)]
-        assert got == [expected0, expected1], (even, got)
-    # fewer leftover samples than processes: completed in both modes so no process runs one batch short
-    got = [list(IterableDatasetShard(range(9), batch_size=2, num_processes=2, process_index=r, even_batches=False)) for r in (0, 1)]
-    assert got == [[0, 1, 4, 5, 8, 0], [2, 3, 6, 7, 1, 2]]
+def test_iterable_dataset_shard_completes_the_last_buffer_from_the_first_as_accelerate_does():
+    got = [list(IterableDatasetShard(range(10), batch_size=2, num_processes=2, process_index=r)) for r in (0, 1)]
+    assert got == [[0, 1, 4, 5, 8, 9], [2, 3, 6, 7, 0, 1]]
+    shards = [IterableDatasetShard(range(9), batch_size=2, num_processes=2, process_index=r) for r in (0, 1)]
+    assert [list(s) for s in shards] == [[0, 1, 4, 5, 8, 0], [2, 3, 6, 7, 1, 2]]
+    assert shards[0].final_round == FinalRound(1, (2, 2), padded=True)
+    assert list(IterableDatasetShard(range(5), batch_size=2)) == [0, 1, 2, 3, 4, 0], "one process too (prepare does not shard then)"
+    assert list(IterableDatasetShard(range(5), batch_size=2, drop_last=True)) == [0, 1, 2, 3]
 
 
 def test_seedable_sampler_depends_on_seed_and_epoch_only():
@@ -145,10 +146,14 @@ def test_custom_samplers_and_batch_samplers_are_kept(world):
     assert all(p.batch_sampler.batch_sampler is custom for p in prepared), "Accelerate's check: dl.batch_sampler.batch_sampler is the user's"
     assert sorted(x for p in prepared for batch in p for x in batch.tolist()) == list(range(16))
     samplers = [_MyRandomSampler(range(16)) for _ in range(world)]
-    # data_seed stands for the seed rank 0 shares with every rank in a real launch
-    loaders = [prepare_data_loader(DataLoader(list(range(16)), sampler=samplers[r], batch_size=4), num_processes=world, process_index=r, data_seed=5) for r in range(world)]
+    loaders = []
+    for rank in range(world):  # each rank seeds the same way, as set_seed does in a real launch
+        torch.manual_seed(5)
+        loaders.append(prepare_data_loader(DataLoader(list(range(16)), sampler=samplers[rank], batch_size=4), num_processes=world, process_index=rank))
     assert all(loader.batch_sampler.batch_sampler.sampler is sampler for loader, sampler in zip(loaders, samplers))
-    # every rank shuffles the same way (a generator seeded with the shared seed), so the shards cover the data once
+    # with several processes the sampler gets a generator seeded at prepare (rank 0's is shared at each epoch start),
+    # so every rank shuffles the same way and the shards cover the data once
+    assert all((sampler.generator is not None) == (world > 1) for sampler in samplers)
     assert sorted(x for loader in loaders for batch in loader for x in batch.tolist()) == list(range(16))
 
 

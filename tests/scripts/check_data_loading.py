@@ -132,17 +132,18 @@ def check_resume_position():
     acc = Accelerator()
     loader = acc.prepare(DataLoader(dataset(32), batch_size=2, shuffle=True))
     loader.set_epoch(4)
-    full = [b.tolist() for (b,) in loader]
-    loader.set_epoch(4)
-    for i, _ in enumerate(loader):
+    full = []
+    for i, (b,) in enumerate(loader):
+        full.append(b.tolist())
         if i == 2:
             state = loader.state_dict()
-            break
-    assert state["epoch"] == 4 and state["batches_yielded"] == 3, f"state_dict {state}"
-    other = acc.prepare(DataLoader(dataset(32), batch_size=2, shuffle=True))
+    assert state["epoch"] == 4 and state["batches_yielded"] == 3 and "rng" in state, f"state_dict {sorted(state)}"
+    other = acc.prepare(DataLoader(dataset(32), batch_size=2, shuffle=True))  # its own generator: the state replays the epoch
     other.load_state_dict(state)
+    before = torch.get_rng_state()
     rest = [b.tolist() for (b,) in other]
     assert rest == full[3:], f"resumed epoch differs: {rest} vs {full[3:]}"
+    assert torch.get_rng_state().equal(before), "resuming drew from the global torch generator"
     assert other.iteration == 5
     view = acc.skip_first_batches(other, 6)
     assert len(view) == len(other) - 6

@@ -5,6 +5,7 @@ the row helpers it slices, pads and broadcasts nested batches with.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 
@@ -15,8 +16,9 @@ from ..runtime import preemption
 from ..runtime.operations import broadcast, broadcast_object_list
 from ..runtime.tree import send_to_device
 from ..state import PartialState
+from .epoch_rng import draw_iterator_seed, epoch_randomness
 from .loaders import DataLoaderStateMixin
-from .sharding import FinalRound, split_evenly
+from .sharding import FinalRound
 
 
 class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
@@ -28,7 +30,8 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
     Args:
         split_batches: each loader batch is the global batch (split between processes); otherwise the
             main process reads ``num_processes`` batches per step.
-        even_batches: complete the last global batch with rows from the first one.
+        even_batches: recorded only: as in Accelerate, the last global batch is completed (with the first rows
+            of the epoch) just up to a multiple of the number of processes, whatever this says.
         device: where batches are placed.
         slice_fn: ``slice_fn(batch, rows, process_index, num_processes)`` returning this process's part of
             a global batch (``rows`` is a ``slice``); by default every tensor and list is cut on its first dimension.
@@ -75,17 +78,18 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
             return None
         return parts[0] if len(parts) == 1 else _concat_rows(parts)
 
-    def _layout(self, batch, first, full_rows: int | None):
-        rows = _rows(batch)
-        if full_rows is None or rows >= full_rows:
-            sizes = tuple(len(c) for c in split_evenly(range(rows), self._world))
-            return batch, sizes, None
-        if self.even_batches:
-            target = math.ceil(full_rows / self._world) * self._world
-            padded = _pad_rows(batch, first, target - rows)
-            return padded, (target // self._world,) * self._world, FinalRound(rows, (target // self._world,) * self._world, True)
-        sizes = tuple(len(c) for c in split_evenly(range(rows), self._world))
-        return batch, sizes, FinalRound(rows, sizes, False)
+    def _layout(self, batch, first, is_last: bool):
+        """Accelerate's cut: ``rows // N`` rows per process; a last batch whose rows do not divide is completed,
+        unless ``drop_last``, with the first rows of the epoch's first batch up to the next multiple of ``N``."""
+        rows, world = _rows(batch), self._world
+        per = rows // world
+        if not (is_last and not self._drop_last and rows % world):
+            sizes = (per,) * world
+            return batch, sizes, FinalRound(sum(sizes), sizes, False) if is_last else None
+        padded = _pad_rows(batch, first, min(world, _rows(first)))
+        total, per = _rows(padded), per + 1
+        sizes = tuple(max(0, min(per, total - rank * per)) for rank in range(world))
+        return padded, sizes, FinalRound(rows, sizes, True)
 
     def _main_process_batches(self, skip: int):
         iterator = super().__iter__()
@@ -93,12 +97,9 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
             if self._fetch(iterator) is None:
                 break
         first = current = self._fetch(iterator)
-        full_rows = _rows(first) if first is not None else None
         while current is not None:
             upcoming = self._fetch(iterator)
-            batch, sizes, final = self._layout(current, first, full_rows)
-            if upcoming is None and final is None:
-                final = FinalRound(_rows(batch), sizes, False)
+            batch, sizes, final = self._layout(current, first, upcoming is None)
             yield batch, sizes, final, upcoming is None
             current = upcoming
 
@@ -128,7 +129,13 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         self._propagate_epoch()
         skip, self._resume_at = self._resume_at, 0
         self._yielded = skip
-        source = self._main_process_batches(skip) if self._rank == 0 else None
+        source = None
+        with epoch_randomness(self):  # every rank draws what creating the iterator draws, as in Accelerate
+            if self._rank == 0:
+                batches = self._main_process_batches(skip)
+                source = itertools.chain(list(itertools.islice(batches, 1)), batches)
+            else:
+                draw_iterator_seed(self)
         self.begin()
         try:
             while True:
@@ -140,7 +147,7 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
                 rows = slice(start, start + sizes[self._rank])
                 local = self._slice_fn(batch, rows, self._rank, self._world) if self._slice_fn else _slice_rows(batch, rows.start, rows.stop)
                 if is_last:
-                    self._final, self.end_of_dataloader = final, True
+                    self._final, self.end_of_dataloader, self.remainder = final, True, final.real
                 self._yielded += 1
                 yield local
                 if is_last:

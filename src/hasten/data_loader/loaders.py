@@ -9,18 +9,20 @@ and both place batches on the process's device.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
 from ..runtime import preemption
 from ..errors import ConfigError
 from ..runtime.tree import send_to_device
 from ..runtime.rng import synchronize_rng_state, synchronize_rng_states
 from ..state import GradientState
+from .epoch_rng import EpochStart, epoch_randomness
 from .sharding import BatchSamplerShard, FinalRound, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler, get_sampler
 
 # DataLoader arguments copied from the user's loader to the prepared one.
@@ -59,12 +61,9 @@ class DataLoaderStateMixin:
         self.iteration = 0
         self._yielded = 0
         self._resume_at = 0
-
-    @property
-    def remainder(self) -> int:
-        """Real samples in the last global batch (-1 when unknown)."""
-        final = self.final_round
-        return -1 if final is None else final.real
+        self._epoch_start: EpochStart | None = None
+        self._replay: EpochStart | None = None
+        self.remainder = -1
 
     @property
     def final_round(self) -> FinalRound | None:
@@ -72,9 +71,17 @@ class DataLoaderStateMixin:
         return None
 
     def begin(self) -> None:
-        """Mark the start of an iteration and register as the active dataloader."""
+        """Mark the start of an iteration and register as the active dataloader.
+
+        ``remainder`` is Accelerate's: for a sharded loader, the dataset's length modulo the total batch size
+        (-1 with ``drop_last`` or when either is unknown); ``gather_for_metrics`` on one process truncates to it.
+        """
         self.end_of_dataloader = False
+        self.remainder = self._initial_remainder()
         self.gradient_state._add_dataloader(self)
+
+    def _initial_remainder(self) -> int:
+        return -1
 
     def end(self) -> None:
         """Unregister at the end of an iteration."""
@@ -103,6 +110,8 @@ class DataLoaderStateMixin:
         sampler = get_sampler(self)
         if isinstance(sampler, SeedableRandomSampler):
             state["seed"] = sampler.initial_seed
+        if yielded and self._epoch_start is not None:  # inside an epoch: how it started, to replay its order
+            state["rng"] = self._epoch_start.to_json()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -120,6 +129,7 @@ class DataLoaderStateMixin:
         """
         self.iteration = int(state["epoch"])
         self._resume_at = 0
+        self._replay = EpochStart.from_json(state["rng"]) if state.get("rng") else None
         sampler = get_sampler(self)
         if "seed" in state and isinstance(sampler, SeedableRandomSampler):
             sampler.initial_seed = int(state["seed"])
@@ -147,6 +157,19 @@ def even_batches_overridden(loaders, even_batches: bool | None):
             loader.even_batches = value
 
 
+def _dataset_length(dataset) -> int:
+    length = getattr(dataset, "total_dataset_length", None)
+    return len(dataset) if length is None else length
+
+
+def _accelerate_total_batch_size(loader) -> int:
+    """Accelerate's global batch size of a sharded loader, from its batch sampler (what its ``remainder`` uses)."""
+    batch_sampler = loader.sampler if isinstance(loader.sampler, BatchSampler) else loader.batch_sampler
+    if getattr(batch_sampler, "split_batches", False):
+        return batch_sampler.batch_size
+    return batch_sampler.batch_size * getattr(batch_sampler, "num_processes", 1)
+
+
 def _safe_len(loader) -> float:
     try:
         return len(loader)
@@ -162,7 +185,8 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     Args:
         device: where to put each batch (None leaves them where they are).
         rng_types: generators synchronised from rank 0 at the start of each epoch.
-        synchronized_generator: the sampler's generator, synchronised when ``"generator"`` is in ``rng_types``.
+        synchronized_generator: the generator every rank shuffles with (the sampler's, or an iterable dataset's),
+            given rank 0's state at the start of each epoch.
         non_blocking: asynchronous host-to-device copies.
     """
 
@@ -175,19 +199,15 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         skip_batches: int = 0,
         _non_blocking: bool = False,
         _sharder=None,
-        _loader_seed: int | None = None,
+        _drop_last: bool = False,
         _local_batch_size: int | None = None,
         _num_processes: int = 1,
         **kwargs,
     ):
         self._local_batch_size = _local_batch_size
         self._num_processes = _num_processes
-        if _loader_seed is not None and kwargs.get("generator") is None:
-            kwargs["generator"] = torch.Generator()
         super().__init__(dataset, **kwargs)
-        # With its own generator, starting an epoch does not draw from the global RNG (the worker base
-        # seed comes from this generator, reseeded per epoch), so a resumed run keeps the same stream.
-        self._loader_seed = _loader_seed
+        self._drop_last = _drop_last
         self._init_state()
         self.device = torch.device(device) if device is not None else None
         self._place = self.device is not None and self.device.type != "cpu"
@@ -200,6 +220,14 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     @property
     def final_round(self) -> FinalRound | None:
         return getattr(self._sharder, "final_round", None)
+
+    def _initial_remainder(self) -> int:
+        if self._drop_last:
+            return -1
+        try:
+            return _dataset_length(self.dataset) % _accelerate_total_batch_size(self)
+        except Exception:  # noqa: BLE001 - Accelerate's rule: any failure (no length, no batch size) means unknown
+            return -1
 
     @property
     def split_batches(self) -> bool:
@@ -239,30 +267,31 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         return len(dataset)
 
     def _sync_rngs(self) -> None:
-        if not self.rng_types:
-            return
+        """Give every rank rank 0's generators: those of ``rng_types``, and always the shuffling generator
+        (so that the ranks shuffle alike even when ``rng_types`` leaves it out)."""
         others = [t for t in self.rng_types if str(t) != "generator"]
         if others:
             synchronize_rng_states(others)
-        if "generator" in [str(t) for t in self.rng_types] and self.synchronized_generator is not None:
+        if self.synchronized_generator is not None:
             synchronize_rng_state("generator", generator=self.synchronized_generator)
 
     def _start(self):
+        """Start an epoch: synchronise, set the epoch, create the iterator and fetch the first batch (the draws of an
+        epoch's start happen there; a resumed epoch replays them, see ``epoch_rng.py``). Returns the iterator."""
         self._sync_rngs()
         self._propagate_epoch()
-        if self._loader_seed is not None:
-            self.generator.manual_seed(self._loader_seed + self.iteration)
         skip, self._resume_at = self._resume_at, 0
-        if isinstance(self.batch_sampler, BatchSamplerShard):
-            self.batch_sampler.skip_next_iteration(skip)
+        sharded = isinstance(self.batch_sampler, BatchSamplerShard)
+        with epoch_randomness(self):
+            if sharded:
+                self.batch_sampler.skip_next_iteration(skip)
             iterator = super().__iter__()
-        else:
-            iterator = super().__iter__()
-            for _ in range(skip):
+            for _ in range(0 if sharded else skip):
                 if next(iterator, None) is None:
                     break
+            head = list(itertools.islice(iterator, 1))
         self._yielded = skip
-        return iterator
+        return itertools.chain(head, iterator)
 
     def __iter__(self):
         if preemption.save_due:

@@ -1,7 +1,10 @@
 """``gather_for_metrics``: gather evaluation outputs and drop the samples that were padded in.
 
-Every rank takes the same path, decided from facts all ranks share (whether a prepared loader is
-running, whether this is its last batch, its layout) or from one agreed exchange of row counts:
+On one process, and on a last batch whose layout hasten cannot describe (a batch sampler whose batch
+sizes vary), it does what Accelerate does: the gathered data, cut on the last batch to the loader's
+``remainder`` (the dataset's length modulo the total batch size) when that is positive. Otherwise every rank
+takes the same path, decided from facts all ranks share (whether a prepared loader is running, whether
+this is its last batch, its layout) or from one agreed exchange of row counts:
 
 - inside a loop, on any batch but the last: a plain ``gather`` (every rank holds a full batch);
 - on the last batch: the ranks exchange their row counts (one small collective per epoch); when they
@@ -17,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from ..errors import DistributedOperationException
 from ..runtime.operations import gather, gather_object, gather_with_sizes
@@ -48,6 +52,8 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
     state = GradientState()
     loader = state.active_dataloader
     final = loader.final_round if loader is not None and loader.end_of_dataloader else None
+    if not _distributed() or (final is None and state.end_of_dataloader):
+        return _as_accelerate_does(input_data, use_gather_object, state)
     if not use_gather_object and loader is not None and final is None:  # inside the loop: every rank holds a full batch
         return gather(input_data) if _is_tensor_structure(input_data) else gather_object(input_data)
     if loader is None and not use_gather_object:
@@ -67,6 +73,25 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
         return _gather_leaves(input_data, rows, None)
     gathered = gather(input_data) if len(set(final.sizes)) == 1 else gather_with_sizes(input_data, list(final.sizes))
     return _truncate(gathered, final.real) if final.padded else gathered
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _as_accelerate_does(data, use_gather_object: bool, state: GradientState):
+    """Accelerate's rule, for one process and for a last round whose layout is unknown: gather (on one process,
+    ``data`` as it is), and on the last batch keep the first ``remainder`` rows (``remainder`` > 0)."""
+    as_objects = use_gather_object or not (_is_tensor_structure(data) or (isinstance(data, list) and not data))
+    if _distributed():
+        data = gather_object(data) if as_objects else gather(data)
+    remainder = state.remainder
+    if not state.end_of_dataloader or remainder <= 0:
+        return data
+    try:
+        return data[:remainder] if as_objects else _truncate(data, remainder)
+    except Exception:  # noqa: BLE001 - as Accelerate: data that cannot be cut (a 0-d tensor, an object) comes back whole
+        return data
 
 
 def _exchange_rows(data) -> list[tuple[int, ...]] | None:

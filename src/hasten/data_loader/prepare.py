@@ -1,8 +1,22 @@
 """``prepare_data_loader``: turn a user's ``DataLoader`` into this process's sharded (or dispatched) loader.
 
-Custom samplers and batch samplers are kept and sharded around (:class:`~.sharding.BatchSamplerShard`);
-only a plain ``RandomSampler`` is swapped for a :class:`~.sharding.SeedableRandomSampler` seeded the
-same on every process.
+Random streams are consumed exactly as Accelerate 1.15 consumes them, so a script seeded the same gets the
+same numbers (shuffles, dropout, everything drawn after them):
+
+* one process: the user's sampler and batch sampler are kept as they are, so shuffling draws from the
+  global torch generator at each epoch as a plain ``DataLoader`` does; nothing is drawn at ``prepare``;
+* several processes: a sampler with an unset ``generator`` (``RandomSampler``) gets one, seeded with one draw
+  from the global torch generator at ``prepare``; rank 0's state of that generator is given to every rank
+  at each epoch start, so every rank shuffles the same way;
+* ``use_seedable_sampler``: a ``RandomSampler`` becomes a :class:`~.sharding.SeedableRandomSampler` (order
+  from ``data_seed``, else the global seed, plus the epoch); with several processes rank 0's seed is
+  shared, so the ranks agree even when their global seeds differ;
+* each epoch's iterator draws its workers' base seed as ``DataLoader`` does (on every rank, also when
+  the main process dispatches the batches).
+
+Custom samplers and batch samplers are kept and sharded around (:class:`~.sharding.BatchSamplerShard`).
+A prepared loader records the generators' states at each epoch start (a copy, not a draw), so that a
+resumed epoch replays its order without drawing again (``data_loader/epoch_rng.py``).
 """
 
 from __future__ import annotations
@@ -16,7 +30,7 @@ from ..runtime.operations import broadcast_object_list
 from ..state import PartialState, warn_once
 from .dispatcher import DataLoaderDispatcher
 from .loaders import DataLoaderShard, _loader_kwargs
-from .sharding import BatchSamplerShard, IterableDatasetShard, SeedableRandomSampler, get_sampler
+from .sharding import BatchSamplerShard, IterableDatasetShard, PassThroughBatchSampler, SeedableRandomSampler, get_sampler
 
 
 def _user_sharded(dataloader: DataLoader) -> bool:
@@ -26,45 +40,28 @@ def _user_sharded(dataloader: DataLoader) -> bool:
     return isinstance(dataset, IterableDataset) and bool(getattr(dataset, "hasten_sharded", False) or getattr(dataset, "_distributed", None))
 
 
-def _shared_seed(data_seed: int | None, generator) -> int:
-    """``data_seed``, or a seed drawn on the main process and shared with every process (one small broadcast)."""
-    if data_seed is not None:
-        return int(data_seed)
-    seed = [int(torch.randint(0, 2**62, (1,), generator=generator).item())]
-    return broadcast_object_list(seed)[0]
+def _seedable_sampler(sampler: RandomSampler, data_seed: int | None, world: int) -> SeedableRandomSampler:
+    """Accelerate's replacement of a ``RandomSampler`` under ``use_seedable_sampler``; the seed is rank 0's."""
+    seedable = SeedableRandomSampler(sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, generator=sampler.generator, data_seed=data_seed)
+    if world > 1 and data_seed is None:  # set_seed(device_specific=True) gives each rank its own global seed
+        seedable.initial_seed = broadcast_object_list([seedable.initial_seed])[0]
+    return seedable
 
 
-def _seeded_batch_sampler(dataloader: DataLoader, data_seed: int, use_seedable_sampler: bool = False):
-    """The loader's batch sampler, with a plain ``RandomSampler`` replaced by a seeded one shared by all ranks.
+def _install_sampler(dataloader: DataLoader, sampler) -> None:
+    """Put ``sampler`` in the batch sampler of a prepared loader (and of the user's batch sampler inside it)."""
+    holder = dataloader.sampler if isinstance(dataloader.sampler, BatchSampler) else dataloader.batch_sampler
+    inner = holder.batch_sampler if isinstance(holder, BatchSamplerShard) else holder
+    inner.sampler = sampler
 
-    Custom samplers (subclasses included) and custom batch samplers are kept, as in Accelerate; a custom
-    sampler with an unset ``generator`` gets one seeded with the shared seed, so every rank draws the
-    same order. A ``RandomSampler`` given the user's own generator keeps it (without
-    ``use_seedable_sampler``), as in Accelerate: a script that re-seeds that generator after ``prepare``
-    steers the order, which rank 0 shares with every rank at each epoch start.
-    """
-    batch_sampler = _batch_sampler_of(dataloader)
-    sampler = get_sampler(dataloader)
-    if isinstance(sampler, SeedableRandomSampler):
-        return batch_sampler, None
-    if type(sampler) is not RandomSampler:
-        if hasattr(sampler, "generator") and sampler.generator is None:
-            sampler.generator = torch.Generator().manual_seed(data_seed)
-            return batch_sampler, None
-        return batch_sampler, getattr(sampler, "generator", None)
-    if sampler.generator is not None and not use_seedable_sampler:
-        return batch_sampler, sampler.generator
-    if sampler.generator is not None:  # the user seeded shuffling with their own generator: derive from it
-        data_seed = int(torch.randint(0, 2**62, (1,), generator=sampler.generator).item()) ^ data_seed
-    seeded = SeedableRandomSampler(sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, data_seed=data_seed)
-    if type(batch_sampler) is BatchSampler:
-        return BatchSampler(seeded, batch_sampler.batch_size, batch_sampler.drop_last), None
-    try:
-        batch_sampler.sampler = seeded
-    except AttributeError:
-        warn_once("custom-batch-sampler", f"Could not give {type(batch_sampler).__name__} a shared seed; its shuffling is synchronised per epoch instead.")
-        return batch_sampler, sampler.generator
-    return batch_sampler, None
+
+def _generator_to_share(sampler) -> torch.Generator | None:
+    """The generator every rank shuffles with: the sampler's own, or a new one seeded with one draw from the
+    global torch generator (Accelerate's draw), which rank 0 shares at each epoch start."""
+    if sampler.generator is None:
+        sampler.generator = torch.Generator(device=torch.get_default_device())
+        sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_().item()))
+    return sampler.generator
 
 
 def prepare_data_loader(
@@ -87,16 +84,19 @@ def prepare_data_loader(
     """Return a loader that gives this process its share of ``dataloader``'s batches.
 
     See :class:`~hasten.DataLoaderConfiguration` for ``split_batches``, ``dispatch_batches``,
-    ``even_batches``, ``data_seed`` and ``non_blocking``. Shuffling is always seeded the same on every
-    process (a plain ``RandomSampler`` becomes a :class:`SeedableRandomSampler`), so
-    ``use_seedable_sampler`` is implied. A loader that is already sharded (a ``DistributedSampler``,
-    or an ``IterableDataset`` marked ``hasten_sharded = True`` / split by node) is not sharded again.
+    ``even_batches``, ``use_seedable_sampler``, ``data_seed`` and ``non_blocking``; the module docstring
+    says which random draws happen where (Accelerate's). Beyond Accelerate: every rank shuffles the same
+    way (rank 0's sampler generator or seed is shared at each epoch start, whatever ``rng_types`` says),
+    and a loader with more than one process that is already sharded (a ``DistributedSampler``, or an
+    ``IterableDataset`` marked ``hasten_sharded = True`` / split by node) is not sharded again.
 
     Args:
         dataloader: the loader to prepare.
         device: where batches go when ``put_on_device``.
         num_processes, process_index: default to the current process state.
-        rng_types: generators synchronised at each epoch start (``"torch"``, ``"cuda"``, ``"generator"``).
+        rng_types: generators synchronised at each epoch start (``"torch"``, ``"cuda"``, ``"generator"``);
+            ``"generator"`` is removed from the list when there is no generator to synchronise, as in Accelerate.
+        dispatch_batches: None means True for an ``IterableDataset`` placed on the device, as in Accelerate.
         slice_fn_for_dispatch: with ``dispatch_batches``, how a global batch is cut for each process
             (see :class:`DataLoaderDispatcher`).
         use_stateful_dataloader, torch_device_mesh: accepted for compatibility: every prepared loader records
@@ -105,48 +105,101 @@ def prepare_data_loader(
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}.")
+    dataset = dataloader.dataset
+    iterable = isinstance(dataset, IterableDataset)
+    if dispatch_batches is None:
+        dispatch_batches = bool(put_on_device) and iterable
+    if dispatch_batches and not put_on_device:
+        raise ConfigError("dispatch_batches=True places the dispatched batches on the device, so it needs put_on_device=True (Accelerator.prepare passes it).")
     state = PartialState()
     world = num_processes if num_processes is not None else state.num_processes
     rank = process_index if process_index is not None else state.process_index
     if split_batches:
         _check_split_batches(dataloader, world)
     device = device if put_on_device else None
-    dataset = dataloader.dataset
-    iterable = isinstance(dataset, IterableDataset)
     kwargs = _loader_kwargs(dataloader)
-    if _user_sharded(dataloader):
+    if world > 1 and _user_sharded(dataloader):
         return _keep_user_sharding(dataloader, world, device, non_blocking, kwargs)
-    if dispatch_batches is None:
-        dispatch_batches = iterable and world > 1
-    if dispatch_batches and world > 1:
-        return _dispatcher(dataloader, split_batches, even_batches, device, non_blocking, slice_fn_for_dispatch, data_seed, kwargs)
-    if iterable:  # batch_size=None: the dataset yields whole batches, dealt to the processes in turn
-        shard = IterableDatasetShard(dataset, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, num_processes=world, process_index=rank, split_batches=split_batches, even_batches=even_batches)
-        local = _per_process(dataloader.batch_size, world, split_batches)
-        return DataLoaderShard(shard, device=device, rng_types=rng_types, batch_size=local, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _sharder=shard, _num_processes=world, **kwargs)
-    if _batch_sampler_of(dataloader) is None:
-        raise ConfigError(
-            "prepare() supports map-style DataLoaders that batch (batch_size set, a batch_sampler, or a BatchSampler "
-            "given as sampler with batch_size=None); this one has batch_size=None and a plain sampler."
-        )
-    seed = _shared_seed(data_seed, None)
-    batch_sampler, generator = _seeded_batch_sampler(dataloader, seed, use_seedable_sampler)
-    sharder = BatchSamplerShard(batch_sampler, world, rank, split_batches, even_batches)  # also alone: it resumes mid-epoch
+    sampler = get_sampler(dataloader)
+    seedable = _seedable_sampler(sampler, data_seed, world) if use_seedable_sampler and isinstance(sampler, RandomSampler) else None
+    if dispatch_batches:
+        kwargs.pop("generator", None)
+        prepared = _dispatcher(dataloader, split_batches, even_batches, device, non_blocking, slice_fn_for_dispatch, kwargs)
+    elif iterable:
+        prepared = _iterable_loader(dataloader, world, rank, split_batches, device, non_blocking, rng_types, kwargs)
+    else:
+        generator = _generator_to_share(sampler) if world > 1 and seedable is None and hasattr(sampler, "generator") else None
+        prepared = _map_style_loader(dataloader, world, rank, split_batches, even_batches, device, non_blocking, rng_types, generator, kwargs)
+    if seedable is not None:
+        _install_sampler(prepared, seedable)
+    return prepared
+
+
+def _without_generator_sync(rng_types, generator):
+    """Accelerate's rule: ``"generator"`` leaves ``rng_types`` (the caller's list, in place) when there is no generator to synchronise."""
+    if rng_types is not None and generator is None and "generator" in rng_types:
+        rng_types.remove("generator")
+    return rng_types
+
+
+def _map_style_loader(dataloader, world, rank, split_batches, even_batches, device, non_blocking, rng_types, generator, kwargs) -> DataLoaderShard:
+    batch_sampler = _batch_sampler_of(dataloader)
+    rng_types = _without_generator_sync(rng_types, generator)
+    local = _per_process(_batch_size_of(dataloader), world, split_batches)
+    if batch_sampler is None:  # batch_size=None with a plain sampler: samples one by one (one process only, as in Accelerate)
+        if world > 1:
+            raise ConfigError(
+                "prepare() shards map-style DataLoaders that batch (batch_size set, a batch_sampler, or a BatchSampler given as "
+                "sampler with batch_size=None); this one has batch_size=None and a plain sampler."
+            )
+        return DataLoaderShard(dataloader.dataset, device=device, rng_types=rng_types, sampler=dataloader.sampler, batch_size=None, _non_blocking=non_blocking, _drop_last=dataloader.drop_last, **kwargs)
+    if world > 1:
+        sharder = BatchSamplerShard(batch_sampler, world, rank, split_batches, even_batches)
+    else:  # Accelerate keeps one process's batches as they are; the wrapper lets a resumed epoch skip batches unloaded
+        sharder = PassThroughBatchSampler(batch_sampler, split_batches, even_batches)
     # a BatchSampler given as `sampler` (batch_size=None) stays in that place, as Accelerate keeps it
     placement = {"batch_sampler": sharder} if dataloader.batch_sampler is not None else {"sampler": sharder, "batch_size": None}
     return DataLoaderShard(
-        dataset,
+        dataloader.dataset,
         device=device,
         rng_types=rng_types,
         synchronized_generator=generator,
         **placement,
         _non_blocking=non_blocking,
+        _drop_last=dataloader.drop_last,
         _sharder=sharder,
-        _loader_seed=seed if kwargs.get("generator") is None else None,
-        _local_batch_size=_per_process(_batch_size_of(dataloader), world, split_batches),
+        _local_batch_size=local,
         _num_processes=world,
         **kwargs,
     )
+
+
+def _iterable_loader(dataloader, world, rank, split_batches, device, non_blocking, rng_types, kwargs) -> DataLoaderShard:
+    """An ``IterableDataset`` read whole on every process, each keeping its share (one process: read as it is)."""
+    dataset, size = dataloader.dataset, dataloader.batch_size
+    if world == 1:
+        rng_types = _without_generator_sync(rng_types, None)
+        return DataLoaderShard(dataset, device=device, rng_types=rng_types, batch_size=size, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _drop_last=dataloader.drop_last, _local_batch_size=size, **kwargs)
+    shards = _datasets_shard(dataset, world, rank, split_batches)
+    if shards is not None:
+        return DataLoaderShard(shards, device=device, rng_types=_without_generator_sync(rng_types, None), batch_size=size, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _drop_last=dataloader.drop_last, _local_batch_size=size, _num_processes=world, **kwargs)
+    generator = getattr(dataset, "generator", None)
+    rng_types = _without_generator_sync(rng_types, generator)
+    # batch_size=None: the dataset yields whole batches, dealt to the processes in turn
+    shard = IterableDatasetShard(dataset, batch_size=size, drop_last=dataloader.drop_last, num_processes=world, process_index=rank, split_batches=split_batches)
+    local = _per_process(size, world, split_batches)
+    return DataLoaderShard(shard, device=device, rng_types=rng_types, synchronized_generator=generator, batch_size=local, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _drop_last=dataloader.drop_last, _sharder=shard, _num_processes=world, **kwargs)
+
+
+def _datasets_shard(dataset, world: int, rank: int, split_batches: bool):
+    """A 🤗 ``datasets.IterableDataset`` with at least one shard per process is split by shards, as Accelerate does."""
+    try:
+        from datasets import IterableDataset as DatasetsIterableDataset
+    except ImportError:
+        return None
+    if isinstance(dataset, DatasetsIterableDataset) and not split_batches and dataset.n_shards >= world:
+        return dataset.shard(num_shards=world, index=rank)
+    return None
 
 
 def _check_split_batches(dataloader: DataLoader, world: int) -> None:
@@ -183,14 +236,14 @@ def _per_process(size: int | None, world: int, split_batches: bool) -> int | Non
     return size // world if split_batches else size
 
 
-def _dispatcher(dataloader, split_batches, even_batches, device, non_blocking, slice_fn, data_seed, kwargs) -> DataLoaderDispatcher:
+def _dispatcher(dataloader, split_batches, even_batches, device, non_blocking, slice_fn, kwargs) -> DataLoaderDispatcher:
     size = dataloader.batch_size or getattr(dataloader.batch_sampler, "batch_size", None)
     if size is None:
         raise ConfigError("dispatch_batches=True needs a DataLoader with a batch_size (or a batch sampler that has one).")
     if isinstance(dataloader.dataset, IterableDataset):
         kwargs.update(batch_size=dataloader.batch_size, drop_last=dataloader.drop_last)
     else:
-        kwargs["batch_sampler"] = _seeded_batch_sampler(dataloader, _shared_seed(data_seed, None))[0]
+        kwargs["batch_sampler"] = _batch_sampler_of(dataloader)
     drop_last = getattr(dataloader.batch_sampler, "drop_last", dataloader.drop_last)
     return DataLoaderDispatcher(
         dataloader.dataset, split_batches=split_batches, even_batches=even_batches, device=device, _non_blocking=non_blocking, slice_fn=slice_fn, _batch_size=size, _drop_last=drop_last, **kwargs
@@ -202,5 +255,5 @@ def _keep_user_sharding(dataloader: DataLoader, world: int, device, non_blocking
     warn_once("user-sharded", "This dataloader is already sharded between processes (DistributedSampler or a self-sharding dataset); hasten keeps it as is and does not shard it again.")
     sizes = {"_local_batch_size": _batch_size_of(dataloader), "_num_processes": world}
     if isinstance(dataloader.dataset, IterableDataset):
-        return DataLoaderShard(dataloader.dataset, device=device, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, _non_blocking=non_blocking, **sizes, **kwargs)
-    return DataLoaderShard(dataloader.dataset, device=device, batch_sampler=dataloader.batch_sampler, _non_blocking=non_blocking, **sizes, **kwargs)
+        return DataLoaderShard(dataloader.dataset, device=device, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _drop_last=dataloader.drop_last, **sizes, **kwargs)
+    return DataLoaderShard(dataloader.dataset, device=device, batch_sampler=dataloader.batch_sampler, _non_blocking=non_blocking, _drop_last=dataloader.drop_last, **sizes, **kwargs)

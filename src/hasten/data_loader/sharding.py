@@ -1,20 +1,22 @@
-"""How a dataset's batches are split between processes.
+"""How a dataset's batches are split between processes: Accelerate 1.15's layouts, batch for batch.
 
 The layout is deterministic and the same on every rank, so each rank knows what the others get:
 batches go round-robin (batch ``i`` to rank ``i % N``), or, with ``split_batches``, every batch is cut
 into ``N`` contiguous pieces. Only the last *round* (the final ``N`` batches, or the final batch when
-splitting) can be incomplete:
+splitting) is normally incomplete:
 
 * ``even_batches=True``: the round is completed with samples from the start of the epoch, so every
   rank gets a full batch; :class:`FinalRound` records how many samples are real so that
   ``gather_for_metrics`` drops the duplicates.
-* ``even_batches=False``: nothing is duplicated and the last round keeps Accelerate's layout: the
-  leftover batches go to the first ranks (with ``split_batches``, the last batch is cut into pieces of
-  the usual size from rank 0 on), and a rank with nothing left gets no batch, so its loop ends one
-  step earlier. A training loop then needs ``accelerator.join_uneven_inputs`` (DDP), as in Accelerate;
-  ``gather_for_metrics`` after the loop still returns the dataset exactly.
+* ``even_batches=False``: nothing is duplicated: the leftover batches go to the first ranks (with
+  ``split_batches``, the last batch is cut into pieces of the usual size from rank 0 on), and a rank with
+  nothing left gets no batch, so its loop ends one step earlier. A training loop then needs
+  ``accelerator.join_uneven_inputs`` (DDP), as in Accelerate.
 
-A ``drop_last=True`` loader drops an incomplete last round, as in Accelerate.
+A ``drop_last=True`` loader drops an incomplete last round. A batch sampler whose batches vary in size
+is sharded as Accelerate shards it, quirks included (with a ``batch_size``, a round whose last batch is
+short is not given out; a batch sampler without one deals whole batches), so that a script gets the
+same batches on every process as under Accelerate.
 """
 
 from __future__ import annotations
@@ -41,21 +43,6 @@ class FinalRound:
     real: int
     sizes: tuple[int, ...]
     padded: bool
-
-
-def split_evenly(items: list, parts: int) -> list[list]:
-    """Split ``items`` into ``parts`` contiguous lists whose lengths differ by at most one (first ones longer)."""
-    base, extra = divmod(len(items), parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + base + (1 if i < extra else 0)
-        out.append(items[start:end])
-        start = end
-    return out
-
-
-def _cycle(first: list, count: int) -> list:
-    return list(itertools.islice(itertools.cycle(first), count)) if first else []
 
 
 class SeedableRandomSampler(RandomSampler):
@@ -85,7 +72,7 @@ class SeedableRandomSampler(RandomSampler):
 
 
 class BatchSamplerShard(BatchSampler):
-    """Yields this process's batches of indices from ``batch_sampler`` (see the module docstring).
+    """Yields this process's batches of indices from ``batch_sampler``, in Accelerate's layout (module docstring).
 
     Args:
         batch_sampler: the original loader's batch sampler.
@@ -110,7 +97,6 @@ class BatchSamplerShard(BatchSampler):
                 f"{type(batch_sampler).__name__}. Use a batch size that is a multiple of {num_processes}, or split_batches=False."
             )
         self.final_round: FinalRound | None = None
-        self._last_round: list[list[int]] = []
         self._skip = 0
 
     def skip_next_iteration(self, num_batches: int) -> None:
@@ -148,93 +134,182 @@ class BatchSamplerShard(BatchSampler):
 
     def __iter__(self) -> Iterator[list[int]]:
         self.final_round = None
-        self._last_round = []
         skip, self._skip = self._skip, 0
-        batches = self._iter_split() if self.split_batches else self._iter_rounds()
-        yield from itertools.islice(batches, skip, None)
+        yield from itertools.islice(self._own_batches(), skip, None)
 
-    def _iter_rounds(self) -> Iterator[list[int]]:
-        n, rank = self.num_processes, self.process_index
-        first: list[int] = []
-        round_: list[list[int]] = []
-        for batch in self.batch_sampler:
-            batch = list(batch)
-            if len(first) < n * (self.batch_size or len(batch)):
-                first.extend(batch)
-            round_.append(batch)
-            if len(round_) == n and (self.batch_size is None or len(batch) == self.batch_size):
-                self._last_round = round_
-                yield round_[rank]
-                round_ = []
-        if round_ and not self.drop_last:
-            mine = self._finish_round(round_, first)
-            if mine is not None:
-                yield mine
-        elif self._last_round:  # the epoch ended on a complete round (or the incomplete one was dropped)
-            sizes = tuple(len(b) for b in self._last_round)
+    def _own_batches(self) -> Iterator[list[int]]:
+        rank = self.process_index
+        layout = _split_layout(self) if self.split_batches else _round_robin_layout(self)
+        last: tuple[list[int], ...] = ()
+        for pieces in layout:
+            if isinstance(pieces, _Tail):
+                self.final_round = pieces.final_round(last)
+                yield from pieces.batches[rank]
+                return
+            last = pieces
+            yield pieces[rank]
+        if last:
+            sizes = tuple(len(p) for p in last)
             self.final_round = FinalRound(sum(sizes), sizes, padded=False)
 
-    def _finish_round(self, round_: list[list[int]], first: list[int]) -> list[int] | None:
-        """This rank's batch of the incomplete last round (None: it has none, ``even_batches=False``)."""
-        n = self.num_processes
-        leftover = [i for batch in round_ for i in batch]
-        if self.even_batches and n > 1:
-            size = self.batch_size or max(len(b) for b in round_)
-            full = leftover + _cycle(first, n * size - len(leftover))
-            chunks = [full[k * size : (k + 1) * size] for k in range(n)]
-            self.final_round = FinalRound(len(leftover), (size,) * n, padded=True)
-            return chunks[self.process_index]
-        chunks = round_ + [[]] * (n - len(round_))
-        self.final_round = FinalRound(len(leftover), tuple(len(c) for c in chunks), padded=False)
-        return chunks[self.process_index] if self.process_index < len(round_) else None
 
-    def _iter_split(self) -> Iterator[list[int]]:
-        n, rank = self.num_processes, self.process_index
-        first: list[int] = []
-        last: list[int] = []
+class PassThroughBatchSampler(BatchSamplerShard):
+    """The batch sampler of a loader prepared for one process: the user's batches, unchanged.
+
+    Accelerate does not shard a loader of one process (a :class:`BatchSamplerShard` of one process would
+    complete a short last batch); hasten keeps this wrapper so that the loader can still start an
+    iteration at any batch without loading the ones before it. ``split_batches`` and ``even_batches`` are
+    recorded (the loader reports them) and change nothing.
+    """
+
+    def __init__(self, batch_sampler, split_batches: bool = False, even_batches: bool = True):
+        super().__init__(batch_sampler, 1, 0, split_batches=split_batches, even_batches=even_batches)
+
+    def __len__(self) -> int:
+        return len(self.batch_sampler)
+
+    @property
+    def rounds(self) -> int:
+        """Batches in an epoch."""
+        return len(self.batch_sampler)
+
+    def _own_batches(self) -> Iterator[list[int]]:
+        last = None
         for batch in self.batch_sampler:
-            batch = list(batch)
-            if not first:
-                first = batch
-            full_size = self.batch_size or len(batch)
-            if len(batch) == full_size and full_size % n == 0:
-                piece = full_size // n
-                last = batch
-                yield batch[rank * piece : (rank + 1) * piece]
-                continue
-            if self.even_batches and n > 1:
-                target = math.ceil(max(full_size, len(batch)) / n) * n
-                padded = batch + _cycle(first, target - len(batch))
-                piece = target // n
-                self.final_round = FinalRound(len(batch), (piece,) * n, padded=True)
-                yield padded[rank * piece : (rank + 1) * piece]
+            last = batch
+            yield batch
+        if last is not None:
+            self.final_round = FinalRound(len(last), (len(last),), padded=False)
+
+
+@dataclass
+class _Tail:
+    """What each rank gets after the last complete round: ``batches[r]``, of which ``real[r]`` samples are genuine."""
+
+    batches: list[list]
+    real: list[list[int]]
+
+    @classmethod
+    def empty(cls, world: int) -> _Tail:
+        return cls([[] for _ in range(world)], [[] for _ in range(world)])
+
+    def add(self, rank: int, batch, real: int) -> None:
+        self.batches[rank].append(batch)
+        self.real[rank].append(real)
+
+    def final_round(self, last_round: tuple) -> FinalRound | None:
+        """The layout of the epoch's last round, or None when it is not one batch (or none) per rank with the
+        genuine samples first in rank order (a batch sampler whose batch sizes vary can give that)."""
+        if not any(self.batches):
+            sizes = tuple(len(b) for b in last_round)
+            return FinalRound(sum(sizes), sizes, padded=False) if last_round else None
+        if any(len(b) > 1 for b in self.batches):
+            return None
+        sizes = tuple(len(b[0]) if b else 0 for b in self.batches)
+        reals = [r[0] if r else 0 for r in self.real]
+        total, before = sum(reals), 0
+        for size, real in zip(sizes, reals):
+            if real != min(size, max(0, total - before)):
+                return None
+            before += size
+        return FinalRound(total, sizes, padded=total != sum(sizes))
+
+
+def _round_robin_layout(shard: BatchSamplerShard):
+    """Accelerate's round-robin layout: batch ``i`` to rank ``i % N``, one tuple per complete round, then a
+    :class:`_Tail`. A round whose last batch is short (with a fixed ``batch_size``) is not given out."""
+    world, size, drop_last = shard.num_processes, shard.batch_size, shard.drop_last
+    pending: list = [None] * world
+    first: list = []
+    last, count = None, 0
+    for index, batch in enumerate(shard.batch_sampler):
+        count = index + 1
+        if not drop_last and index < world:
+            if size is None:
+                first.append(batch)
             else:
-                piece = full_size // n
-                chunks = [batch[k * piece : (k + 1) * piece] for k in range(n)]
-                self.final_round = FinalRound(len(batch), tuple(len(c) for c in chunks), padded=False)
-                if chunks[rank]:
-                    yield chunks[rank]
-            return
-        if last:
-            piece = len(last) // n
-            self.final_round = FinalRound(len(last), (piece,) * n, padded=False)
+                first.extend(batch)
+        pending[index % world] = batch
+        if index % world == world - 1 and (size is None or len(batch) == size):
+            yield tuple(pending)
+            pending = [None] * world
+        last = batch
+    if drop_last or not first:
+        return
+    tail = _Tail.empty(world)
+    for rank, batch in enumerate(pending):
+        if batch and (not shard.even_batches or size is None or len(batch) == size):
+            tail.add(rank, batch, len(batch))
+    if shard.even_batches:
+        _complete_last_round(tail, first, last, count - 1, world, size)
+    yield tail
+
+
+def _complete_last_round(tail: _Tail, first: list, last, index: int, world: int, size: int | None) -> None:
+    """``even_batches``: give the ranks after the last batch (and the short last batch) samples from the start."""
+    pool = first
+    while len(pool) < (world * size if size is not None else world):
+        pool = pool + pool
+    batch = last
+    if size is None or len(batch) == size:
+        batch, index = [], index + 1
+    cursor = 0
+    while index % world != 0 or len(batch) > 0:
+        if size is None:
+            tail.add(index % world, pool[cursor], 0)
+            cursor += 1
+        else:
+            end = cursor + size - len(batch)
+            tail.add(index % world, batch + pool[cursor:end], len(batch))
+            cursor = end
+        batch, index = [], index + 1
+
+
+def _split_layout(shard: BatchSamplerShard):
+    """Accelerate's ``split_batches`` layout: every full batch cut into ``N`` pieces, then a :class:`_Tail` for a
+    short last batch. A short batch before the last is not given out."""
+    world, size = shard.num_processes, shard.batch_size
+    piece = size // world
+    first, last = None, None
+    for index, batch in enumerate(shard.batch_sampler):
+        if index == 0:
+            first = batch
+        if len(batch) == size:
+            yield tuple(batch[piece * r : piece * (r + 1)] for r in range(world))
+        last = batch
+    if shard.drop_last or not first or len(last) >= size:
+        return
+    tail = _Tail.empty(world)
+    if shard.even_batches:
+        pool = first
+        while len(pool) < size:
+            pool = pool + pool
+        full = last + pool
+        for rank in range(world):
+            tail.add(rank, full[piece * rank : piece * (rank + 1)], max(0, min(piece, len(last) - piece * rank)))
+    else:
+        for rank in range(world):
+            if len(last) > piece * rank:
+                mine = last[piece * rank : piece * (rank + 1)]
+                tail.add(rank, mine, len(mine))
+    yield tail
 
 
 class IterableDatasetShard(IterableDataset):
     """Shards an ``IterableDataset`` between processes by reading it whole on every process.
 
     Samples are read in buffers of ``batch_size * num_processes`` (or ``batch_size`` with
-    ``split_batches``); each process keeps its slice. The last buffer is completed with samples from
-    the start (``even_batches``, the default) or split as evenly as possible; when fewer samples than
-    processes remain, it is completed in both modes so no process runs one batch short.
+    ``split_batches``); each process keeps its slice. Unless ``drop_last``, the last buffer is completed
+    with samples from the first one, as in Accelerate (also with one process); :attr:`final_round` records
+    how many samples are real so that ``gather_for_metrics`` drops the others.
 
     ``batch_size=None`` is for datasets that yield whole batches (a ``DataLoader(batch_size=None)``):
-    each element goes to one process, in turn. With ``split_batches`` the batch size must be a multiple
-    of ``num_processes``; unlike Accelerate, a batch size of 1 (which would give every process nothing)
-    and ``None`` are refused too.
+    each element goes to one process, in turn (Accelerate fails on it). With ``split_batches`` the batch
+    size must be a multiple of ``num_processes``; unlike Accelerate, a batch size of 1 (which would give
+    every process nothing) and ``None`` are refused too.
     """
 
-    def __init__(self, dataset, batch_size: int | None = 1, drop_last: bool = False, num_processes: int = 1, process_index: int = 0, split_batches: bool = False, even_batches: bool = True):
+    def __init__(self, dataset, batch_size: int | None = 1, drop_last: bool = False, num_processes: int = 1, process_index: int = 0, split_batches: bool = False):
         if split_batches and (batch_size is None or batch_size % num_processes != 0):
             raise ConfigError(
                 f"split_batches=True cuts each batch into {num_processes} pieces, so IterableDatasetShard needs a batch_size "
@@ -246,11 +321,12 @@ class IterableDatasetShard(IterableDataset):
         self.num_processes = num_processes
         self.process_index = process_index
         self.split_batches = split_batches
-        self.even_batches = even_batches
+        self.epoch = 0
         self.final_round: FinalRound | None = None
 
     def set_epoch(self, epoch: int) -> None:
-        """Forward the epoch to the wrapped dataset when it supports it."""
+        """Record the epoch and forward it to the wrapped dataset when it supports it."""
+        self.epoch = epoch
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
@@ -259,39 +335,38 @@ class IterableDatasetShard(IterableDataset):
         return 1 if self.batch_size is None else self.batch_size
 
     def __len__(self) -> int:
-        total = len(self.dataset)
-        per_round = self._size if self.split_batches else self._size * self.num_processes
-        rounds = total // per_round if self.drop_last else math.ceil(total / per_round)
-        local = self._size // self.num_processes if self.split_batches else self._size
-        return rounds * local
+        """Accelerate's count: ``batch_size`` samples per round of ``batch_size * num_processes`` samples (also with
+        ``split_batches``, where a process really gets ``batch_size / num_processes`` per round)."""
+        per_round = self._size * self.num_processes
+        rounds = len(self.dataset) // per_round if self.drop_last else math.ceil(len(self.dataset) / per_round)
+        return rounds * self._size
 
     def __iter__(self):
+        generator = getattr(self.dataset, "generator", None)
+        if not hasattr(self.dataset, "set_epoch") and isinstance(generator, torch.Generator):
+            generator.manual_seed(self.epoch)  # as Accelerate does: the dataset's shuffling follows the epoch
         self.final_round = None
         n, rank = self.num_processes, self.process_index
         per_round = self._size if self.split_batches else self._size * n
         local = per_round // n
-        first: list = []
+        mine = slice(rank * local, (rank + 1) * local)
+        first: list | None = None
         buffer: list = []
         for sample in self.dataset:
             buffer.append(sample)
-            if len(first) < per_round:
-                first.append(sample)
             if len(buffer) == per_round:
-                yield from buffer[rank * local : (rank + 1) * local]
+                yield from buffer[mine]
+                first = buffer if first is None else first
                 buffer = []
-        if not buffer or self.drop_last:
-            if not buffer:
-                self.final_round = FinalRound(per_round, (local,) * n, padded=False) if first else None
+        if self.drop_last or not buffer:
+            self.final_round = FinalRound(per_round, (local,) * n, padded=False) if first is not None else None
             return
-        if n > 1 and (self.even_batches or len(buffer) < n):
-            real = len(buffer)
-            buffer = buffer + _cycle(first, per_round - len(buffer))
-            self.final_round = FinalRound(real, (local,) * n, padded=True)
-            yield from buffer[rank * local : (rank + 1) * local]
-        else:
-            chunks = split_evenly(buffer, n)
-            self.final_round = FinalRound(len(buffer), tuple(len(c) for c in chunks), padded=False)
-            yield from chunks[rank]
+        real = len(buffer)
+        first = buffer.copy() if first is None else first
+        while len(buffer) < per_round:
+            buffer += first
+        self.final_round = FinalRound(real, (local,) * n, padded=True)
+        yield from buffer[mine]
 
 
 class SkipBatchSampler(BatchSampler):
@@ -319,10 +394,8 @@ class SkipBatchSampler(BatchSampler):
 
 
 def get_sampler(dataloader) -> Sampler | None:
-    """The sampler that orders ``dataloader``'s samples (through its batch sampler when there is one, also when
-    the ``sampler`` argument itself is a ``BatchSampler`` with ``batch_size=None``)."""
-    batch_sampler = getattr(dataloader, "batch_sampler", None)
-    if batch_sampler is None and isinstance(getattr(dataloader, "sampler", None), BatchSampler):
-        batch_sampler = dataloader.sampler
-    sampler = getattr(batch_sampler, "sampler", None)
-    return sampler if sampler is not None else getattr(dataloader, "sampler", None)
+    """The sampler inside ``dataloader``'s batch sampler (or inside the ``BatchSampler`` given as its ``sampler``
+    with ``batch_size=None``); None when that batch sampler has none, as in Accelerate."""
+    if isinstance(getattr(dataloader, "sampler", None), BatchSampler):
+        return getattr(dataloader.sampler, "sampler", None)
+    return getattr(getattr(dataloader, "batch_sampler", None), "sampler", None)

@@ -210,8 +210,11 @@ def gather_with_sizes(tensor, sizes: list[int]):
     """Gather tensors whose first dimension differs between processes, given every process's size.
 
     Used by ``gather_for_metrics`` on uneven last batches, where every rank knows all sizes, so no
-    extra collective is needed to exchange them. Returns the concatenation without any padding.
+    extra collective is needed to exchange them. Returns the concatenation without any padding; on one
+    process, ``tensor`` as it is.
     """
+    if _world()[0] == 1:
+        return tensor
 
     def _one(t):
         padded = _pad_one(t, 0, 0, False, sizes)

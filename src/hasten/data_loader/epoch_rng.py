@@ -1,0 +1,103 @@
+"""The random state an epoch of a prepared loader starts from, kept so that a resumed epoch can replay it.
+
+Starting an epoch draws from streams the user's script draws from too: the ``DataLoader`` iterator draws
+its workers' base seed (from the loader's ``generator``, else the global torch generator) and a shuffling
+sampler draws its order (a plain ``RandomSampler`` seeds itself from the global generator, others use
+their ``generator``). hasten draws exactly what Accelerate draws. To resume an epoch in the middle with
+the same order, and without moving the global generator away from the state the checkpoint restored, a
+prepared loader copies those generators' states when an epoch starts (no draw), saves them with its
+position, and a resumed epoch starts from them: the global generator's state is put back once the first
+batch is fetched, the loader's and the sampler's generators go on from where the replay leaves them.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+import torch
+
+
+def _sampler_generator(loader) -> torch.Generator | None:
+    from .sharding import get_sampler
+
+    generator = getattr(get_sampler(loader), "generator", None)
+    return generator if isinstance(generator, torch.Generator) else None
+
+
+def _encode(state: torch.Tensor | None) -> str | None:
+    return None if state is None else base64.b64encode(state.numpy().tobytes()).decode("ascii")
+
+
+def _decode(text: str | None) -> torch.Tensor | None:
+    return None if text is None else torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+@dataclass(frozen=True)
+class EpochStart:
+    """States of the global torch generator, the loader's ``generator`` and its sampler's ``generator``
+    at the start of an epoch (None where the loader has no such generator)."""
+
+    torch_state: torch.Tensor
+    loader_state: torch.Tensor | None = None
+    sampler_state: torch.Tensor | None = None
+
+    @classmethod
+    def capture(cls, loader) -> EpochStart:
+        """Copy the states (nothing is drawn)."""
+        generator, sampler_generator = getattr(loader, "generator", None), _sampler_generator(loader)
+        return cls(
+            torch.get_rng_state(),
+            generator.get_state() if isinstance(generator, torch.Generator) else None,
+            sampler_generator.get_state() if sampler_generator is not None else None,
+        )
+
+    def to_json(self) -> dict[str, str | None]:
+        """JSON-compatible form, for a checkpoint's ``dataloaders.json``."""
+        return {"torch": _encode(self.torch_state), "loader": _encode(self.loader_state), "sampler": _encode(self.sampler_state)}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EpochStart:
+        """The inverse of :meth:`to_json`."""
+        return cls(_decode(data["torch"]), _decode(data.get("loader")), _decode(data.get("sampler")))
+
+    @contextlib.contextmanager
+    def replayed(self, loader) -> Iterator[None]:
+        """Start the loader's generators from these states; the global generator's current state comes back on exit."""
+        current = torch.get_rng_state()
+        torch.set_rng_state(self.torch_state)
+        generator, sampler_generator = getattr(loader, "generator", None), _sampler_generator(loader)
+        if self.loader_state is not None and isinstance(generator, torch.Generator):
+            generator.set_state(self.loader_state)
+        if self.sampler_state is not None and sampler_generator is not None:
+            sampler_generator.set_state(self.sampler_state)
+        try:
+            yield
+        finally:
+            torch.set_rng_state(current)
+
+
+@contextlib.contextmanager
+def epoch_randomness(loader) -> Iterator[None]:
+    """Wrap the start of an epoch (creating the iterator and fetching the first batch): record where the
+    generators start, or replay the states a resumed epoch was given (``loader._replay``)."""
+    replay, loader._replay = getattr(loader, "_replay", None), None
+    if replay is None:
+        loader._epoch_start = EpochStart.capture(loader)
+        yield
+        return
+    loader._epoch_start = replay
+    with replay.replayed(loader):
+        yield
+
+
+def draw_iterator_seed(loader) -> None:
+    """Draw what ``iter(loader)`` draws (its workers' base seed) without creating the iterator: a process that
+    does not read the data draws it too, as under Accelerate, which creates the iterator on every process."""
+    if loader.persistent_workers and loader.num_workers > 0:  # the iterator is created once and then reused
+        if getattr(loader, "_iterator_seed_drawn", False):
+            return
+        loader._iterator_seed_drawn = True
+    torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
