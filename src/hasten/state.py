@@ -445,9 +445,9 @@ class GradientState:
             self.backward_calls = 0
             self.initialized = True
         if gradient_accumulation_plugin is not None:
-            # All fields, defaults included (Accelerate keeps only non-default ones, which turns the
-            # default adjust_scheduler=True into False when read back).
-            self.plugin_kwargs = gradient_accumulation_plugin.to_dict()
+            # Only the fields that differ from their defaults, as Accelerate keeps them (transformers reads
+            # plugin_kwargs); so the default adjust_scheduler=True reads back as False, as in Accelerate.
+            self.plugin_kwargs = gradient_accumulation_plugin.to_kwargs()
 
     @property
     def num_steps(self) -> int:
@@ -456,7 +456,8 @@ class GradientState:
 
     @property
     def adjust_scheduler(self) -> bool:
-        """Whether schedulers count skipped micro-steps so that their shape is unchanged."""
+        """Whether schedulers count skipped micro-steps (True only when the plugin was given ``adjust_scheduler``
+        different from its default, as in Accelerate: in practice, never)."""
         return self.plugin_kwargs.get("adjust_scheduler", False)
 
     @property
@@ -531,7 +532,10 @@ class GradientState:
         return ref() if ref is not None else None
 
     def __repr__(self) -> str:
-        return f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
+        return (
+            f"Sync Gradients: {self.sync_gradients}\nAt end of current dataloader: {self.end_of_dataloader}\n"
+            f"Extra samples added: {self.remainder}\nGradient accumulation plugin: {self.plugin_kwargs}\n"
+        )
 
     @classmethod
     def _reset_state(cls) -> None:

@@ -271,3 +271,307 @@ def training_loop(case):
     weights = {name: tensor.detach().clone() for name, tensor in accelerator.unwrap_model(model).state_dict().items()}
     return {"losses": torch.stack(losses) if losses else None, "ids": seen, "lr": rates, "weights": weights, "probes": _probes(),
             "lengths": (len(loader), loader.total_batch_size if case["dataset"] == "map" and not case["dispatch"] else None)}
+
+
+# ------------------------------------------------------------------------------ prepare_data_loader, ranks simulated
+
+
+def prepare_cases(seed: int, count: int) -> list[dict]:
+    """``prepare_data_loader`` called for every rank of 1 to 4 processes in one process (the draws of each call
+    happen in turn), two epochs each."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        world = rng.choice([1, 2, 3, 4])
+        split = rng.random() < 0.25
+        cases.append({
+            "seed": rng.randrange(10_000), "world": world, "n": rng.randint(0, 30), "split_batches": split,
+            "batch_size": rng.choice([1, 2, 3, 4]) * (world if split else 1), "even_batches": rng.random() < 0.6,
+            "sampler": rng.choice(["sequential", "shuffle", "shuffle", "sampler_generator", "loader_generator", "custom", "batch_sampler"]),
+            "seedable": rng.random() < 0.3, "data_seed": rng.choice([None, 3]), "drop_last": rng.random() < 0.2,
+            "rng_types": rng.choice([None, ["generator"], [], ["torch", "generator"]]),
+        })
+    return cases
+
+
+def prepare_loader(case):
+    """Batches of two epochs on each simulated rank, what ``rng_types`` became, and where the global generator stands."""
+    from accelerate import Accelerator
+    from accelerate.data_loader import get_sampler, prepare_data_loader
+    from accelerate.utils import set_seed
+
+    Accelerator(cpu=True)  # Accelerate's loaders synchronise generators through AcceleratorState, also on one process
+    set_seed(case["seed"])
+    data = list(range(case["n"]))
+    out = []
+    for rank in range(case["world"]):
+        kind = case["sampler"]
+        common = {"batch_size": case["batch_size"], "drop_last": case["drop_last"]}
+        if kind == "sampler_generator":
+            loader = DataLoader(data, sampler=RandomSampler(data, generator=torch.Generator().manual_seed(1)), **common)
+        elif kind == "loader_generator":
+            loader = DataLoader(data, shuffle=True, generator=torch.Generator().manual_seed(2), **common)
+        elif kind == "custom":
+            loader = DataLoader(data, sampler=_CustomSampler(len(data)), **common)
+        elif kind == "batch_sampler":
+            loader = DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), case["batch_size"], case["drop_last"]))
+        else:
+            loader = DataLoader(data, shuffle=kind == "shuffle", **common)
+        rng_types = list(case["rng_types"]) if case["rng_types"] is not None else None
+        try:
+            prepared = prepare_data_loader(
+                loader, num_processes=case["world"], process_index=rank, split_batches=case["split_batches"], rng_types=rng_types,
+                even_batches=case["even_batches"], use_seedable_sampler=case["seedable"], data_seed=case["data_seed"],
+            )
+        except Exception as error:  # noqa: BLE001 - the exception type is compared
+            out.append(type(error).__name__)
+            continue
+        epochs = [[b.tolist() for b in prepared] for _ in range(2)]
+        out.append({"epochs": epochs, "rng_types": rng_types, "len": len(prepared), "sampler": type(get_sampler(prepared)).__name__ if case["world"] == 1 else None})
+    return out, _probes()
+
+
+# --------------------------------------------------------------------------------------- save_state / load_state
+
+
+def resume_cases(seed: int, count: int, nproc: int = 1) -> list[dict]:
+    """Resume in the middle of the first epoch where both libraries promise the uninterrupted run's data: without
+    shuffling, with the seedable sampler (one epoch), or (several processes) with the shared sampler generator."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        split = nproc > 1 and rng.random() < 0.3
+        size = rng.choice([1, 2, 3]) * (nproc if split else 1)
+        n = rng.randint(3 * size * nproc, 8 * size * nproc)
+        kinds = ["sequential", "seedable"] + (["shuffle", "shuffle"] if nproc > 1 else [])
+        kind = rng.choice(kinds)
+        cases.append({
+            "seed": rng.randrange(10_000), "n": n, "batch_size": size, "split_batches": split, "kind": kind,
+            "epochs": 1 if kind == "seedable" else rng.randint(1, 2), "save_after": rng.randint(1, 2),
+            "accumulation": rng.choice([1, 2]), "optimizer": rng.choice(["sgd", "adam"]), "scheduler": rng.random() < 0.5,
+        })
+    return cases
+
+
+def _resume_parts(case: dict):
+    from accelerate import Accelerator, DataLoaderConfiguration
+    from accelerate.utils import set_seed
+
+    config = DataLoaderConfiguration(split_batches=case["split_batches"], use_seedable_sampler=case["kind"] == "seedable")
+    accelerator = Accelerator(gradient_accumulation_steps=case["accumulation"], dataloader_config=config)
+    set_seed(case["seed"])
+    data = torch.Generator().manual_seed(case["seed"])
+    x = torch.randn(case["n"], 3, generator=data)
+    dataset = TensorDataset(torch.arange(case["n"]), x, x.sum(1, keepdim=True))
+    model = _model(False, 3)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05) if case["optimizer"] == "sgd" else torch.optim.Adam(model.parameters(), lr=0.01)
+    loader = DataLoader(dataset, batch_size=case["batch_size"], shuffle=case["kind"] != "sequential")
+    objects = [model, optimizer, loader]
+    if case["scheduler"]:
+        objects.append(torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5))
+    return accelerator, accelerator.prepare(*objects)
+
+
+def _train(accelerator, parts, batches, record):
+    model, optimizer = parts[0], parts[1]
+    scheduler = parts[3] if len(parts) > 3 else None
+    for batch_ids, features, target in batches:
+        with accelerator.accumulate(model):
+            loss = torch.nn.functional.mse_loss(model(features), target)
+            accelerator.backward(loss)
+            optimizer.step()
+            if scheduler is not None:
+                scheduler.step()
+            optimizer.zero_grad()
+        record.append((batch_ids.tolist(), loss.detach()))
+
+
+def _checkpoint_folder(case: dict) -> str:
+    import os
+
+    side = os.environ.get("HASTEN_DIFFERENTIAL_SIDE", "side")
+    return os.path.join(tempfile.gettempdir(), f"differential-resume-{side}-{os.environ.get('MASTER_PORT', os.getpid())}-{case['seed']}")
+
+
+def resume(case):
+    """An uninterrupted run that saves a checkpoint after ``save_after`` batches, then a fresh run that loads it and
+    skips those batches: every batch and loss of both, and both runs' final weights."""
+    import shutil
+
+    folder = _checkpoint_folder(case)
+    accelerator, parts = _resume_parts(case)
+    first, loader = [], parts[2]
+    for epoch in range(case["epochs"]):
+        for step, batch in enumerate(loader):
+            _train(accelerator, parts, [batch], first)
+            if epoch == 0 and step + 1 == case["save_after"]:
+                accelerator.save_state(folder)
+    uninterrupted = {k: v.detach().clone() for k, v in accelerator.unwrap_model(parts[0]).state_dict().items()}
+    accelerator, parts = _resume_parts(case)
+    accelerator.load_state(folder)
+    resumed, loader = [], parts[2]
+    for epoch in range(case["epochs"]):
+        active = accelerator.skip_first_batches(loader, case["save_after"]) if epoch == 0 else loader
+        _train(accelerator, parts, active, resumed)
+    weights = {k: v.detach().clone() for k, v in accelerator.unwrap_model(parts[0]).state_dict().items()}
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        shutil.rmtree(folder, ignore_errors=True)
+    return {"first": first, "resumed": resumed, "uninterrupted": uninterrupted, "weights": weights}
+
+
+# ------------------------------------------------------------------------------------------------ gather_for_metrics
+
+
+def gather_cases(seed: int, count: int, nproc: int = 1) -> list[dict]:
+    """Evaluation loops whose outputs have the loader's rows, or other rows (a loss repeated to the batch size,
+    a scalar), nested structures and objects; inside the loop or once after it."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        split = nproc > 1 and rng.random() < 0.3
+        size = rng.choice([1, 2, 3, 4]) * (nproc if split else 1)
+        dataset = rng.choice(["map", "map", "iterable"])
+        case = {
+            "seed": rng.randrange(10_000), "n": rng.randint(1, 30), "batch_size": size, "split_batches": split,
+            "even_batches": rng.random() < 0.8, "dataset": dataset, "drop_last": rng.random() < 0.15,
+            "dispatch": rng.choice([None, False, True]) if dataset == "iterable" else rng.choice([None, None, True]),
+            "output": rng.choice(["batch", "batch", "repeat", "scalar", "dict", "objects", "gather_object"]),
+            "after_loop": rng.random() < 0.25,
+        }
+        if nproc > 1 and not case["even_batches"]:  # unequal last batches: Accelerate's gather fails (not comparable)
+            case["n"] = size * (1 if split else nproc) * rng.randint(1, 4)
+        cases.append(case)
+    return cases
+
+
+def _output(case: dict, ids: torch.Tensor, rows: int):
+    kind = case["output"]
+    if kind == "repeat":  # the Trainer repeats the evaluation loss to the batch size
+        return torch.full((rows,), float(ids.sum()))
+    if kind == "scalar":
+        return ids.double().mean()
+    if kind == "dict":
+        return {"ids": ids, "double": (2 * ids).float()}
+    if kind in ("objects", "gather_object"):
+        return [f"s{int(i)}" for i in ids]
+    return ids
+
+
+def gather_metrics(case):
+    """What ``gather_for_metrics`` returns for each batch (or once after the loop), with the gradient state's
+    ``remainder`` and ``end_of_dataloader`` at each batch."""
+    from accelerate import Accelerator, DataLoaderConfiguration
+
+    config = DataLoaderConfiguration(split_batches=case["split_batches"], even_batches=case["even_batches"], dispatch_batches=case["dispatch"])
+    accelerator = Accelerator(dataloader_config=config)
+    ids = torch.arange(case["n"])
+    data = Stream(n=case["n"]) if case["dataset"] == "iterable" else ids
+    loader = accelerator.prepare(DataLoader(data, batch_size=case["batch_size"], drop_last=case["drop_last"]))
+    rows = case["batch_size"] // accelerator.num_processes if case["split_batches"] else case["batch_size"]
+    use_object = case["output"] == "gather_object"
+    results, states, collected = [], [], []
+    for batch in loader:
+        output = _output(case, batch, rows)
+        states.append((accelerator.gradient_state.remainder, accelerator.gradient_state.end_of_dataloader))
+        if case["after_loop"]:
+            collected.append(output)
+        else:
+            results.append(accelerator.gather_for_metrics(output, use_gather_object=use_object))
+    if case["after_loop"] and collected:
+        if isinstance(collected[0], torch.Tensor) and collected[0].ndim:
+            collected = torch.cat(collected)
+        results.append(accelerator.gather_for_metrics(collected, use_gather_object=use_object))
+    return results, states
+
+
+# ----------------------------------------------------------------------------------- GradientState and its plugin
+
+
+def gradient_state_cases(seed: int, count: int) -> list[dict]:
+    """Accumulation settings given as a plugin (any subset of its fields, defaults included) or as a step count."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        fields = {}
+        for name, choices in (("num_steps", [None, 1, 2, 3]), ("adjust_scheduler", [True, False]), ("sync_with_dataloader", [True, False]), ("sync_each_batch", [True, False])):
+            if rng.random() < 0.5:
+                fields[name] = rng.choice(choices)
+        cases.append({"plugin": fields if rng.random() < 0.7 else None, "steps": rng.choice([1, 1, 2, 3]), "n": rng.randint(3, 9), "epochs": rng.randint(1, 2)})
+    return cases
+
+
+def gradient_state(case):
+    """The plugin's and the gradient state's view of the settings, and what a loop with accumulation does with them:
+    ``sync_gradients`` at each step, the scheduler's step count and learning rate."""
+    from accelerate import Accelerator
+    from accelerate.utils import GradientAccumulationPlugin
+
+    plugin = GradientAccumulationPlugin(**case["plugin"]) if case["plugin"] is not None else None
+    accelerator = Accelerator(gradient_accumulation_steps=case["steps"], gradient_accumulation_plugin=plugin)
+    state = accelerator.gradient_state
+    seen = {"plugin_kwargs": dict(state.plugin_kwargs), "num_steps": state.num_steps, "adjust_scheduler": state.adjust_scheduler,
+            "sync_with_dataloader": state.sync_with_dataloader, "steps": accelerator.gradient_accumulation_steps,
+            "outside": (state.sync_gradients, state.end_of_dataloader, state.remainder, state.in_dataloader), "repr": repr(state)}
+    if plugin is not None:
+        seen["to_kwargs"] = plugin.to_kwargs()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, DataLoader(torch.randn(case["n"], 2), batch_size=2), scheduler)
+    steps = []
+    for _ in range(case["epochs"]):
+        for batch in loader:
+            with accelerator.accumulate(model):
+                accelerator.backward(model(batch).sum())
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                steps.append((state.sync_gradients, state.end_of_dataloader, state.remainder, scheduler.scheduler._step_count, scheduler.get_last_lr()))
+    seen["loop"] = steps
+    seen["weight"] = model.weight.detach().clone()
+    return seen
+
+
+# ------------------------------------------------------------------------------------------------------------ enums
+
+
+ENUMS = ("DistributedType", "PrecisionType", "RNGType", "LoggerType", "DynamoBackend", "ComputeEnvironment", "SageMakerDistributedType",
+         "DDPCommunicationHookType", "CustomDtype", "FP8BackendType")
+
+
+# hasten's own members, left out of the comparison (tests/compat/test_differential_loop.py's ALLOWED says why)
+HASTEN_EXTRA_MEMBERS = {"JSONL": "jsonl"}
+
+
+def enum_cases(seed: int, count: int) -> list[dict]:
+    """One case per enumeration and probe (the reference names the members; both sides take the same positions)."""
+    rng = random.Random(seed)
+    return [{"enum": rng.choice(ENUMS), "member": rng.randrange(20)} for _ in range(count)]
+
+
+def enum_member(case):
+    """``str``, ``repr``, ``format``, value, name, equality with its value and name, ``in``, ``list()``, JSON."""
+    import json
+
+    import accelerate.utils.dataclasses as utils
+
+    cls = getattr(utils, case["enum"])
+    members = [m for m in cls if m.name not in HASTEN_EXTRA_MEMBERS]
+    member = members[case["member"] % len(members)]
+
+    def attempt(function):
+        try:
+            return function()
+        except Exception as error:  # noqa: BLE001 - the exception type is compared
+            return ("raised", type(error).__name__)
+
+    return {
+        "str": str(member), "repr": repr(member), "format": f"{member}", "format_spec": attempt(lambda: format(member, ">12")),
+        "value": member.value, "name": member.name, "is_str": isinstance(member, str), "eq_value": member == member.value,
+        "eq_name": member == member.name, "value_in": attempt(lambda: member.value in cls), "member_in": attempt(lambda: member in cls),
+        "lookup": attempt(lambda: cls(member.value) is member), "json": attempt(lambda: json.dumps(member)),
+        "list": attempt(lambda: [value for value in cls.list() if value not in HASTEN_EXTRA_MEMBERS.values()]),
+        "members": [m.name for m in members], "hash_eq": attempt(lambda: {member.value: 1}.get(member)),
+    }

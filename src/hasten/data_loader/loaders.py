@@ -246,19 +246,13 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         self._sharder.even_batches = bool(value)
 
     @property
-    def batch_size(self) -> int | None:
-        """Samples per batch on this process (None when the batch sampler has no fixed size)."""
-        own = self.__dict__.get("_batch_size")
-        return own if own is not None else self.__dict__.get("_local_batch_size")
-
-    @batch_size.setter
-    def batch_size(self, value) -> None:
-        self.__dict__["_batch_size"] = value
-
-    @property
     def total_batch_size(self) -> int | None:
-        """Samples per step across all processes (None when the batch sampler has no fixed size)."""
-        return None if self.batch_size is None else self.batch_size * self._num_processes
+        """Samples per step across all processes (None when the batch sampler has no fixed size).
+
+        ``batch_size`` itself is ``DataLoader``'s, as in Accelerate: None when batches come from a batch sampler.
+        """
+        size = self._local_batch_size if self._local_batch_size is not None else self.batch_size
+        return None if size is None else size * self._num_processes
 
     @property
     def total_dataset_length(self) -> int:

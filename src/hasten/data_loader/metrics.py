@@ -1,18 +1,17 @@
 """``gather_for_metrics``: gather evaluation outputs and drop the samples that were padded in.
 
-On one process, and on a last batch whose layout hasten cannot describe (a batch sampler whose batch
-sizes vary), it does what Accelerate does: the gathered data, cut on the last batch to the loader's
-``remainder`` (the dataset's length modulo the total batch size) when that is positive. Otherwise every rank
-takes the same path, decided from facts all ranks share (whether a prepared loader is running, whether
-this is its last batch, its layout) or from one agreed exchange of row counts:
+Wherever Accelerate 1.15 gives a result, hasten gives the same: the gathered data (on one process, the data
+as it is), cut on the last batch of a prepared loader to the loader's ``remainder`` (the dataset's length
+modulo the total batch size) when that is positive. That covers one process, every batch inside a loop but
+the last, and the last batch and after-the-loop calls whenever every process holds the same shapes (one
+exchange of row counts per epoch tells). Where the processes hold different numbers of rows
+(``even_batches=False``: Accelerate's gather fails there), hasten gathers each process's rows at their sizes:
 
-- inside a loop, on any batch but the last: a plain ``gather`` (every rank holds a full batch);
-- on the last batch: the ranks exchange their row counts (one small collective per epoch); when they
-  match the loader's layout the padded samples are dropped, otherwise every row is gathered as it is;
-- after the loop, on outputs collected during it (one concatenated tensor, or the list of batches; a
-  rank that got no batch in the last round, ``even_batches=False``, has one batch fewer): the ranks
-  exchange their row counts; when they match the epoch of the loader that ran last, the
-  result is the dataset exactly, in order, padding dropped; otherwise every rank's rows, in rank order.
+- on the last batch, when they match the loader's layout, the padded samples are dropped; otherwise every
+  row is gathered as it is (with a warning);
+- after the loop, on outputs collected during it (one concatenated tensor, or the list of batches; a rank
+  that got no batch in the last round has one batch fewer): when they match the epoch of the loader that ran
+  last, the result is the dataset exactly, in order; otherwise every rank's rows, in rank order.
 """
 
 from __future__ import annotations
@@ -42,36 +41,38 @@ def _truncate(data, rows: int):
 
 
 def gather_for_metrics(input_data, use_gather_object: bool = False):
-    """Gather ``input_data`` from all processes for metric computation, without duplicated samples.
+    """Gather ``input_data`` from all processes for metric computation, without the samples padded in.
 
-    Over a prepared evaluation loader of N samples, the concatenation of the results of every batch is
-    exactly the N predictions, in dataset order; so is the result of one call after the loop on the
-    batches collected during it (concatenated, or as the list of batches). Non-tensor data (or
-    ``use_gather_object=True``) goes through ``gather_object``.
+    Where Accelerate gives a result, this is Accelerate's result: the gathered data, cut on the last batch of a
+    prepared loader to its ``remainder`` (the samples padded in to complete the last round dropped). Where the
+    processes hold different numbers of rows (``even_batches=False``, where Accelerate's gather fails), the
+    rows are gathered at their sizes: on the last batch as the loader laid them out, and after the loop, on
+    the outputs collected during it (concatenated, or the list of batches), the dataset exactly, in order.
+    Non-tensor data (or ``use_gather_object=True``) goes through ``gather_object``.
     """
     state = GradientState()
     loader = state.active_dataloader
-    final = loader.final_round if loader is not None and loader.end_of_dataloader else None
-    if not _distributed() or (final is None and state.end_of_dataloader):
+    as_objects = use_gather_object or not _is_tensor_structure(input_data)
+    if not _distributed() or as_objects or (loader is not None and not loader.end_of_dataloader):
         return _as_accelerate_does(input_data, use_gather_object, state)
-    if not use_gather_object and loader is not None and final is None:  # inside the loop: every rank holds a full batch
-        return gather(input_data) if _is_tensor_structure(input_data) else gather_object(input_data)
-    if loader is None and not use_gather_object:
+    if loader is None:
         input_data = _with_missing_last_batch(input_data, _EpochLayout.of(state.last_dataloader()))
-    rows = None if use_gather_object else _exchange_rows(input_data)
-    if rows is None:
-        data = gather_object(input_data)
-        return data[: final.real] if final is not None and final.padded else data
+    rows = _exchange_rows(input_data)
+    if rows is None:  # another process passed something else than tensors
+        return gather_object(input_data)
+    if len(set(rows)) == 1:  # the same shapes everywhere: Accelerate's gather works, and its result is the one
+        return _as_accelerate_does(input_data, False, state)
     if loader is None:
         return _gather_after_loop(input_data, rows, _EpochLayout.of(state.last_dataloader()))
-    if any(r != (size,) * len(r) for r, size in zip(rows, final.sizes)):
+    final = loader.final_round
+    if final is None or any(r != (size,) * len(r) for r, size in zip(rows, final.sizes)):
         warn_once(
             "metrics-layout",
             f"gather_for_metrics got {[r[0] if r else None for r in rows]} rows per process on the last batch where the dataloader "
-            f"gave {list(final.sizes)}; the gathered result is returned without dropping padded samples.",
+            f"gave {list(final.sizes) if final is not None else 'an unknown layout'}; the gathered result is returned without dropping padded samples.",
         )
         return _gather_leaves(input_data, rows, None)
-    gathered = gather(input_data) if len(set(final.sizes)) == 1 else gather_with_sizes(input_data, list(final.sizes))
+    gathered = gather_with_sizes(input_data, list(final.sizes))
     return _truncate(gathered, final.real) if final.padded else gathered
 
 

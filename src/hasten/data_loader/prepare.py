@@ -128,7 +128,7 @@ def prepare_data_loader(
     elif iterable:
         prepared = _iterable_loader(dataloader, world, rank, split_batches, device, non_blocking, rng_types, kwargs)
     else:
-        generator = _generator_to_share(sampler) if world > 1 and seedable is None and hasattr(sampler, "generator") else None
+        generator = _generator_to_share(sampler) if world > 1 and not use_seedable_sampler and hasattr(sampler, "generator") else None
         prepared = _map_style_loader(dataloader, world, rank, split_batches, even_batches, device, non_blocking, rng_types, generator, kwargs)
     if seedable is not None:
         _install_sampler(prepared, seedable)

@@ -78,7 +78,7 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> type[GeneralT
     name = getattr(tracker_class, "name", None)
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{tracker_class.__name__} needs a class attribute `name` (a non-empty string) to be registered.")
-    if name == LoggerType.ALL:
+    if name == LoggerType.ALL.value:
         raise ConfigError("'all' is reserved for every available tracker; choose another `name`.")
     existing = LOGGER_TYPE_TO_CLASS.get(name)
     if existing is not None and existing is not tracker_class:
@@ -93,9 +93,9 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> type[GeneralT
 def _resolve_name(entry: str) -> str:
     """The registered name ``entry`` refers to (exact, then case-insensitive), or an error."""
     text = str(entry)
-    if text in LOGGER_TYPE_TO_CLASS or text == LoggerType.ALL:
+    if text in LOGGER_TYPE_TO_CLASS or text == LoggerType.ALL.value:
         return text
-    if text.lower() in LOGGER_TYPE_TO_CLASS or text.lower() == LoggerType.ALL:
+    if text.lower() in LOGGER_TYPE_TO_CLASS or text.lower() == LoggerType.ALL.value:
         return text.lower()
     known = [*LOGGER_TYPE_TO_CLASS, LoggerType.ALL.value]
     raise ConfigError(f"log_with={text!r} is not a known tracker; choose from {', '.join(known)}.{did_you_mean(text, known)}")
@@ -150,10 +150,10 @@ def filter_trackers(log_with, logging_dir: str | os.PathLike | None = None) -> l
                 f"log_with got the class {entry.__name__}; pass an instance ({entry.__name__}(...)) or call "
                 f"register_tracker_class({entry.__name__}) and pass its name {getattr(entry, 'name', '?')!r}."
             )
-        if not isinstance(entry, str):
+        if not isinstance(entry, (str, LoggerType)):
             raise ConfigError(f"log_with entries must be tracker names or GeneralTracker instances, got {entry!r}.")
         name = _resolve_name(entry)
-        names = [str(n) for n in get_available_trackers()] if name == LoggerType.ALL else [name]
+        names = [str(n) for n in get_available_trackers()] if name == LoggerType.ALL.value else [name]
         for item in names:
             if item not in seen:
                 _check_usable(item, logging_dir, f"log_with={entry!r}")
