@@ -91,8 +91,8 @@ class ClusterConfig:
     number of processes across all machines, as in Accelerate.
     """
 
-    compute_environment: str = _opt(ComputeEnvironment.LOCAL_MACHINE.value, "choice", [member.value for member in ComputeEnvironment])
-    distributed_type: str = _opt(DistributedType.NO.value, "choice", [member.value for member in DistributedType])
+    compute_environment: str = _opt(ComputeEnvironment.LOCAL_MACHINE.value, "choice", [m.value for m in ComputeEnvironment])
+    distributed_type: str = _opt(DistributedType.NO.value, "choice", [m.value for m in DistributedType])
     mixed_precision: str | None = _opt(PrecisionType.NO.value, "choice", ("no", "fp16", "bf16", "fp8"))
     use_cpu: bool = _opt(False, "bool")
     debug: bool = _opt(False, "bool")
@@ -133,8 +133,8 @@ class SageMakerConfig:
     """A config for Amazon SageMaker (``compute_environment: AMAZON_SAGEMAKER``): it loads, but hasten
     does not launch on SageMaker."""
 
-    compute_environment: str = _opt(ComputeEnvironment.AMAZON_SAGEMAKER.value, "choice", [member.value for member in ComputeEnvironment])
-    distributed_type: str = _opt(SageMakerDistributedType.NO.value, "choice", [member.value for member in SageMakerDistributedType])
+    compute_environment: str = _opt(ComputeEnvironment.AMAZON_SAGEMAKER.value, "choice", [m.value for m in ComputeEnvironment])
+    distributed_type: str = _opt(SageMakerDistributedType.NO.value, "choice", [m.value for m in SageMakerDistributedType])
     mixed_precision: str | None = _opt(PrecisionType.NO.value, "choice", ("no", "fp16", "bf16", "fp8"))
     use_cpu: bool = _opt(False, "bool")
     debug: bool = _opt(False, "bool")

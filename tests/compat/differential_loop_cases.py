@@ -1,4 +1,5 @@
-"""Differential scenarios of the training loop and the data loaders (tests/compat/test_differential_loop.py runs them).
+"""Differential scenarios of the data loaders, the gradient state and the enums, and the helpers the training
+scenarios share (differential_training_cases.py); tests/compat/test_differential_loop.py runs them.
 
 Each scenario is a function of one JSON case that imports ``accelerate`` (the reference copy of Accelerate 1.15 or
 hasten through the alias, see tests/differential.py) and returns plain values, so that the two sides can be
@@ -12,10 +13,10 @@ configurations come from generators seeded by the case.
 from __future__ import annotations
 
 import random
-import tempfile
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler, TensorDataset
+from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
+from torch.utils.data.distributed import DistributedSampler
 
 
 # ------------------------------------------------------------------------------------------- samplers and datasets
@@ -47,7 +48,9 @@ class Stream(IterableDataset):
         self.generator = torch.Generator().manual_seed(0) if shuffled else None
 
     def __iter__(self):
-        order = torch.randperm(self.n, generator=self.generator).tolist() if self.generator is not None else range(self.n)
+        order = (
+            torch.randperm(self.n, generator=self.generator).tolist() if self.generator is not None else range(self.n)
+        )
         for i in order:
             yield (self.x[i], self.y[i]) if self.x is not None else i
 
@@ -55,6 +58,33 @@ class Stream(IterableDataset):
         if not self.sized:
             raise TypeError("this stream has no length")
         return self.n
+
+
+class CustomSampler(torch.utils.data.Sampler):
+    """A user's sampler with a ``generator`` attribute it shuffles with (Accelerate seeds and synchronises it)."""
+
+    def __init__(self, n):
+        self.n, self.generator = n, None
+
+    def __iter__(self):
+        yield from torch.randperm(self.n, generator=self.generator).tolist()
+
+    def __len__(self):
+        return self.n
+
+
+def make_model(dropout: bool, inputs: int):
+    layers = [torch.nn.Linear(inputs, 8), torch.nn.ReLU()]
+    if dropout:
+        layers.append(torch.nn.Dropout(0.3))
+    return torch.nn.Sequential(*layers, torch.nn.Linear(8, 1))
+
+
+def probes():
+    """What the global generators give next: where each stream stands after the run."""
+    import numpy as np
+
+    return torch.rand(2), np.random.rand(2).tolist(), random.random()
 
 
 # ----------------------------------------------------------------------------------------------- BatchSamplerShard
@@ -92,14 +122,15 @@ def batch_sampler_shard(case):
 
 
 def iterable_dataset_shard(case):
-    """Every process's samples and length, for an iterable dataset of 0 to 30 samples on 1 to 4 processes."""
+    """Every process's samples and length, for an iterable dataset of 0 to 30 samples on 1 to 4 processes (a key of
+    ``case`` other than the seed fixes that setting)."""
     from accelerate.data_loader import IterableDatasetShard
 
     rng = random.Random(case["seed"])
-    world = rng.choice([1, 2, 3, 4])
-    split = rng.random() < 0.3
-    size = rng.choice([1, 2, 3, 4]) * (world if split else 1)
-    data, drop_last = Stream(n=rng.randint(0, 30)), rng.random() < 0.3
+    world = case.get("world", rng.choice([1, 2, 3, 4]))
+    split = case.get("split", rng.random() < 0.3)
+    size = case.get("batch_size", rng.choice([1, 2, 3, 4]) * (world if split else 1))
+    data, drop_last = Stream(n=case.get("n", rng.randint(0, 30))), rng.random() < 0.3
     out = []
     for rank in range(world):
         shard = IterableDatasetShard(data, size, drop_last, world, rank, split)
@@ -108,169 +139,46 @@ def iterable_dataset_shard(case):
 
 
 def skip_batch_sampler(case):
-    """``SkipBatchSampler`` and ``skip_first_batches`` on a plain (unprepared) loader."""
+    """``SkipBatchSampler`` and ``skip_first_batches`` on a plain (unprepared) loader, skipping at most every batch
+    (``case["skip"]`` fixes the number skipped)."""
     from accelerate.data_loader import SkipBatchSampler, skip_first_batches
 
     rng = random.Random(case["seed"])
     base = BatchSampler(SequentialSampler(range(rng.randint(0, 30))), rng.randint(1, 5), rng.random() < 0.3)
-    skip = rng.randint(0, 8)
+    skip = case.get("skip", rng.randint(0, len(base)))
     sampler = SkipBatchSampler(base, skip)
     loader = skip_first_batches(DataLoader(list(range(40)), batch_sampler=base), skip)
     return len(sampler), list(sampler), sampler.total_length, [b.tolist() for b in loader]
 
 
-# ------------------------------------------------------------------------------------------------- training loops
-
-
-def training_cases(seed: int, count: int, nproc: int = 1) -> list[dict]:
-    """Training loops: shuffling (plain, seedable, the user's generators), dropout, accumulation, split/even
-    batches, iterable datasets (sharded or dispatched), several epochs, schedulers."""
+def one_process_cases(seed: int, count: int) -> list[dict]:
+    """Cases of the scenarios that run on one process, mixed, for :func:`mixed` (one subprocess for all of them):
+    shares of 30 % batch samplers, 15 % iterable shards, 10 % skipping, 20 % ``prepare_data_loader``,
+    15 % enums, 10 % the gradient state."""
     rng = random.Random(seed)
+    shares = [
+        ("batch_sampler_shard", batch_sampler_shard_cases, 30),
+        ("iterable_dataset_shard", batch_sampler_shard_cases, 15),
+        ("skip_batch_sampler", batch_sampler_shard_cases, 10),
+        ("prepare_loader", prepare_cases, 20),
+        ("enum_member", enum_cases, 15),
+        ("gradient_state", gradient_state_cases, 10),
+    ]
     cases = []
-    for _ in range(count):
-        split = nproc > 1 and rng.random() < 0.3
-        size = rng.choice([1, 2, 3, 4]) * (nproc if split else 1)
-        dataset = rng.choice(["map", "map", "map", "iterable"])
-        case = {
-            "seed": rng.randrange(10_000),
-            "n": rng.randint(4, 33),
-            "batch_size": size,
-            "dataset": dataset,
-            "sampler": rng.choice(["sequential", "shuffle", "shuffle", "shuffle", "sampler_generator", "loader_generator", "custom"]),
-            "shuffled_stream": dataset == "iterable" and rng.random() < 0.5,
-            "dispatch": rng.choice([None, None, False, True]) if dataset == "iterable" else rng.choice([None, None, None, True]),
-            "dropout": rng.random() < 0.6,
-            "accumulation": rng.choice([1, 1, 2, 3]),
-            "split_batches": split,
-            "even_batches": rng.random() < 0.8,
-            "seedable": rng.random() < 0.3,
-            "data_seed": rng.choice([None, None, 7]),
-            "epochs": rng.randint(1, 3),
-            "drop_last": rng.random() < 0.15,
-            "optimizer": rng.choice(["sgd", "adam"]),
-            "scheduler": rng.choice([None, "linear"]),
-            "seed_before_accelerator": rng.random() < 0.3,
-            "device_specific": rng.random() < 0.1,
-            "num_workers": 1 if rng.random() < 0.04 else 0,
-        }
-        if nproc > 1 and not case["even_batches"]:
-            _make_rounds_even(case, nproc)
-        cases.append(case)
+    for name, generate, share in shares:
+        cases += [
+            {"scenario": name, "case": case} for case in generate(rng.randrange(2**31), max(1, count * share // 100))
+        ]
     return cases
 
 
-def _make_rounds_even(case: dict, nproc: int) -> None:
-    """With ``even_batches=False`` the processes must run the same number of steps (Accelerate has no Join on CPU):
-    choose a dataset size whose last round gives every process a (possibly short) batch."""
-    size = case["batch_size"]
-    case["dataset"], case["drop_last"] = "map", False
-    if case["split_batches"]:
-        piece = size // nproc
-        case["n"] = size * random.Random(case["seed"]).randint(1, 4) + (piece * (nproc - 1) + 1 if piece else 0)
-    else:
-        batches = nproc * random.Random(case["seed"]).randint(1, 4)
-        case["n"] = size * (batches - 1) + random.Random(case["seed"] + 1).randint(1, size)
+def mixed(case):
+    """Run ``case["case"]`` with the scenario named ``case["scenario"]``, of this module or of
+    differential_training_cases.py (so one subprocess serves many scenarios)."""
+    from compat import differential_training_cases
 
-
-class _CustomSampler(torch.utils.data.Sampler):
-    """A user's sampler with a ``generator`` attribute it shuffles with (Accelerate seeds and synchronises it)."""
-
-    def __init__(self, n):
-        self.n, self.generator = n, None
-
-    def __iter__(self):
-        yield from torch.randperm(self.n, generator=self.generator).tolist()
-
-    def __len__(self):
-        return self.n
-
-
-def _make_loader(case: dict, ids, x, y) -> DataLoader:
-    common = {"batch_size": case["batch_size"], "drop_last": case["drop_last"], "num_workers": case["num_workers"]}
-    if case["dataset"] == "iterable":
-        stream = Stream(torch.stack([ids.double(), x[:, 0]], 1).float(), y, shuffled=case["shuffled_stream"])
-        return DataLoader(stream, **common)
-    data = TensorDataset(ids, x, y)
-    kind = case["sampler"]
-    if kind == "sampler_generator":
-        return DataLoader(data, sampler=RandomSampler(data, generator=torch.Generator().manual_seed(case["seed"] + 1)), **common)
-    if kind == "loader_generator":
-        return DataLoader(data, shuffle=True, generator=torch.Generator().manual_seed(case["seed"] + 2), **common)
-    if kind == "custom":
-        return DataLoader(data, sampler=_CustomSampler(len(data)), **common)
-    return DataLoader(data, shuffle=kind == "shuffle", **common)
-
-
-def _model(dropout: bool, inputs: int):
-    layers = [torch.nn.Linear(inputs, 8), torch.nn.ReLU()]
-    if dropout:
-        layers.append(torch.nn.Dropout(0.3))
-    return torch.nn.Sequential(*layers, torch.nn.Linear(8, 1))
-
-
-def _accelerator(case: dict):
-    from accelerate import Accelerator, DataLoaderConfiguration
-
-    config = DataLoaderConfiguration(
-        split_batches=case["split_batches"], even_batches=case["even_batches"], dispatch_batches=case["dispatch"],
-        use_seedable_sampler=case["seedable"], data_seed=case["data_seed"],
-    )
-    return Accelerator(gradient_accumulation_steps=case["accumulation"], dataloader_config=config)
-
-
-def _probes():
-    """What the global generators give next: where each stream stands after the run."""
-    import numpy as np
-
-    return torch.rand(2), np.random.rand(2).tolist(), random.random()
-
-
-def training_loop(case):
-    """Train a small model on a prepared loader: every loss, the ids of every batch, final weights, learning rates
-    and the state of the global generators afterwards."""
-    from accelerate.utils import set_seed
-
-    if case["seed_before_accelerator"]:
-        set_seed(case["seed"], device_specific=case["device_specific"])
-        accelerator = _accelerator(case)
-    else:
-        accelerator = _accelerator(case)
-        set_seed(case["seed"], device_specific=case["device_specific"])
-    data = torch.Generator().manual_seed(case["seed"])
-    ids, x = torch.arange(case["n"]), torch.randn(case["n"], 3, generator=data)
-    y = x.sum(1, keepdim=True) + 0.1 * torch.randn(case["n"], 1, generator=data)
-    inputs = 2 if case["dataset"] == "iterable" else 3
-    model = _model(case["dropout"], inputs)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05) if case["optimizer"] == "sgd" else torch.optim.Adam(model.parameters(), lr=0.01)
-    loader = _make_loader(case, ids, x, y)
-    objects = [model, optimizer, loader]
-    if case["scheduler"]:
-        objects.append(torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step)))
-    prepared = accelerator.prepare(*objects)
-    model, optimizer, loader = prepared[:3]
-    scheduler = prepared[3] if case["scheduler"] else None
-    losses, seen, rates = [], [], []
-    for _ in range(case["epochs"]):
-        for batch in loader:
-            if case["dataset"] == "iterable":
-                features, target = batch
-                batch_ids, features = features[:, 0].long(), features[:, 1:]
-                features = torch.cat([features, features], 1)
-            else:
-                batch_ids, features, target = batch
-            with accelerator.accumulate(model):
-                loss = torch.nn.functional.mse_loss(model(features), target)
-                accelerator.backward(loss)
-                optimizer.step()
-                if scheduler is not None:
-                    scheduler.step()
-                optimizer.zero_grad()
-            losses.append(loss.detach())
-            seen.append(batch_ids.tolist())
-            rates.append(optimizer.param_groups[0]["lr"])
-    weights = {name: tensor.detach().clone() for name, tensor in accelerator.unwrap_model(model).state_dict().items()}
-    return {"losses": torch.stack(losses) if losses else None, "ids": seen, "lr": rates, "weights": weights, "probes": _probes(),
-            "lengths": (len(loader), loader.total_batch_size if case["dataset"] == "map" and not case["dispatch"] else None)}
+    scenario = globals().get(case["scenario"]) or getattr(differential_training_cases, case["scenario"])
+    return scenario(case["case"])
 
 
 # ------------------------------------------------------------------------------ prepare_data_loader, ranks simulated
@@ -284,18 +192,37 @@ def prepare_cases(seed: int, count: int) -> list[dict]:
     for _ in range(count):
         world = rng.choice([1, 2, 3, 4])
         split = rng.random() < 0.25
-        cases.append({
-            "seed": rng.randrange(10_000), "world": world, "n": rng.randint(0, 30), "split_batches": split,
-            "batch_size": rng.choice([1, 2, 3, 4]) * (world if split else 1), "even_batches": rng.random() < 0.6,
-            "sampler": rng.choice(["sequential", "shuffle", "shuffle", "sampler_generator", "loader_generator", "custom", "batch_sampler"]),
-            "seedable": rng.random() < 0.3, "data_seed": rng.choice([None, 3]), "drop_last": rng.random() < 0.2,
-            "rng_types": rng.choice([None, ["generator"], [], ["torch", "generator"]]),
-        })
+        cases.append(
+            {
+                "seed": rng.randrange(10_000),
+                "world": world,
+                "n": rng.randint(0, 30),
+                "split_batches": split,
+                "batch_size": rng.choice([1, 2, 3, 4]) * (world if split else 1),
+                "even_batches": rng.random() < 0.6,
+                "sampler": rng.choice(
+                    [
+                        "sequential",
+                        "shuffle",
+                        "shuffle",
+                        "sampler_generator",
+                        "loader_generator",
+                        "custom",
+                        "batch_sampler",
+                    ]
+                ),
+                "seedable": rng.random() < 0.3,
+                "data_seed": rng.choice([None, 3]),
+                "drop_last": rng.random() < 0.2,
+                "rng_types": rng.choice([None, ["generator"], [], ["torch", "generator"]]),
+            }
+        )
     return cases
 
 
 def prepare_loader(case):
-    """Batches of two epochs on each simulated rank, what ``rng_types`` became, and where the global generator stands."""
+    """Batches of two epochs on each simulated rank, what ``rng_types`` became, and where the global generator
+    stands."""
     from accelerate import Accelerator
     from accelerate.data_loader import get_sampler, prepare_data_loader
     from accelerate.utils import set_seed
@@ -312,177 +239,50 @@ def prepare_loader(case):
         elif kind == "loader_generator":
             loader = DataLoader(data, shuffle=True, generator=torch.Generator().manual_seed(2), **common)
         elif kind == "custom":
-            loader = DataLoader(data, sampler=_CustomSampler(len(data)), **common)
+            loader = DataLoader(data, sampler=CustomSampler(len(data)), **common)
         elif kind == "batch_sampler":
-            loader = DataLoader(data, batch_sampler=BatchSampler(RandomSampler(data), case["batch_size"], case["drop_last"]))
+            loader = DataLoader(
+                data, batch_sampler=BatchSampler(RandomSampler(data), case["batch_size"], case["drop_last"])
+            )
+        elif kind == "sampler_is_batch_sampler":
+            loader = DataLoader(
+                data,
+                sampler=BatchSampler(SequentialSampler(data), case["batch_size"], case["drop_last"]),
+                batch_size=None,
+            )
+        elif kind == "distributed_sampler":
+            loader = DataLoader(
+                data, sampler=DistributedSampler(data, num_replicas=case["world"], rank=rank, shuffle=False), **common
+            )
         else:
             loader = DataLoader(data, shuffle=kind == "shuffle", **common)
         rng_types = list(case["rng_types"]) if case["rng_types"] is not None else None
         try:
             prepared = prepare_data_loader(
-                loader, num_processes=case["world"], process_index=rank, split_batches=case["split_batches"], rng_types=rng_types,
-                even_batches=case["even_batches"], use_seedable_sampler=case["seedable"], data_seed=case["data_seed"],
+                loader,
+                num_processes=case["world"],
+                process_index=rank,
+                split_batches=case["split_batches"],
+                rng_types=rng_types,
+                even_batches=case["even_batches"],
+                use_seedable_sampler=case["seedable"],
+                data_seed=case["data_seed"],
             )
         except Exception as error:  # noqa: BLE001 - the exception type is compared
             out.append(type(error).__name__)
             continue
         epochs = [[b.tolist() for b in prepared] for _ in range(2)]
-        out.append({"epochs": epochs, "rng_types": rng_types, "len": len(prepared), "sampler": type(get_sampler(prepared)).__name__ if case["world"] == 1 else None})
-    return out, _probes()
-
-
-# --------------------------------------------------------------------------------------- save_state / load_state
-
-
-def resume_cases(seed: int, count: int, nproc: int = 1) -> list[dict]:
-    """Resume in the middle of the first epoch where both libraries promise the uninterrupted run's data: without
-    shuffling, with the seedable sampler (one epoch), or (several processes) with the shared sampler generator."""
-    rng = random.Random(seed)
-    cases = []
-    for _ in range(count):
-        split = nproc > 1 and rng.random() < 0.3
-        size = rng.choice([1, 2, 3]) * (nproc if split else 1)
-        n = rng.randint(3 * size * nproc, 8 * size * nproc)
-        kinds = ["sequential", "seedable"] + (["shuffle", "shuffle"] if nproc > 1 else [])
-        kind = rng.choice(kinds)
-        cases.append({
-            "seed": rng.randrange(10_000), "n": n, "batch_size": size, "split_batches": split, "kind": kind,
-            "epochs": 1 if kind == "seedable" else rng.randint(1, 2), "save_after": rng.randint(1, 2),
-            "accumulation": rng.choice([1, 2]), "optimizer": rng.choice(["sgd", "adam"]), "scheduler": rng.random() < 0.5,
-        })
-    return cases
-
-
-def _resume_parts(case: dict):
-    from accelerate import Accelerator, DataLoaderConfiguration
-    from accelerate.utils import set_seed
-
-    config = DataLoaderConfiguration(split_batches=case["split_batches"], use_seedable_sampler=case["kind"] == "seedable")
-    accelerator = Accelerator(gradient_accumulation_steps=case["accumulation"], dataloader_config=config)
-    set_seed(case["seed"])
-    data = torch.Generator().manual_seed(case["seed"])
-    x = torch.randn(case["n"], 3, generator=data)
-    dataset = TensorDataset(torch.arange(case["n"]), x, x.sum(1, keepdim=True))
-    model = _model(False, 3)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05) if case["optimizer"] == "sgd" else torch.optim.Adam(model.parameters(), lr=0.01)
-    loader = DataLoader(dataset, batch_size=case["batch_size"], shuffle=case["kind"] != "sequential")
-    objects = [model, optimizer, loader]
-    if case["scheduler"]:
-        objects.append(torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5))
-    return accelerator, accelerator.prepare(*objects)
-
-
-def _train(accelerator, parts, batches, record):
-    model, optimizer = parts[0], parts[1]
-    scheduler = parts[3] if len(parts) > 3 else None
-    for batch_ids, features, target in batches:
-        with accelerator.accumulate(model):
-            loss = torch.nn.functional.mse_loss(model(features), target)
-            accelerator.backward(loss)
-            optimizer.step()
-            if scheduler is not None:
-                scheduler.step()
-            optimizer.zero_grad()
-        record.append((batch_ids.tolist(), loss.detach()))
-
-
-def _checkpoint_folder(case: dict) -> str:
-    import os
-
-    side = os.environ.get("HASTEN_DIFFERENTIAL_SIDE", "side")
-    return os.path.join(tempfile.gettempdir(), f"differential-resume-{side}-{os.environ.get('MASTER_PORT', os.getpid())}-{case['seed']}")
-
-
-def resume(case):
-    """An uninterrupted run that saves a checkpoint after ``save_after`` batches, then a fresh run that loads it and
-    skips those batches: every batch and loss of both, and both runs' final weights."""
-    import shutil
-
-    folder = _checkpoint_folder(case)
-    accelerator, parts = _resume_parts(case)
-    first, loader = [], parts[2]
-    for epoch in range(case["epochs"]):
-        for step, batch in enumerate(loader):
-            _train(accelerator, parts, [batch], first)
-            if epoch == 0 and step + 1 == case["save_after"]:
-                accelerator.save_state(folder)
-    uninterrupted = {k: v.detach().clone() for k, v in accelerator.unwrap_model(parts[0]).state_dict().items()}
-    accelerator, parts = _resume_parts(case)
-    accelerator.load_state(folder)
-    resumed, loader = [], parts[2]
-    for epoch in range(case["epochs"]):
-        active = accelerator.skip_first_batches(loader, case["save_after"]) if epoch == 0 else loader
-        _train(accelerator, parts, active, resumed)
-    weights = {k: v.detach().clone() for k, v in accelerator.unwrap_model(parts[0]).state_dict().items()}
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        shutil.rmtree(folder, ignore_errors=True)
-    return {"first": first, "resumed": resumed, "uninterrupted": uninterrupted, "weights": weights}
-
-
-# ------------------------------------------------------------------------------------------------ gather_for_metrics
-
-
-def gather_cases(seed: int, count: int, nproc: int = 1) -> list[dict]:
-    """Evaluation loops whose outputs have the loader's rows, or other rows (a loss repeated to the batch size,
-    a scalar), nested structures and objects; inside the loop or once after it."""
-    rng = random.Random(seed)
-    cases = []
-    for _ in range(count):
-        split = nproc > 1 and rng.random() < 0.3
-        size = rng.choice([1, 2, 3, 4]) * (nproc if split else 1)
-        dataset = rng.choice(["map", "map", "iterable"])
-        case = {
-            "seed": rng.randrange(10_000), "n": rng.randint(1, 30), "batch_size": size, "split_batches": split,
-            "even_batches": rng.random() < 0.8, "dataset": dataset, "drop_last": rng.random() < 0.15,
-            "dispatch": rng.choice([None, False, True]) if dataset == "iterable" else rng.choice([None, None, True]),
-            "output": rng.choice(["batch", "batch", "repeat", "scalar", "dict", "objects", "gather_object"]),
-            "after_loop": rng.random() < 0.25,
-        }
-        if nproc > 1 and not case["even_batches"]:  # unequal last batches: Accelerate's gather fails (not comparable)
-            case["n"] = size * (1 if split else nproc) * rng.randint(1, 4)
-        cases.append(case)
-    return cases
-
-
-def _output(case: dict, ids: torch.Tensor, rows: int):
-    kind = case["output"]
-    if kind == "repeat":  # the Trainer repeats the evaluation loss to the batch size
-        return torch.full((rows,), float(ids.sum()))
-    if kind == "scalar":
-        return ids.double().mean()
-    if kind == "dict":
-        return {"ids": ids, "double": (2 * ids).float()}
-    if kind in ("objects", "gather_object"):
-        return [f"s{int(i)}" for i in ids]
-    return ids
-
-
-def gather_metrics(case):
-    """What ``gather_for_metrics`` returns for each batch (or once after the loop), with the gradient state's
-    ``remainder`` and ``end_of_dataloader`` at each batch."""
-    from accelerate import Accelerator, DataLoaderConfiguration
-
-    config = DataLoaderConfiguration(split_batches=case["split_batches"], even_batches=case["even_batches"], dispatch_batches=case["dispatch"])
-    accelerator = Accelerator(dataloader_config=config)
-    ids = torch.arange(case["n"])
-    data = Stream(n=case["n"]) if case["dataset"] == "iterable" else ids
-    loader = accelerator.prepare(DataLoader(data, batch_size=case["batch_size"], drop_last=case["drop_last"]))
-    rows = case["batch_size"] // accelerator.num_processes if case["split_batches"] else case["batch_size"]
-    use_object = case["output"] == "gather_object"
-    results, states, collected = [], [], []
-    for batch in loader:
-        output = _output(case, batch, rows)
-        states.append((accelerator.gradient_state.remainder, accelerator.gradient_state.end_of_dataloader))
-        if case["after_loop"]:
-            collected.append(output)
-        else:
-            results.append(accelerator.gather_for_metrics(output, use_gather_object=use_object))
-    if case["after_loop"] and collected:
-        if isinstance(collected[0], torch.Tensor) and collected[0].ndim:
-            collected = torch.cat(collected)
-        results.append(accelerator.gather_for_metrics(collected, use_gather_object=use_object))
-    return results, states
+        out.append(
+            {
+                "epochs": epochs,
+                "rng_types": rng_types,
+                "len": len(prepared),
+                "sampler": type(get_sampler(prepared)).__name__
+                if case["world"] == 1 or case.get("report_sampler")
+                else None,
+            }
+        )
+    return out, probes()
 
 
 # ----------------------------------------------------------------------------------- GradientState and its plugin
@@ -494,10 +294,22 @@ def gradient_state_cases(seed: int, count: int) -> list[dict]:
     cases = []
     for _ in range(count):
         fields = {}
-        for name, choices in (("num_steps", [None, 1, 2, 3]), ("adjust_scheduler", [True, False]), ("sync_with_dataloader", [True, False]), ("sync_each_batch", [True, False])):
+        for name, choices in (
+            ("num_steps", [None, 1, 2, 3]),
+            ("adjust_scheduler", [True, False]),
+            ("sync_with_dataloader", [True, False]),
+            ("sync_each_batch", [True, False]),
+        ):
             if rng.random() < 0.5:
                 fields[name] = rng.choice(choices)
-        cases.append({"plugin": fields if rng.random() < 0.7 else None, "steps": rng.choice([1, 1, 2, 3]), "n": rng.randint(3, 9), "epochs": rng.randint(1, 2)})
+        cases.append(
+            {
+                "plugin": fields if rng.random() < 0.7 else None,
+                "steps": rng.choice([1, 1, 2, 3]),
+                "n": rng.randint(3, 9),
+                "epochs": rng.randint(1, 2),
+            }
+        )
     return cases
 
 
@@ -510,16 +322,24 @@ def gradient_state(case):
     plugin = GradientAccumulationPlugin(**case["plugin"]) if case["plugin"] is not None else None
     accelerator = Accelerator(gradient_accumulation_steps=case["steps"], gradient_accumulation_plugin=plugin)
     state = accelerator.gradient_state
-    seen = {"plugin_kwargs": dict(state.plugin_kwargs), "num_steps": state.num_steps, "adjust_scheduler": state.adjust_scheduler,
-            "sync_with_dataloader": state.sync_with_dataloader, "steps": accelerator.gradient_accumulation_steps,
-            "outside": (state.sync_gradients, state.end_of_dataloader, state.remainder, state.in_dataloader), "repr": repr(state)}
+    seen = {
+        "plugin_kwargs": dict(state.plugin_kwargs),
+        "num_steps": state.num_steps,
+        "adjust_scheduler": state.adjust_scheduler,
+        "sync_with_dataloader": state.sync_with_dataloader,
+        "steps": accelerator.gradient_accumulation_steps,
+        "outside": (state.sync_gradients, state.end_of_dataloader, state.remainder, state.in_dataloader),
+        "repr": repr(state),
+    }
     if plugin is not None:
         seen["to_kwargs"] = plugin.to_kwargs()
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, DataLoader(torch.randn(case["n"], 2), batch_size=2), scheduler)
+    model, optimizer, loader, scheduler = accelerator.prepare(
+        model, optimizer, DataLoader(torch.randn(case["n"], 2), batch_size=2), scheduler
+    )
     steps = []
     for _ in range(case["epochs"]):
         for batch in loader:
@@ -528,7 +348,15 @@ def gradient_state(case):
                 optimizer.step()
                 scheduler.step()
                 optimizer.zero_grad()
-                steps.append((state.sync_gradients, state.end_of_dataloader, state.remainder, scheduler.scheduler._step_count, scheduler.get_last_lr()))
+                steps.append(
+                    (
+                        state.sync_gradients,
+                        state.end_of_dataloader,
+                        state.remainder,
+                        scheduler.scheduler._step_count,
+                        scheduler.get_last_lr(),
+                    )
+                )
     seen["loop"] = steps
     seen["weight"] = model.weight.detach().clone()
     return seen
@@ -537,8 +365,18 @@ def gradient_state(case):
 # ------------------------------------------------------------------------------------------------------------ enums
 
 
-ENUMS = ("DistributedType", "PrecisionType", "RNGType", "LoggerType", "DynamoBackend", "ComputeEnvironment", "SageMakerDistributedType",
-         "DDPCommunicationHookType", "CustomDtype", "FP8BackendType")
+ENUMS = (
+    "DistributedType",
+    "PrecisionType",
+    "RNGType",
+    "LoggerType",
+    "DynamoBackend",
+    "ComputeEnvironment",
+    "SageMakerDistributedType",
+    "DDPCommunicationHookType",
+    "CustomDtype",
+    "FP8BackendType",
+)
 
 
 # hasten's own members, left out of the comparison (tests/compat/test_differential_loop.py's ALLOWED says why)
@@ -568,10 +406,20 @@ def enum_member(case):
             return ("raised", type(error).__name__)
 
     return {
-        "str": str(member), "repr": repr(member), "format": f"{member}", "format_spec": attempt(lambda: format(member, ">12")),
-        "value": member.value, "name": member.name, "is_str": isinstance(member, str), "eq_value": member == member.value,
-        "eq_name": member == member.name, "value_in": attempt(lambda: member.value in cls), "member_in": attempt(lambda: member in cls),
-        "lookup": attempt(lambda: cls(member.value) is member), "json": attempt(lambda: json.dumps(member)),
+        "str": str(member),
+        "repr": repr(member),
+        "format": f"{member}",
+        "format_spec": attempt(lambda: format(member, ">12")),
+        "value": member.value,
+        "name": member.name,
+        "is_str": isinstance(member, str),
+        "eq_value": member == member.value,
+        "eq_name": member == member.name,
+        "value_in": attempt(lambda: member.value in cls),
+        "member_in": attempt(lambda: member in cls),
+        "lookup": attempt(lambda: cls(member.value) is member),
+        "json": attempt(lambda: json.dumps(member)),
         "list": attempt(lambda: [value for value in cls.list() if value not in HASTEN_EXTRA_MEMBERS.values()]),
-        "members": [m.name for m in members], "hash_eq": attempt(lambda: {member.value: 1}.get(member)),
+        "members": [m.name for m in members],
+        "hash_eq": attempt(lambda: {member.value: 1}.get(member)),
     }

@@ -5,7 +5,14 @@ import pytest
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 
-from hasten.data_loader import BatchSamplerShard, FinalRound, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler, prepare_data_loader
+from hasten.data_loader import (
+    BatchSamplerShard,
+    FinalRound,
+    IterableDatasetShard,
+    SeedableRandomSampler,
+    SkipBatchSampler,
+    prepare_data_loader,
+)
 from hasten.errors import ConfigError
 
 
@@ -87,7 +94,8 @@ def test_iterable_dataset_shard_completes_the_last_buffer_from_the_first_as_acce
     shards = [IterableDatasetShard(range(9), batch_size=2, num_processes=2, process_index=r) for r in (0, 1)]
     assert [list(s) for s in shards] == [[0, 1, 4, 5, 8, 0], [2, 3, 6, 7, 1, 2]]
     assert shards[0].final_round == FinalRound(1, (2, 2), padded=True)
-    assert list(IterableDatasetShard(range(5), batch_size=2)) == [0, 1, 2, 3, 4, 0], "one process too (prepare does not shard then)"
+    alone = IterableDatasetShard(range(5), batch_size=2)
+    assert list(alone) == [0, 1, 2, 3, 4, 0], "one process too (prepare does not shard then)"
     assert list(IterableDatasetShard(range(5), batch_size=2, drop_last=True)) == [0, 1, 2, 3]
 
 
@@ -149,7 +157,8 @@ def test_custom_samplers_and_batch_samplers_are_kept(world):
     loaders = []
     for rank in range(world):  # each rank seeds the same way, as set_seed does in a real launch
         torch.manual_seed(5)
-        loaders.append(prepare_data_loader(DataLoader(list(range(16)), sampler=samplers[rank], batch_size=4), num_processes=world, process_index=rank))
+        loader = DataLoader(list(range(16)), sampler=samplers[rank], batch_size=4)
+        loaders.append(prepare_data_loader(loader, num_processes=world, process_index=rank))
     assert all(loader.batch_sampler.batch_sampler.sampler is sampler for loader, sampler in zip(loaders, samplers))
     # with several processes the sampler gets a generator seeded at prepare (rank 0's is shared at each epoch start),
     # so every rank shuffles the same way and the shards cover the data once

@@ -56,7 +56,11 @@ class EpochStart:
 
     def to_json(self) -> dict[str, str | None]:
         """JSON-compatible form, for a checkpoint's ``dataloaders.json``."""
-        return {"torch": _encode(self.torch_state), "loader": _encode(self.loader_state), "sampler": _encode(self.sampler_state)}
+        return {
+            "torch": _encode(self.torch_state),
+            "loader": _encode(self.loader_state),
+            "sampler": _encode(self.sampler_state),
+        }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EpochStart:

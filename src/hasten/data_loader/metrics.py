@@ -69,7 +69,8 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
         warn_once(
             "metrics-layout",
             f"gather_for_metrics got {[r[0] if r else None for r in rows]} rows per process on the last batch where the dataloader "
-            f"gave {list(final.sizes) if final is not None else 'an unknown layout'}; the gathered result is returned without dropping padded samples.",
+            f"gave {list(final.sizes) if final is not None else 'an unknown layout'}; the gathered result is returned "
+            "without dropping padded samples.",
         )
         return _gather_leaves(input_data, rows, None)
     gathered = gather_with_sizes(input_data, list(final.sizes))
@@ -91,7 +92,7 @@ def _as_accelerate_does(data, use_gather_object: bool, state: GradientState):
         return data
     try:
         return data[:remainder] if as_objects else _truncate(data, remainder)
-    except Exception:  # noqa: BLE001 - as Accelerate: data that cannot be cut (a 0-d tensor, an object) comes back whole
+    except Exception:  # noqa: BLE001 - as Accelerate: what cannot be cut (a 0-d tensor, an object) comes back whole
         return data
 
 

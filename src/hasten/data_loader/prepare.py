@@ -30,19 +30,33 @@ from ..runtime.operations import broadcast_object_list
 from ..state import PartialState, warn_once
 from .dispatcher import DataLoaderDispatcher
 from .loaders import DataLoaderShard, _loader_kwargs
-from .sharding import BatchSamplerShard, IterableDatasetShard, PassThroughBatchSampler, SeedableRandomSampler, get_sampler
+from .sharding import (
+    BatchSamplerShard,
+    IterableDatasetShard,
+    PassThroughBatchSampler,
+    SeedableRandomSampler,
+    get_sampler,
+)
 
 
 def _user_sharded(dataloader: DataLoader) -> bool:
     if isinstance(get_sampler(dataloader), DistributedSampler):
         return True
     dataset = dataloader.dataset
-    return isinstance(dataset, IterableDataset) and bool(getattr(dataset, "hasten_sharded", False) or getattr(dataset, "_distributed", None))
+    return isinstance(dataset, IterableDataset) and bool(
+        getattr(dataset, "hasten_sharded", False) or getattr(dataset, "_distributed", None)
+    )
 
 
 def _seedable_sampler(sampler: RandomSampler, data_seed: int | None, world: int) -> SeedableRandomSampler:
     """Accelerate's replacement of a ``RandomSampler`` under ``use_seedable_sampler``; the seed is rank 0's."""
-    seedable = SeedableRandomSampler(sampler.data_source, replacement=sampler.replacement, num_samples=sampler._num_samples, generator=sampler.generator, data_seed=data_seed)
+    seedable = SeedableRandomSampler(
+        sampler.data_source,
+        replacement=sampler.replacement,
+        num_samples=sampler._num_samples,
+        generator=sampler.generator,
+        data_seed=data_seed,
+    )
     if world > 1 and data_seed is None:  # set_seed(device_specific=True) gives each rank its own global seed
         seedable.initial_seed = broadcast_object_list([seedable.initial_seed])[0]
     return seedable
@@ -94,14 +108,12 @@ def prepare_data_loader(
         dataloader: the loader to prepare.
         device: where batches go when ``put_on_device``.
         num_processes, process_index: default to the current process state.
-        rng_types: generators synchronised at each epoch start (``"torch"``, ``"cuda"``, ``"generator"``);
-            ``"generator"`` is removed from the list when there is no generator to synchronise, as in Accelerate.
+        rng_types: generators synchronised at each epoch start (``"torch"``, ``"cuda"``, ``"generator"``;
+            the last leaves the list when there is nothing to synchronise, as in Accelerate).
         dispatch_batches: None means True for an ``IterableDataset`` placed on the device, as in Accelerate.
-        slice_fn_for_dispatch: with ``dispatch_batches``, how a global batch is cut for each process
-            (see :class:`DataLoaderDispatcher`).
+        slice_fn_for_dispatch: how a dispatched global batch is cut (see :class:`DataLoaderDispatcher`).
         use_stateful_dataloader, torch_device_mesh: accepted for compatibility: every prepared loader records
-            its position (whether ``load_state`` restores it is the Accelerator's ``use_stateful_dataloader``),
-            and hasten's loaders shard by data-parallel rank only.
+            its position, and hasten's loaders shard by data-parallel rank only.
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}.")
@@ -110,7 +122,10 @@ def prepare_data_loader(
     if dispatch_batches is None:
         dispatch_batches = bool(put_on_device) and iterable
     if dispatch_batches and not put_on_device:
-        raise ConfigError("dispatch_batches=True places the dispatched batches on the device, so it needs put_on_device=True (Accelerator.prepare passes it).")
+        raise ConfigError(
+            "dispatch_batches=True places the dispatched batches on the device, so it needs put_on_device=True "
+            "(Accelerator.prepare passes it)."
+        )
     state = PartialState()
     world = num_processes if num_processes is not None else state.num_processes
     rank = process_index if process_index is not None else state.process_index
@@ -121,44 +136,70 @@ def prepare_data_loader(
     if world > 1 and _user_sharded(dataloader):
         return _keep_user_sharding(dataloader, world, device, non_blocking, kwargs)
     sampler = get_sampler(dataloader)
-    seedable = _seedable_sampler(sampler, data_seed, world) if use_seedable_sampler and isinstance(sampler, RandomSampler) else None
+    seedable = (
+        _seedable_sampler(sampler, data_seed, world)
+        if use_seedable_sampler and isinstance(sampler, RandomSampler)
+        else None
+    )
     if dispatch_batches:
         kwargs.pop("generator", None)
-        prepared = _dispatcher(dataloader, split_batches, even_batches, device, non_blocking, slice_fn_for_dispatch, kwargs)
+        prepared = _dispatcher(
+            dataloader, split_batches, even_batches, device, non_blocking, slice_fn_for_dispatch, kwargs
+        )
     elif iterable:
         prepared = _iterable_loader(dataloader, world, rank, split_batches, device, non_blocking, rng_types, kwargs)
     else:
-        generator = _generator_to_share(sampler) if world > 1 and not use_seedable_sampler and hasattr(sampler, "generator") else None
-        prepared = _map_style_loader(dataloader, world, rank, split_batches, even_batches, device, non_blocking, rng_types, generator, kwargs)
+        generator = (
+            _generator_to_share(sampler)
+            if world > 1 and not use_seedable_sampler and hasattr(sampler, "generator")
+            else None
+        )
+        prepared = _map_style_loader(
+            dataloader, world, rank, split_batches, even_batches, device, non_blocking, rng_types, generator, kwargs
+        )
     if seedable is not None:
         _install_sampler(prepared, seedable)
     return prepared
 
 
 def _without_generator_sync(rng_types, generator):
-    """Accelerate's rule: ``"generator"`` leaves ``rng_types`` (the caller's list, in place) when there is no generator to synchronise."""
+    """Accelerate's rule: ``"generator"`` leaves ``rng_types`` (the caller's list, in place) when there is no
+    generator to synchronise."""
     if rng_types is not None and generator is None and "generator" in rng_types:
         rng_types.remove("generator")
     return rng_types
 
 
-def _map_style_loader(dataloader, world, rank, split_batches, even_batches, device, non_blocking, rng_types, generator, kwargs) -> DataLoaderShard:
+def _map_style_loader(
+    dataloader, world, rank, split_batches, even_batches, device, non_blocking, rng_types, generator, kwargs
+) -> DataLoaderShard:
     batch_sampler = _batch_sampler_of(dataloader)
     rng_types = _without_generator_sync(rng_types, generator)
     local = _per_process(_batch_size_of(dataloader), world, split_batches)
-    if batch_sampler is None:  # batch_size=None with a plain sampler: samples one by one (one process only, as in Accelerate)
+    if batch_sampler is None:  # batch_size=None with a plain sampler: one sample at a time (one process only)
         if world > 1:
             raise ConfigError(
-                "prepare() shards map-style DataLoaders that batch (batch_size set, a batch_sampler, or a BatchSampler given as "
-                "sampler with batch_size=None); this one has batch_size=None and a plain sampler."
+                "prepare() shards map-style DataLoaders that batch (batch_size set, a batch_sampler, or a "
+                "BatchSampler given as sampler with batch_size=None); this one has batch_size=None and a plain sampler."
             )
-        return DataLoaderShard(dataloader.dataset, device=device, rng_types=rng_types, sampler=dataloader.sampler, batch_size=None, _non_blocking=non_blocking, _drop_last=dataloader.drop_last, **kwargs)
+        return DataLoaderShard(
+            dataloader.dataset,
+            device=device,
+            rng_types=rng_types,
+            sampler=dataloader.sampler,
+            batch_size=None,
+            _non_blocking=non_blocking,
+            _drop_last=dataloader.drop_last,
+            **kwargs,
+        )
     if world > 1:
         sharder = BatchSamplerShard(batch_sampler, world, rank, split_batches, even_batches)
     else:  # Accelerate keeps one process's batches as they are; the wrapper lets a resumed epoch skip batches unloaded
         sharder = PassThroughBatchSampler(batch_sampler, split_batches, even_batches)
     # a BatchSampler given as `sampler` (batch_size=None) stays in that place, as Accelerate keeps it
-    placement = {"batch_sampler": sharder} if dataloader.batch_sampler is not None else {"sampler": sharder, "batch_size": None}
+    placement = (
+        {"batch_sampler": sharder} if dataloader.batch_sampler is not None else {"sampler": sharder, "batch_size": None}
+    )
     return DataLoaderShard(
         dataloader.dataset,
         device=device,
@@ -174,25 +215,67 @@ def _map_style_loader(dataloader, world, rank, split_batches, even_batches, devi
     )
 
 
-def _iterable_loader(dataloader, world, rank, split_batches, device, non_blocking, rng_types, kwargs) -> DataLoaderShard:
+def _iterable_loader(
+    dataloader, world, rank, split_batches, device, non_blocking, rng_types, kwargs
+) -> DataLoaderShard:
     """An ``IterableDataset`` read whole on every process, each keeping its share (one process: read as it is)."""
     dataset, size = dataloader.dataset, dataloader.batch_size
     if world == 1:
         rng_types = _without_generator_sync(rng_types, None)
-        return DataLoaderShard(dataset, device=device, rng_types=rng_types, batch_size=size, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _drop_last=dataloader.drop_last, _local_batch_size=size, **kwargs)
+        return DataLoaderShard(
+            dataset,
+            device=device,
+            rng_types=rng_types,
+            batch_size=size,
+            drop_last=dataloader.drop_last,
+            _non_blocking=non_blocking,
+            _drop_last=dataloader.drop_last,
+            _local_batch_size=size,
+            **kwargs,
+        )
     shards = _datasets_shard(dataset, world, rank, split_batches)
     if shards is not None:
-        return DataLoaderShard(shards, device=device, rng_types=_without_generator_sync(rng_types, None), batch_size=size, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _drop_last=dataloader.drop_last, _local_batch_size=size, _num_processes=world, **kwargs)
+        return DataLoaderShard(
+            shards,
+            device=device,
+            rng_types=_without_generator_sync(rng_types, None),
+            batch_size=size,
+            drop_last=dataloader.drop_last,
+            _non_blocking=non_blocking,
+            _drop_last=dataloader.drop_last,
+            _local_batch_size=size,
+            _num_processes=world,
+            **kwargs,
+        )
     generator = getattr(dataset, "generator", None)
     rng_types = _without_generator_sync(rng_types, generator)
     # batch_size=None: the dataset yields whole batches, dealt to the processes in turn
-    shard = IterableDatasetShard(dataset, batch_size=size, drop_last=dataloader.drop_last, num_processes=world, process_index=rank, split_batches=split_batches)
+    shard = IterableDatasetShard(
+        dataset,
+        batch_size=size,
+        drop_last=dataloader.drop_last,
+        num_processes=world,
+        process_index=rank,
+        split_batches=split_batches,
+    )
     local = _per_process(size, world, split_batches)
-    return DataLoaderShard(shard, device=device, rng_types=rng_types, synchronized_generator=generator, batch_size=local, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _drop_last=dataloader.drop_last, _sharder=shard, _num_processes=world, **kwargs)
+    return DataLoaderShard(
+        shard,
+        device=device,
+        rng_types=rng_types,
+        synchronized_generator=generator,
+        batch_size=local,
+        drop_last=dataloader.drop_last,
+        _non_blocking=non_blocking,
+        _drop_last=dataloader.drop_last,
+        _sharder=shard,
+        _num_processes=world,
+        **kwargs,
+    )
 
 
 def _datasets_shard(dataset, world: int, rank: int, split_batches: bool):
-    """A 🤗 ``datasets.IterableDataset`` with at least one shard per process is split by shards, as Accelerate does."""
+    """A 🤗 ``datasets.IterableDataset`` with at least one shard per process is split by shards, as in Accelerate."""
     try:
         from datasets import IterableDataset as DatasetsIterableDataset
     except ImportError:
@@ -227,7 +310,11 @@ def _batch_sampler_of(dataloader: DataLoader):
 
 
 def _batch_size_of(dataloader: DataLoader) -> int | None:
-    return dataloader.batch_size if dataloader.batch_size is not None else getattr(_batch_sampler_of(dataloader), "batch_size", None)
+    return (
+        dataloader.batch_size
+        if dataloader.batch_size is not None
+        else getattr(_batch_sampler_of(dataloader), "batch_size", None)
+    )
 
 
 def _per_process(size: int | None, world: int, split_batches: bool) -> int | None:
@@ -236,24 +323,57 @@ def _per_process(size: int | None, world: int, split_batches: bool) -> int | Non
     return size // world if split_batches else size
 
 
-def _dispatcher(dataloader, split_batches, even_batches, device, non_blocking, slice_fn, kwargs) -> DataLoaderDispatcher:
+def _dispatcher(
+    dataloader, split_batches, even_batches, device, non_blocking, slice_fn, kwargs
+) -> DataLoaderDispatcher:
     size = dataloader.batch_size or getattr(dataloader.batch_sampler, "batch_size", None)
     if size is None:
-        raise ConfigError("dispatch_batches=True needs a DataLoader with a batch_size (or a batch sampler that has one).")
+        raise ConfigError(
+            "dispatch_batches=True needs a DataLoader with a batch_size (or a batch sampler that has one)."
+        )
     if isinstance(dataloader.dataset, IterableDataset):
         kwargs.update(batch_size=dataloader.batch_size, drop_last=dataloader.drop_last)
     else:
         kwargs["batch_sampler"] = _batch_sampler_of(dataloader)
     drop_last = getattr(dataloader.batch_sampler, "drop_last", dataloader.drop_last)
     return DataLoaderDispatcher(
-        dataloader.dataset, split_batches=split_batches, even_batches=even_batches, device=device, _non_blocking=non_blocking, slice_fn=slice_fn, _batch_size=size, _drop_last=drop_last, **kwargs
+        dataloader.dataset,
+        split_batches=split_batches,
+        even_batches=even_batches,
+        device=device,
+        _non_blocking=non_blocking,
+        slice_fn=slice_fn,
+        _batch_size=size,
+        _drop_last=drop_last,
+        **kwargs,
     )
 
 
 def _keep_user_sharding(dataloader: DataLoader, world: int, device, non_blocking: bool, kwargs: dict) -> DataLoader:
     """A loader already sharded between processes (a ``DistributedSampler``, a self-sharding dataset), kept as is."""
-    warn_once("user-sharded", "This dataloader is already sharded between processes (DistributedSampler or a self-sharding dataset); hasten keeps it as is and does not shard it again.")
+    warn_once(
+        "user-sharded",
+        "This dataloader is already sharded between processes (DistributedSampler or a self-sharding dataset); "
+        "hasten keeps it as is and does not shard it again.",
+    )
     sizes = {"_local_batch_size": _batch_size_of(dataloader), "_num_processes": world}
     if isinstance(dataloader.dataset, IterableDataset):
-        return DataLoaderShard(dataloader.dataset, device=device, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, _non_blocking=non_blocking, _drop_last=dataloader.drop_last, **sizes, **kwargs)
-    return DataLoaderShard(dataloader.dataset, device=device, batch_sampler=dataloader.batch_sampler, _non_blocking=non_blocking, _drop_last=dataloader.drop_last, **sizes, **kwargs)
+        return DataLoaderShard(
+            dataloader.dataset,
+            device=device,
+            batch_size=dataloader.batch_size,
+            drop_last=dataloader.drop_last,
+            _non_blocking=non_blocking,
+            _drop_last=dataloader.drop_last,
+            **sizes,
+            **kwargs,
+        )
+    return DataLoaderShard(
+        dataloader.dataset,
+        device=device,
+        batch_sampler=dataloader.batch_sampler,
+        _non_blocking=non_blocking,
+        _drop_last=dataloader.drop_last,
+        **sizes,
+        **kwargs,
+    )

@@ -309,7 +309,15 @@ class IterableDatasetShard(IterableDataset):
     every process nothing) and ``None`` are refused too.
     """
 
-    def __init__(self, dataset, batch_size: int | None = 1, drop_last: bool = False, num_processes: int = 1, process_index: int = 0, split_batches: bool = False):
+    def __init__(
+        self,
+        dataset,
+        batch_size: int | None = 1,
+        drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+    ):
         if split_batches and (batch_size is None or batch_size % num_processes != 0):
             raise ConfigError(
                 f"split_batches=True cuts each batch into {num_processes} pieces, so IterableDatasetShard needs a batch_size "
