@@ -296,7 +296,9 @@ def gather_cases(seed: int, count: int, nproc: int = 1) -> list[dict]:
             "dataset": dataset,
             "drop_last": rng.random() < 0.15,
             "dispatch": rng.choice([None, False, True]) if dataset == "iterable" else rng.choice([None, None, True]),
-            "output": rng.choice(["batch", "batch", "repeat", "scalar", "dict", "objects", "gather_object"]),
+            "output": rng.choice(
+                ["batch", "batch", "repeat", "scalar", "dict", "objects", "gather_object", "gather_object_tensor"]
+            ),
             "after_loop": rng.random() < 0.25,
         }
         if nproc > 1 and not case["even_batches"]:  # unequal last batches: Accelerate's gather fails (not comparable)
@@ -315,6 +317,8 @@ def _output(case: dict, ids: torch.Tensor, rows: int):
         return ids.double().mean()
     if kind == "dict":
         return {"ids": ids, "double": (2 * ids).float()}
+    if kind == "gather_object_tensor":  # the Trainer's eval_use_gather_object: tensors through the object gather
+        return torch.full((rows,), float(ids.sum()))
     if kind in ("objects", "gather_object"):
         return [f"s{int(i)}" for i in ids]
     return ids
@@ -333,7 +337,7 @@ def gather_metrics(case):
     data = Stream(n=case["n"]) if case["dataset"] == "iterable" else ids
     loader = accelerator.prepare(DataLoader(data, batch_size=case["batch_size"], drop_last=case["drop_last"]))
     rows = case["batch_size"] // accelerator.num_processes if case["split_batches"] else case["batch_size"]
-    use_object = case["output"] == "gather_object"
+    use_object = case["output"] in ("gather_object", "gather_object_tensor")
     results, states, collected = [], [], []
     for batch in loader:
         output = _output(case, batch, rows)

@@ -59,7 +59,7 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
         input_data = _with_missing_last_batch(input_data, _EpochLayout.of(state.last_dataloader()))
     rows = _exchange_rows(input_data)
     if rows is None:  # another process passed something else than tensors
-        return gather_object(input_data)
+        return _gather_objects(input_data)
     if len(set(rows)) == 1:  # the same shapes everywhere: Accelerate's gather works, and its result is the one
         return _as_accelerate_does(input_data, False, state)
     if loader is None:
@@ -86,7 +86,7 @@ def _as_accelerate_does(data, use_gather_object: bool, state: GradientState):
     ``data`` as it is), and on the last batch keep the first ``remainder`` rows (``remainder`` > 0)."""
     as_objects = use_gather_object or not (_is_tensor_structure(data) or (isinstance(data, list) and not data))
     if _distributed():
-        data = gather_object(data) if as_objects else gather(data)
+        data = _gather_objects(data) if as_objects else gather(data)
     remainder = state.remainder
     if not state.end_of_dataloader or remainder <= 0:
         return data
@@ -94,6 +94,12 @@ def _as_accelerate_does(data, use_gather_object: bool, state: GradientState):
         return data[:remainder] if as_objects else _truncate(data, remainder)
     except Exception:  # noqa: BLE001 - as Accelerate: what cannot be cut (a 0-d tensor, an object) comes back whole
         return data
+
+
+def _gather_objects(data) -> list:
+    """Every process's ``data`` iterated into one list, in rank order: Accelerate's object gather (a tensor
+    gives its rows)."""
+    return [item for part in gather_object([data]) for item in part]
 
 
 def _exchange_rows(data) -> list[tuple[int, ...]] | None:
