@@ -53,48 +53,53 @@ class _WorkerSeeds(Dataset):
         return torch.tensor([index, torch.utils.data.get_worker_info().seed])
 
 
-def _run(folder, save_after=None, resume=False, workers=0):
-    """Train one epoch and a half (dropout, plain shuffle) on one process; save after ``save_after`` batches, or
-    resume from ``folder`` and skip what the checkpoint trained."""
+def _run(folder, save_after: int, resume: tuple[int, int] | None = None, workers: int = 0, loader_generator: bool = False):
+    """Train two epochs (dropout, shuffling) on one process and save after ``save_after`` batches; or, with
+    ``resume=(epoch, batches)``, load ``folder`` and go on from there, skipping what the checkpoint trained."""
     accelerator = Accelerator()
     set_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    data = (
-        _WorkerSeeds()
-        if workers
-        else TensorDataset(torch.arange(12), torch.randn(12, 2, generator=torch.Generator().manual_seed(1)))
-    )
-    loader = DataLoader(data, batch_size=2, shuffle=True, num_workers=workers)
+    if workers:
+        data = _WorkerSeeds()
+    else:
+        data = TensorDataset(torch.arange(12), torch.randn(12, 2, generator=torch.Generator().manual_seed(1)))
+    generator = torch.Generator().manual_seed(5) if loader_generator else None
+    loader = DataLoader(data, batch_size=2, shuffle=True, num_workers=workers, generator=generator)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
     seen = []
     if resume:
         accelerator.load_state(folder)
-    for epoch in range(2):
-        active = accelerator.skip_first_batches(loader, save_after) if resume and epoch == 0 else loader
+    first_epoch, skip = resume or (0, 0)
+    for epoch in range(first_epoch, 2):
+        active = accelerator.skip_first_batches(loader, skip) if resume and epoch == first_epoch else loader
         for step, batch in enumerate(active):
             features = batch.float() if workers else batch[1]
             seen.append((batch if workers else batch[0]).tolist())
             accelerator.backward(model(features).pow(2).mean())
             optimizer.step()
             optimizer.zero_grad()
-            if not resume and epoch == 0 and step + 1 == save_after:
+            if not resume and epoch * len(loader) + step + 1 == save_after:
                 accelerator.save_state(folder)
     return seen, [p.detach().clone() for p in model.parameters()], torch.rand(2)
 
 
-def test_a_resumed_epoch_replays_its_start_bit_for_bit(tmp_path):
-    """The checkpoint holds the states the epoch started from: the resumed run sees the same batches and draws the same
-    dropout masks as the uninterrupted one (Accelerate draws the epoch's seeds again: see ALLOWED)."""
-    seen, weights, probe = _run(tmp_path / "ckpt", save_after=3)
-    resumed_seen, resumed_weights, resumed_probe = _run(tmp_path / "ckpt", save_after=3, resume=True)
-    assert resumed_seen == seen[3:]
+@pytest.mark.parametrize("loader_generator", [False, True])
+@pytest.mark.parametrize("save_after, resume", [(3, (0, 3)), (6, (1, 0))])
+def test_a_resumed_run_is_the_uninterrupted_one_bit_for_bit(tmp_path, save_after, resume, loader_generator):
+    """In the middle of an epoch the checkpoint holds the states the epoch started from: the resumed run sees the
+    same batches and draws the same dropout masks (Accelerate draws the epoch's seeds again: see ALLOWED). At the
+    end of an epoch it holds where the loader's own generator (here, with ``loader_generator``, the shuffling one)
+    stands, so the next epochs shuffle as the uninterrupted run's."""
+    seen, weights, probe = _run(tmp_path / "ckpt", save_after, loader_generator=loader_generator)
+    resumed_seen, resumed_weights, resumed_probe = _run(tmp_path / "ckpt", save_after, resume, loader_generator=loader_generator)
+    assert resumed_seen == seen[save_after:]
     assert all(a.equal(b) for a, b in zip(weights, resumed_weights)) and probe.equal(resumed_probe)
 
 
 @pytest.mark.slow
 def test_a_resumed_epoch_gives_workers_the_same_seeds(tmp_path):
-    seen, _, probe = _run(tmp_path / "ckpt", save_after=2, workers=1)
-    resumed_seen, _, resumed_probe = _run(tmp_path / "ckpt", save_after=2, resume=True, workers=1)
+    seen, _, probe = _run(tmp_path / "ckpt", 2, workers=1)
+    resumed_seen, _, resumed_probe = _run(tmp_path / "ckpt", 2, (0, 2), workers=1)
     assert resumed_seen == seen[2:], "the order and the workers' seeds of the resumed epoch"
     assert probe.equal(resumed_probe)

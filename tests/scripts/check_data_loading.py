@@ -109,7 +109,10 @@ def check_dispatch_and_iterable():
             gathered.append(acc.gather_for_metrics(batch))
         everyone = all_ranks(mine)
         assert not set(everyone[0]) - set(range(23)), "iterable shard returned unknown samples"
-        assert torch.cat(gathered).tolist() == list(range(23)), f"dispatch={dispatch}: {torch.cat(gathered).tolist()}"
+        got = torch.cat(gathered).tolist()
+        # dispatched: the padding is dropped; sharded: Accelerate's remainder for an iterable shard is 0, so the
+        # last round's padding from the first batch stays (as in Accelerate: tests/compat/test_differential_loop.py)
+        assert got[:23] == list(range(23)) and (len(got) == 23 if dispatch else set(got[23:]) <= set(range(8))), f"dispatch={dispatch}: {got}"
     acc = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
     calls = []
 

@@ -5,9 +5,10 @@ A checkpoint holds, besides the manifest:
 * what the strategy writes for the models and optimizers (``model.safetensors``, ``optimizer.*``,
   ``model_1.safetensors``, ... or an engine's sharded files);
 * ``scheduler.*``, ``scaler.*`` and ``custom_checkpoint_<i>.*`` (JSON structure + safetensors tensors);
-* ``dataloaders.json``: each prepared dataloader's epoch, batches consumed and shuffling seed (``load_state``
-  restores the position only with ``DataLoaderConfiguration(use_stateful_dataloader=True)``, as
-  Accelerate does; otherwise the epoch and seed, so that a loop skipping its first batches resumes exactly);
+* ``dataloaders.json``: each prepared dataloader's epoch, batches consumed and the random states its epoch
+  started from (``load_state`` restores the position only with
+  ``DataLoaderConfiguration(use_stateful_dataloader=True)``, as Accelerate does; otherwise the epoch and
+  those states, so that a loop skipping its first batches resumes exactly);
 * ``random_states_<rank>.*``: every process's python / numpy / torch / CUDA generator states.
 """
 

@@ -68,7 +68,7 @@ class CheckpointingMethods:
         """Restore everything :meth:`save_state` wrote, verifying the checkpoint first.
 
         ``input_dir`` defaults to the latest complete automatic checkpoint (interrupted saves are ignored
-        and reported). Prepared dataloaders get their saved epoch and shuffling seed back; their position inside
+        and reported). Prepared dataloaders get their saved epoch and random start back; their position inside
         the epoch only with ``DataLoaderConfiguration(use_stateful_dataloader=True)``, as in Accelerate
         (otherwise skip the trained batches yourself: :meth:`skip_first_batches`, or ``continue``). Raises
         :class:`~hasten.errors.CheckpointError` naming any missing or corrupt file. Returns the path loaded.

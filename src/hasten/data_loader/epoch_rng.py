@@ -8,6 +8,10 @@ the same order, and without moving the global generator away from the state the 
 prepared loader copies those generators' states when an epoch starts (no draw), saves them with its
 position, and a resumed epoch starts from them: the global generator's state is put back once the first
 batch is fetched, the loader's and the sampler's generators go on from where the replay leaves them.
+
+Saved between two epochs, a loader keeps its own generators' current states (not the global one's: the
+checkpoint restores that, and the next epoch draws from it as the uninterrupted run does), so that the
+epochs after a resume shuffle as the uninterrupted run's do.
 """
 
 from __future__ import annotations
@@ -38,18 +42,18 @@ def _decode(text: str | None) -> torch.Tensor | None:
 @dataclass(frozen=True)
 class EpochStart:
     """States of the global torch generator, the loader's ``generator`` and its sampler's ``generator``
-    at the start of an epoch (None where the loader has no such generator)."""
+    at the start of an epoch (None where the loader has no such generator; no global state between epochs)."""
 
-    torch_state: torch.Tensor
+    torch_state: torch.Tensor | None
     loader_state: torch.Tensor | None = None
     sampler_state: torch.Tensor | None = None
 
     @classmethod
-    def capture(cls, loader) -> EpochStart:
-        """Copy the states (nothing is drawn)."""
+    def capture(cls, loader, with_global: bool = True) -> EpochStart:
+        """Copy the states (nothing is drawn); ``with_global=False`` leaves the global generator out."""
         generator, sampler_generator = getattr(loader, "generator", None), _sampler_generator(loader)
         return cls(
-            torch.get_rng_state(),
+            torch.get_rng_state() if with_global else None,
             generator.get_state() if isinstance(generator, torch.Generator) else None,
             sampler_generator.get_state() if sampler_generator is not None else None,
         )
@@ -69,9 +73,12 @@ class EpochStart:
 
     @contextlib.contextmanager
     def replayed(self, loader) -> Iterator[None]:
-        """Start the loader's generators from these states; the global generator's current state comes back on exit."""
-        current = torch.get_rng_state()
-        torch.set_rng_state(self.torch_state)
+        """Start the loader's generators from these states; the global generator's current state comes back on exit
+        (without a global state, the global generator is left alone)."""
+        current = None
+        if self.torch_state is not None:
+            current = torch.get_rng_state()
+            torch.set_rng_state(self.torch_state)
         generator, sampler_generator = getattr(loader, "generator", None), _sampler_generator(loader)
         if self.loader_state is not None and isinstance(generator, torch.Generator):
             generator.set_state(self.loader_state)
@@ -80,7 +87,8 @@ class EpochStart:
         try:
             yield
         finally:
-            torch.set_rng_state(current)
+            if current is not None:
+                torch.set_rng_state(current)
 
 
 @contextlib.contextmanager

@@ -70,7 +70,8 @@ class DataLoaderSettings:
 
     @property
     def use_seedable_sampler(self) -> bool:
-        """Always effectively True in hasten: shuffling is seeded identically on every process."""
+        """Whether a ``RandomSampler`` becomes a :class:`~hasten.data_loader.SeedableRandomSampler` (order from
+        ``data_seed``, else the global seed, plus the epoch), as in Accelerate."""
         return self.dataloader_config.use_seedable_sampler
 
     @property

@@ -102,7 +102,9 @@ class DataLoaderStateMixin:
                 target.set_epoch(self.iteration)
 
     def state_dict(self) -> dict[str, Any]:
-        """Position of this loader: ``{"epoch", "batches_yielded"}`` (+ the shuffling seed when seeded)."""
+        """Position of this loader: ``{"epoch", "batches_yielded"}``, the seedable sampler's ``"seed"``, and ``"rng"``:
+        inside an epoch the generators' states it started from, between epochs the loader's own generators'
+        current states (``epoch_rng.py``)."""
         epoch, yielded = self.iteration, self._yielded
         if yielded and yielded >= _safe_len(self):
             epoch, yielded = epoch + 1, 0
@@ -112,6 +114,8 @@ class DataLoaderStateMixin:
             state["seed"] = sampler.initial_seed
         if yielded and self._epoch_start is not None:  # inside an epoch: how it started, to replay its order
             state["rng"] = self._epoch_start.to_json()
+        else:  # between epochs: where the loader's own generators stand, for the epochs that follow
+            state["rng"] = EpochStart.capture(self, with_global=False).to_json()
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -120,7 +124,7 @@ class DataLoaderStateMixin:
         self._resume_at = int(state.get("batches_yielded", 0))
 
     def restore_epoch(self, state: Mapping[str, Any]) -> None:
-        """Restore the epoch and the shuffling seed saved by :meth:`state_dict`, not the position in the epoch.
+        """Restore the epoch, the seed and how the epoch started, saved by :meth:`state_dict`, not the position in it.
 
         The next iteration runs the saved epoch from its first batch, in the saved order, so a loop that
         skips the batches it already trained on (``if step < resume_step: continue``, or

@@ -36,6 +36,12 @@ def _is_tensor_structure(data) -> bool:
     return any(True for _ in _leaves(data))
 
 
+def _tensors_or_empty(data) -> bool:
+    """Tensors, or an empty list (which Accelerate's check accepts, and which a process that got no batch in
+    the last round collects): such data takes the tensor path on every process alike."""
+    return _is_tensor_structure(data) or (isinstance(data, (list, tuple)) and not data)
+
+
 def _truncate(data, rows: int):
     return recursively_apply(lambda t: t[:rows], data)
 
@@ -52,7 +58,7 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
     """
     state = GradientState()
     loader = state.active_dataloader
-    as_objects = use_gather_object or not _is_tensor_structure(input_data)
+    as_objects = use_gather_object or not _tensors_or_empty(input_data)
     if not _distributed() or as_objects or (loader is not None and not loader.end_of_dataloader):
         return _as_accelerate_does(input_data, use_gather_object, state)
     if loader is None:
@@ -84,7 +90,7 @@ def _distributed() -> bool:
 def _as_accelerate_does(data, use_gather_object: bool, state: GradientState):
     """Accelerate's rule, for one process and for a last round whose layout is unknown: gather (on one process,
     ``data`` as it is), and on the last batch keep the first ``remainder`` rows (``remainder`` > 0)."""
-    as_objects = use_gather_object or not (_is_tensor_structure(data) or (isinstance(data, list) and not data))
+    as_objects = use_gather_object or not _tensors_or_empty(data)
     if _distributed():
         data = _gather_objects(data) if as_objects else gather(data)
     remainder = state.remainder

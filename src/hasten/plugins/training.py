@@ -57,14 +57,16 @@ class DataLoaderConfiguration(KwargsHandler):
             (default: True for ``IterableDataset``, False otherwise).
         even_batches: complete the last global batch with samples from the start of the dataset so every
             process gets the same number of full batches (``gather_for_metrics`` drops the extras).
-            With False, the leftover samples are split between the processes as evenly as possible
-            (uneven last batches; a process may get an empty one) and nothing is duplicated.
-        use_seedable_sampler: shuffle with a sampler seeded by ``data_seed`` + epoch.
+            With False nothing is repeated: the leftover batches go to the first processes (with
+            ``split_batches``, the last batch is cut in pieces of the usual size), so a process may get one
+            batch fewer, as in Accelerate.
+        use_seedable_sampler: shuffle with a sampler seeded by ``data_seed`` (else the global seed) + epoch.
         data_seed: seed of the seedable sampler.
         non_blocking: copy batches to the device asynchronously (needs ``pin_memory=True``).
         use_stateful_dataloader: ``load_state`` also moves prepared dataloaders to their saved position in the
             epoch (every prepared loader records it). Off by default, as in Accelerate: ``load_state``
-            restores the epoch and shuffling seed, and the loop skips the batches it already trained on.
+            restores the epoch and the random state it started from, and the loop skips the batches it
+            already trained on.
     """
 
     split_batches: bool = False
@@ -82,7 +84,8 @@ class GradientAccumulationPlugin(KwargsHandler):
 
     Args:
         num_steps: micro-batches per optimizer step.
-        adjust_scheduler: kept for compatibility with Accelerate; the scheduler steps once per real
+        adjust_scheduler: kept for compatibility with Accelerate, which reads the default back as False
+            (``GradientState`` keeps only non-default fields), so the scheduler steps once per real
             optimizer step either way.
         sync_with_dataloader: the last batch of a dataloader always synchronises and steps.
         sync_each_batch: reduce gradients on every micro-batch (less memory, more communication).
