@@ -22,7 +22,7 @@ from hasten.commands import runners
 from hasten.commands.main import build_parser, main
 from hasten.config import Hardware
 from hasten.errors import ConfigError, NotSupportedError
-from helpers import FIXTURES_ROOT, ROOT, SCRIPTS
+from helpers import FIXTURES_ROOT, ROOT, SCRIPTS, requires
 
 FIXTURES = FIXTURES_ROOT / "configs"
 HASTEN = Path(sys.executable).with_name("hasten")
@@ -252,6 +252,7 @@ def test_summary_says_where_each_value_came_from(tmp_path, script, monkeypatch):
     assert plan.env["HASTEN_HANG_REPORT_DIR"] == str(plan.hang_dir) and plan.owns_hang_dir
 
 
+@requires("deepspeed", "deepspeed")
 def test_unused_deepspeed_launcher_is_a_warning(tmp_path, script):
     config_file = tmp_path / "ds.yaml"
     config_file.write_text("distributed_type: DEEPSPEED\nnum_machines: 2\nnum_processes: 2\nmain_process_ip: 127.0.0.1\ndeepspeed_config:\n  deepspeed_multinode_launcher: pdsh\n")
