@@ -149,6 +149,26 @@ def test_emulated_fp8_composes_with_torch_compile():
 
 
 @needs_torchao
+def test_fp8_under_fsdp2_on_one_process_trains_and_saves_plain_weights(monkeypatch, tmp_path):
+    """One process: no float8 all-gather (nothing to gather; its weight wrapper would reach the state dict)."""
+    monkeypatch.setenv("HASTEN_USE_FSDP", "1")
+    accelerator = Accelerator(mixed_precision="fp8", kwargs_handlers=[emulated(enable_fsdp_float8_all_gather=True)])
+    model = TinyLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    assert accelerator.is_fsdp2 and float8_layers(model) == ["blocks.0.fc", "blocks.0.out", "blocks.0.proj"]
+    before = model.blocks[0].fc.weight.detach().full_tensor().clone()
+    inputs, targets = batch(4, torch.Generator().manual_seed(0))
+    accelerator.backward(lm_loss(model(inputs), targets))
+    optimizer.step()
+    assert not torch.equal(before, model.blocks[0].fc.weight.detach().full_tensor())
+    state = accelerator.get_state_dict(model)
+    assert all(type(value) is torch.Tensor for value in state.values())
+    accelerator.save_model(model, tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+
+
+@needs_torchao
 @pytest.mark.slow
 def test_fp8_under_fsdp2_and_compile_on_two_processes_started_by_hasten_launch():
     launch = (
@@ -293,7 +313,11 @@ def test_the_dialogue_writes_the_torchao_backend_and_asks_its_two_settings():
             return False
 
     asker = No()
-    assert config_cmd._ask_table(asker, FP8) == {"backend": "AO", "enable_fsdp_float8_all_gather": False, "pad_inner_dim": False}
+    assert config_cmd._ask_table(asker, FP8) == {
+        "backend": "AO",
+        "enable_fsdp_float8_all_gather": False,
+        "pad_inner_dim": False,
+    }
     assert [default for _, default in asker.asked] == [True, True] and "float8" in asker.asked[0][0]
 
 

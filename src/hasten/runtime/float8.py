@@ -85,9 +85,10 @@ class Float8Training:
     def convert(self, model: torch.nn.Module, sharded: bool = False) -> None:
         """Swap ``model``'s eligible linear layers for torchao's ``Float8Linear`` in place (once per model).
 
-        ``sharded``: FSDP will shard the model, so the recipe's float8 all-gather applies; otherwise it is left off
-        (it only changes how FSDP gathers weights, and its weight wrapper would replace parameters that an optimizer
-        built before ``prepare`` holds).
+        ``sharded``: FSDP will shard the model over several processes, so the recipe's float8 all-gather applies;
+        otherwise it is left off: it only changes how FSDP gathers weights, its weight wrapper would replace
+        parameters that an optimizer built before ``prepare`` holds, and on a one-process mesh nothing gathers the
+        wrapped weights back into plain tensors for state dicts.
         """
         from torchao.float8 import convert_to_float8_training
         from torchao.float8.float8_linear import Float8Linear

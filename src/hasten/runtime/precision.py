@@ -96,7 +96,8 @@ class Precision:
         return fp32 outputs.
 
         Args:
-            sharded: FSDP will shard ``model`` (so fp8 weights may be all-gathered in float8, as the recipe says).
+            sharded: FSDP will shard ``model`` over several processes (so fp8 weights may be all-gathered in float8,
+                as the recipe says).
         """
         if self.float8 is not None:
             self.float8.convert(model, sharded=sharded)

@@ -159,7 +159,8 @@ class FSDPStrategy(Strategy):
         # recorded before the precision policy runs: fp8's float8 all-gather replaces weights (names stay)
         for name, parameter in inner.named_parameters():
             self._origins[parameter] = (inner, name)
-        self.precision.wrap_forward(inner, sharded=not evaluation_mode and self._shard_mesh is not None)
+        gathers = not evaluation_mode and self._shard_mesh is not None and self._shard_mesh.size(-1) > 1
+        self.precision.wrap_forward(inner, sharded=gathers)
         if evaluation_mode:
             return model
         source = self._weights_to_broadcast(inner)
