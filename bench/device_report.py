@@ -124,14 +124,15 @@ def _fp8_lines(data: dict) -> list[str]:
     results = data["results"]
     bf16, fp8 = results["hasten-bf16"], results["hasten-fp8"]
     lines = [
-        f"fp8 vs bf16, hasten, regionally compiled: {data['params'] / 1e6:,.0f}M parameters "
+        f"fp8 vs bf16 through hasten ({'regionally compiled' if 'cpu' not in data['device'] else 'eager, emulated fp8'}): "
+        f"{data['params'] / 1e6:,.1f}M parameters "
         f"({data['config']['layers']} layers, width {data['config']['width']}, vocabulary {data['config']['vocab']}, "
         f"sequence {data['config']['sequence']})",
         "",
         "| | tokens/s | peak GiB |",
         "|---|---|---|",
-        f"| bf16 | {bf16['tokens_per_s'][0]:,.0f} | {bf16['peak_gib'][0]:.2f} |",
-        f"| fp8 | {fp8['tokens_per_s'][0]:,.0f} | {fp8['peak_gib'][0]:.2f} |",
+        f"| bf16 | {bf16['tokens_per_s'][0]:,.0f} | {bf16['peak_gib'][0]:.3f} |",
+        f"| fp8 | {fp8['tokens_per_s'][0]:,.0f} | {fp8['peak_gib'][0]:.3f} |",
         f"| fp8 / bf16 | {fp8['tokens_per_s'][0] / bf16['tokens_per_s'][0]:.3f} "
         f"| {fp8['peak_gib'][0] / max(bf16['peak_gib'][0], 1e-12):.3f} |",
         "",
