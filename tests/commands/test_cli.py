@@ -163,7 +163,7 @@ def test_missing_script_and_programs(tmp_path, script, monkeypatch):
         (["--tpu"], NotSupportedError, r"distributed_type XLA \(from flag --tpu\) is not supported by hasten"),
         (["--use_fsdp", "--use_deepspeed"], ConfigError, r"Pass at most one of --cpu/--multi_gpu/--tpu/--use_deepspeed/--use_fsdp; got --use_deepspeed, --use_fsdp"),
         (["--zero_stage", "5"], ConfigError, r"flag --zero_stage: deepspeed_config\.zero_stage='5' is not valid; expected one of: 0, 1, 2, 3"),
-        (["--mixed_precision", "fp8"], ConfigError, r"mixed_precision fp8 \(from flag --mixed_precision\) needs CUDA GPUs with FP8 support"),
+        (["--mixed_precision", "fp8", "--fp8_backend", "msamp"], NotSupportedError, r"fp8_config\.backend \(from flag --fp8_backend\) selects the fp8 backend 'MSAMP' \(MS-AMP\), which is not supported by hasten"),
         (["--monitor_interval", "0"], ConfigError, r"--monitor_interval must be a positive number of seconds, got 0\.0"),
         (["--rdzv_conf", "timeout"], ConfigError, r"--rdzv_conf item 'timeout' must look like key=value"),
         (["--tee", "5"], ConfigError, r"--tee '5' must be 0, 1, 2 or 3"),

@@ -28,6 +28,7 @@ from ..config import launch_environment, read_config_file, resolve_settings
 from ..enums import DistributedType
 from ..errors import ConfigError, HastenError, NotSupportedError, did_you_mean, require
 from ..launchers import check_port_free
+from ..settings.fp8 import unsupported_backend
 from .launch_args import add_launch_arguments, flag_settings
 from .launch_plan import LaunchPlan, parse_rdzv_conf
 
@@ -221,8 +222,9 @@ def _check_devices(settings: ResolvedSettings, nproc: int, hardware) -> None:
     if kind == DistributedType.DEEPSPEED.value:
         require("deepspeed", "DeepSpeed (distributed_type DEEPSPEED)", "deepspeed")
     on_cpu = config.use_cpu or kind == DistributedType.MULTI_CPU.value
-    if config.mixed_precision == "fp8" and (on_cpu or hardware().kind != "cuda"):
-        raise ConfigError(f"mixed_precision fp8 (from {sources['mixed_precision']}) needs CUDA GPUs with FP8 support; use bf16 or fp16 here.")
+    backend = str(config.fp8_config.backend or "AO").upper()
+    if config.mixed_precision == "fp8" and backend != "AO":
+        raise unsupported_backend(backend, f"fp8_config.backend (from {sources['fp8_config.backend']})")
     if on_cpu:
         return
     gpu_kind = kind in (DistributedType.MULTI_GPU.value, DistributedType.MULTI_XPU.value)

@@ -102,10 +102,26 @@ class InitProcessGroupKwargs(KwargsHandler):
 
 @dataclass
 class AutocastKwargs(KwargsHandler):
-    """Arguments of ``torch.autocast`` used by ``Accelerator.autocast()`` and prepared models."""
+    """Arguments of ``torch.autocast`` used by ``Accelerator.autocast()`` and prepared models.
+
+    Args:
+        enabled, cache_enabled: as ``torch.autocast``'s.
+        convert_outputs_to_fp32: True (Accelerate's behaviour): a prepared model's fp16/bf16 outputs come back
+            converted to fp32. False (hasten only): they stay in the autocast dtype, which saves the fp32 copy of
+            every output (for a language model, the logits: batch x sequence x vocabulary x 4 bytes) and the two
+            conversion passes per step. The loss is then computed from half-precision values: compute it under
+            ``with accelerator.autocast():``, where torch runs the loss functions (``cross_entropy``,
+            ``log_softmax``, ``mse_loss``, ...) in fp32 as a raw autocast loop does; computed outside autocast it
+            runs in fp16/bf16 (less precise; fp16 may overflow).
+    """
 
     enabled: bool = True
     cache_enabled: bool | None = None
+    convert_outputs_to_fp32: bool = True
+
+    def autocast_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments ``torch.autocast`` takes: the changed fields, without ``convert_outputs_to_fp32``."""
+        return {k: v for k, v in self.to_kwargs().items() if k != "convert_outputs_to_fp32"}
 
 
 @dataclass
@@ -151,21 +167,3 @@ class ProfileKwargs(KwargsHandler):
             with_flops=self.with_flops,
             with_modules=self.with_modules,
         )
-
-
-@dataclass
-class FP8RecipeKwargs(KwargsHandler):
-    """FP8 recipe settings (Transformer Engine / torchao / MS-AMP), with Accelerate 1.15's fields, all unset by
-    default. Accepted for compatibility; fp8 training needs an fp8 backend and hardware, which
-    ``mixed_precision="fp8"`` checks when it is asked for."""
-
-    opt_level: str | None = None
-    use_autocast_during_eval: bool | None = None
-    margin: int | None = None
-    interval: int | None = None
-    fp8_format: str | None = None
-    amax_history_len: int | None = None
-    amax_compute_algo: str | None = None
-    override_linear_precision: tuple | None = None
-    use_mxfp8_block_scaling: bool | None = None
-    backend: str | None = None

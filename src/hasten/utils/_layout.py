@@ -45,8 +45,9 @@ LAYOUT: dict[str, dict[str, str]] = {
     "dataclasses": {
         **_names(
             "plugins",
-            "AutocastKwargs DataLoaderConfiguration DistributedDataParallelKwargs FP8RecipeKwargs GradScalerKwargs "
-            "GradientAccumulationPlugin InitProcessGroupKwargs KwargsHandler ProfileKwargs ProjectConfiguration",
+            "AORecipeKwargs AutocastKwargs DataLoaderConfiguration DistributedDataParallelKwargs FP8RecipeKwargs "
+            "GradScalerKwargs GradientAccumulationPlugin InitProcessGroupKwargs KwargsHandler ProfileKwargs "
+            "ProjectConfiguration",
         ),
         **_names(
             "enums",
@@ -61,7 +62,7 @@ LAYOUT: dict[str, dict[str, str]] = {
         "TensorInformation": "compat.operations",
         **_names(
             "compat.quantization",
-            "AORecipeKwargs TERecipeKwargs MSAMPRecipeKwargs BnbQuantizationConfig",
+            "TERecipeKwargs MSAMPRecipeKwargs BnbQuantizationConfig",
         ),
         "TorchTensorParallelConfig": "runtime.parallelism",
         **_names(
