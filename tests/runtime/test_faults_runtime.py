@@ -1,6 +1,7 @@
 """Runtime faults across 2 real gloo processes: bounded hangs and their stacks, mismatched collectives, a rank that
 leaves early, rank-consistent gathers, OOM recovery inside a step."""
 
+import json
 import time
 
 import pytest
@@ -81,13 +82,15 @@ _STUCK = {
 
 
 @pytest.mark.parametrize("scenario", list(_STUCK))
-def test_the_hang_report_has_the_stack_of_a_rank_stuck_outside_hasten_collectives(scenario):
+def test_the_hang_report_has_the_stack_of_a_rank_stuck_outside_hasten_collectives(scenario, tmp_path):
     # Rank 1 never enters a hasten collective: before, the report said "(no answer ...)" for its stack.
-    proc = torchrun(SCRIPTS / "fault_runtime_stuck.py", scenario, env=clean_env(HASTEN_HANG_TIMEOUT="4"), check=False, timeout=120)
-    err = proc.stderr
-    assert proc.returncode != 0 and "unreachable" not in proc.stdout, err
-    assert "rank 1: has not entered any hasten collective" in err, err
-    assert "Stack of rank 1:" in err, err
-    rank1 = err.split("Stack of rank 1:", 1)[1]
+    env = clean_env(HASTEN_HANG_TIMEOUT="4", HASTEN_HANG_REPORT_DIR=str(tmp_path))
+    proc = torchrun(SCRIPTS / "fault_runtime_stuck.py", scenario, env=env, check=False, timeout=120)
+    assert proc.returncode != 0 and "unreachable" not in proc.stdout, proc.stderr
+    report = json.loads((tmp_path / "hang_rank0.json").read_text())
+    assert "rank 1: has not entered any hasten collective" in report["peers"], report
+    others = report.get("peer_stacks")
+    assert others is not None and others in proc.stderr, f"the report lacks the other ranks' stacks: {report}"
+    rank1 = others.split("Stack of rank 1:", 1)[1]
     missing = [fragment for fragment in _STUCK[scenario] if fragment not in rank1]
     assert not missing, f"missing {missing} in rank 1's stack:\n{rank1}"

@@ -117,4 +117,22 @@ expect_mismatch(
 together = gather(torch.full((2,), float(rank)))
 if together.tolist() != [0.0, 0.0, 1.0, 1.0]:
     sys.exit(f"rank {rank}: the group is broken after the mismatches: {together}")
+
+
+def mixed(r):
+    """A structure of every kind of leaf one gather sends as one buffer: several dtypes, a scalar, a strided view."""
+    return {
+        "flags": torch.tensor([r == 0, True]),
+        "ids": torch.arange(3) + 10 * r,
+        "half": torch.full((2, 2), r + 0.5, dtype=torch.float16),
+        "scalar": torch.tensor(float(r), dtype=torch.float64),
+        "view": torch.arange(12.0).view(3, 4)[:, 1] + r,
+    }
+
+
+got = gather(mixed(rank))
+expected = {key: torch.cat([mixed(r)[key].reshape(-1) if mixed(r)[key].ndim == 0 else mixed(r)[key] for r in (0, 1)]) for key in mixed(0)}
+wrong = [key for key in expected if got[key].dtype != expected[key].dtype or not torch.equal(got[key], expected[key])]
+if wrong:
+    sys.exit(f"rank {rank}: the gather of mixed dtypes differs from the per-tensor result at {wrong}: {got}")
 print(f"rank {rank}: {len(checked)} mismatches raised on this rank: {', '.join(checked)}", flush=True)

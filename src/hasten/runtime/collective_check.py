@@ -33,6 +33,7 @@ _HEADER = 3  # collective number, operation code, digest
 # all-gather into one flat tensor: torch 2.13 renamed it (the old name warns); torch 2.6 has only the old one
 all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _side_group: dict[str, Any] = {}  # the gloo group for the headers when the default group cannot carry CPU tensors
+_buffers: dict[int, tuple] = {}  # world size -> this process's header and the gathered headers, with numpy views
 
 
 def operation_code(name: str) -> int:
@@ -66,16 +67,26 @@ def verify(name: str, seq: int, agree: Callable, args: tuple, kwargs: dict) -> N
         key = ("cannot describe the inputs", type(error).__name__, str(error))
     group = header_group()
     world = dist.get_world_size()
-    header = torch.tensor([seq, operation_code(name), digest(key)], dtype=torch.int64)
-    gathered = torch.empty(world * _HEADER, dtype=torch.int64)
+    header, mine, gathered, rows = _header_buffers(world)
+    mine[0], mine[1], mine[2] = seq, operation_code(name), digest(key)
     all_gather_flat(gathered, header, group=group)
-    rows = gathered.view(world, _HEADER).tolist()
-    if all(row[1:] == rows[0][1:] for row in rows):
+    headers = rows.tolist()
+    if all(row[1:] == headers[0][1:] for row in headers):
         return
     description = (name, seq, describe(args[0]) if args else "(no inputs)", _arguments(args, kwargs))
     everyone: list = [None] * world
     dist.all_gather_object(everyone, description, group=group)
     raise DistributedOperationException(_mismatch_message(name, everyone))
+
+
+def _header_buffers(world: int) -> tuple:
+    """Reused header tensors (the exchange is synchronous) with numpy views: filling and comparing them costs
+    about a microsecond, where building tensors costs several."""
+    found = _buffers.get(world)
+    if found is None:
+        header, gathered = torch.empty(_HEADER, dtype=torch.int64), torch.empty(world * _HEADER, dtype=torch.int64)
+        found = _buffers[world] = (header, header.numpy(), gathered, gathered.numpy().reshape(world, _HEADER))
+    return found
 
 
 def _arguments(args: tuple, kwargs: dict) -> str:
@@ -96,8 +107,8 @@ def _mismatch_message(name: str, everyone: list) -> str:
         return (
             "Cannot apply desired operation: the processes called different collectives. Every process must call the "
             f"same collectives in the same order.\n\nOperation: `hasten.runtime.operations.{name}`\nCalls:\n{calls}\n"
-            "A process that leaves a loop early (a shorter dataloader, a `break` on some processes) or calls a collective "
-            "under `if accelerator.is_main_process:` causes this."
+            "A process that leaves a loop early (a shorter dataloader, a `break` on some processes) or calls a "
+            "collective under `if accelerator.is_main_process:` causes this."
         )
     inputs = "\n".join(
         f"  - Process {i}: {e[2]}{f' ({e[3]})' if e[3] else ''} (collective #{e[1]})" for i, e in enumerate(everyone)
@@ -110,12 +121,17 @@ def _mismatch_message(name: str, everyone: list) -> str:
 
 _GENERIC = "Every process must pass tensors of the same shapes and dtypes."
 _REQUIREMENTS = {
-    "gather": "gather needs the same shape and dtype on every process; pad_across_processes first evens out one dimension.",
+    "gather": "gather needs the same shape and dtype on every process; "
+    "pad_across_processes first evens out one dimension.",
     "reduce": "reduce needs the same shapes, dtypes and reduction on every process.",
-    "broadcast": "broadcast needs tensors of the sender's shapes and dtypes on every process, and the same from_process.",
-    "pad_across_processes": "pad_across_processes needs the same structure, number of dimensions and dim on every process.",
-    "broadcast_object_list": "broadcast_object_list needs a list of the same length and the same from_process on every process.",
-    "gather_with_sizes": "gather_for_metrics needs tensors with the same dtype and trailing dimensions on every process.",
+    "broadcast": "broadcast needs tensors of the sender's shapes and dtypes on every process, "
+    "and the same from_process.",
+    "pad_across_processes": "pad_across_processes needs the same structure, number of dimensions "
+    "and dim on every process.",
+    "broadcast_object_list": "broadcast_object_list needs a list of the same length "
+    "and the same from_process on every process.",
+    "gather_with_sizes": "gather_for_metrics needs tensors with the same dtype "
+    "and trailing dimensions on every process.",
 }
 
 

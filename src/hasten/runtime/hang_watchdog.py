@@ -99,20 +99,21 @@ def start() -> None:
         _start()
 
 
-_exit_hook: list[bool] = []
+_exit_hook_registered = False
 
 
 def _start() -> None:
-    global _watchdog
+    global _watchdog, _exit_hook_registered
     timeout = hang_timeout()
     if timeout is None or timeout <= 0 or not (dist.is_available() and dist.is_initialized()):
         _watchdog = _Disabled()
         return
-    _watchdog = _Watchdog(timeout, stack_dump.install())
-    _watchdog.publish_identity()  # now, from this thread: a thread that holds the GIL next would keep the watchdog's from running
-    if not _exit_hook:  # registered after the process state's teardown hook, so it runs before the group goes
+    stack_dump.install()
+    _watchdog = _Watchdog(timeout)
+    _watchdog.publish_identity()  # from this thread: one that holds the GIL next would keep the watchdog's from running
+    if not _exit_hook_registered:  # registered after the process state's teardown hook, so it runs before the group goes
         atexit.register(_record_exit)
-        _exit_hook.append(True)
+        _exit_hook_registered = True
     threading.Thread(target=_watchdog.run, name="hasten-hang-watchdog", daemon=True).start()
 
 
@@ -141,13 +142,13 @@ def _own_stacks() -> str:
 class _Watchdog:
     """The per-process thread that publishes positions, answers stack requests and ends stuck ranks."""
 
-    def __init__(self, timeout: float, dump: str | None) -> None:
+    def __init__(self, timeout: float) -> None:
         self.timeout = timeout
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         self.store = _store()
         self.period = min(5.0, max(timeout / 20, 0.05))
         self.notice_after = min(30.0, timeout / 4)
-        self.identity = {"host": socket.gethostname(), "pid": os.getpid(), "dump": dump}
+        self.identity = {"host": socket.gethostname(), "pid": os.getpid(), "dump": None}
         self._published: tuple | None = None
         self._noticed = 0
         self._answered: bytes | None = None
@@ -198,8 +199,9 @@ class _Watchdog:
         """Publish that this process exits, after which collective, and its uncaught error if any (at exit)."""
         seq, op = _last
         error = getattr(sys, "last_value", None)
-        cause = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:200] if error is not None else None
-        self._store_call("set", f"{_KEY}/rank{self.rank}", json.dumps({"seq": seq, "op": op, "status": "exited", "error": cause}))
+        cause = f"{type(error).__name__}: {_first_line(error)}"[:200] if error is not None else None
+        record = {"seq": seq, "op": op, "status": "exited", "error": cause}
+        self._store_call("set", f"{_KEY}/rank{self.rank}", json.dumps(record))
 
     def _answer_stack_request(self) -> None:
         request = self._store_call("get", f"{_KEY}/request") if self._store_call("check", [f"{_KEY}/request"]) else None
@@ -263,11 +265,11 @@ class _Watchdog:
             )
         dumped = stack_dump.dump_other(identity["pid"], identity["dump"])
         children = stack_dump.describe_children(identity["pid"], identity["dump"])
+        children = f"\n{children}" if children else ""
         if dumped is None:
-            return f"(no answer from {where}: it is gone, or it holds the GIL and took SIGUSR2 for itself)" + (f"\n{children}" if children else "")
-        return f"(its watchdog did not answer, a thread holds the GIL: stacks written by faulthandler, {where})\n{dumped}" + (
-            f"\n{children}" if children else ""
-        )
+            return f"(no answer from {where}: it is gone, or it holds the GIL and took SIGUSR2 for itself){children}"
+        note = f"(its watchdog did not answer, a thread holds the GIL: stacks written by faulthandler, {where})"
+        return f"{note}\n{dumped}{children}"
 
     def _end(self, current, waited: float) -> None:
         seq, name = current[0], current[1]
@@ -286,7 +288,10 @@ class _Watchdog:
         report_dir = environment.get_str("HANG_REPORT_DIR")
         if report_dir:
             restart = environment.get_int_from_env(["TORCHELASTIC_RESTART_COUNT"], 0)
-            record = {"rank": self.rank, "restart": restart, "operation": f"hasten.runtime.operations.{name}", "collective": seq, "waited_s": round(waited, 2), "stack": stack, "peers": peers, "peer_stacks": others}
+            record = {
+                "rank": self.rank, "restart": restart, "operation": f"hasten.runtime.operations.{name}",
+                "collective": seq, "waited_s": round(waited, 2), "stack": stack, "peers": peers, "peer_stacks": others,
+            }
             with contextlib.suppress(OSError):
                 Path(report_dir, f"hang_rank{self.rank}.json").write_text(json.dumps(record, indent=1))
         os._exit(1)
@@ -311,16 +316,20 @@ def peers() -> str:
 
 
 def explain_failure(name: str, seq: int, error: BaseException) -> str:
-    """The message of collective ``name`` (number ``seq``) that failed with ``error``: where every other rank stopped."""
+    """The message of collective ``name`` (number ``seq``) that failed with ``error``: where the other ranks stopped."""
     where = _watchdog.settled_peers(seq) if isinstance(_watchdog, _Watchdog) else "(unknown: the hang watchdog is off)"
-    detail = str(error).splitlines()[0] if str(error) else ""
     return (
-        f"`hasten.runtime.operations.{name}` (collective #{seq}) failed: {type(error).__name__}: {detail}\n"
+        f"`hasten.runtime.operations.{name}` (collective #{seq}) failed: {type(error).__name__}: {_first_line(error)}\n"
         f"Where the other ranks are:\n{where}\n"
-        f"A rank that exited or stopped calling collectives before collective #{seq} leaves the others without a peer: "
-        "every rank must call the same collectives in the same order (a loop that ends earlier on some ranks, a `break` "
-        "or an error on one rank breaks that). The launcher's summary says how each process ended."
+        f"A rank that exited or stopped calling collectives before collective #{seq} leaves the others without a "
+        "peer: every rank must call the same collectives in the same order (a loop that ends earlier on some ranks, "
+        "a `break` or an error on one rank breaks that). The launcher's summary says how each process ended."
     )
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error)
+    return text.splitlines()[0] if text else ""
 
 
 def reset() -> None:

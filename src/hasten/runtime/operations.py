@@ -20,11 +20,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..errors import DistributedOperationException, HastenError
 from . import collective_check, debug_mode, hang_watchdog
 from .memory import should_reduce_batch_size
 from .tree import _leaves, _require_tensors, recursively_apply
-from ..errors import DistributedOperationException, HastenError
-
 
 # ------------------------------------------------------------------------------------ structures
 
@@ -52,20 +51,19 @@ def _collective(name: str, agree: Callable | None = None):
     communicate names where the other processes are.
 
     Without ``agree`` (functions users decorate with ``verify_operation``) the check runs in debug mode only, on
-    the shapes of the first argument, as Accelerate's does.
+    the shapes of the first argument, as Accelerate's does. The decorated function's ``agreed`` attribute runs it
+    without the check, for hasten's own callers whose processes agree by construction (the dispatcher's
+    per-batch broadcasts, whose receivers allocate from the shapes the sender sent): no extra collective per step.
     """
 
     def decorate(function):
-        @functools.wraps(function)
-        def wrapper(*args, **kwargs):
+        def run(check: Callable | None, args: tuple, kwargs: dict):
             if _world()[0] == 1:  # one process has nothing to wait for
                 return function(*args, **kwargs)
             seq = hang_watchdog.enter(name)
             try:
-                if agree is not None:
-                    collective_check.verify(name, seq, agree, args, kwargs)
-                elif debug_mode.active():
-                    collective_check.verify(name, seq, _first_argument_shapes, args, kwargs)
+                if check is not None:
+                    collective_check.verify(name, seq, check, args, kwargs)
                 return function(*args, **kwargs)
             except RuntimeError as error:
                 if isinstance(error, HastenError) or should_reduce_batch_size(error):
@@ -74,6 +72,14 @@ def _collective(name: str, agree: Callable | None = None):
             finally:
                 hang_watchdog.leave()
 
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            return run(agree or (_first_argument_shapes if debug_mode.active() else None), args, kwargs)
+
+        def agreed(*args, **kwargs):
+            return run(None, args, kwargs)
+
+        wrapper.agreed = agreed
         return wrapper
 
     return decorate
@@ -137,8 +143,9 @@ def _gather_fused(leaves: list[torch.Tensor]) -> list[torch.Tensor]:
         buffer[offset : offset + size] = t.reshape(-1).view(torch.uint8)
     out = torch.empty(world * total, dtype=torch.uint8, device=buffer.device)
     collective_check.all_gather_flat(out, buffer)
+    starts = [r * total for r in range(world)]
     return [
-        torch.cat([out[r * total + offset : r * total + offset + size].view(t.dtype).view(t.shape) for r in range(world)])
+        torch.cat([out[start + offset : start + offset + size].view(t.dtype).view(t.shape) for start in starts])
         for t, offset, size in zip(flat, offsets, sizes)
     ]
 
@@ -179,7 +186,11 @@ def gather_object(object: Any) -> list:
     return output
 
 
-@_collective("broadcast", agree=lambda tensor, from_process=0: (collective_check.same_tensors(tensor), from_process))
+def _broadcast_agree(tensor, from_process: int = 0):
+    return collective_check.same_tensors(tensor), from_process
+
+
+@_collective("broadcast", agree=_broadcast_agree)
 def broadcast(tensor, from_process: int = 0):
     """Copy every tensor of ``tensor`` from process ``from_process`` to all others, in place; returns it."""
     _require_tensors(tensor)
@@ -204,7 +215,11 @@ def broadcast_object_list(object_list: list, from_process: int = 0) -> list:
 _REDUCE_OPS = {"sum": "SUM", "mean": "SUM", "max": "MAX", "min": "MIN"}
 
 
-@_collective("reduce", agree=lambda tensor, reduction="mean", scale=1.0: (collective_check.same_tensors(tensor), reduction))
+def _reduce_agree(tensor, reduction: str = "mean", scale: float = 1.0):
+    return collective_check.same_tensors(tensor), reduction
+
+
+@_collective("reduce", agree=_reduce_agree)
 def reduce(tensor, reduction: str = "mean", scale: float = 1.0):
     """All-reduce every tensor of ``tensor`` across processes; returns new tensors.
 
@@ -251,7 +266,11 @@ def _paddable(tensor: torch.Tensor, dim: int) -> bool:
     return tensor.ndim > 0 and -tensor.ndim <= dim < tensor.ndim
 
 
-@_collective("pad_across_processes", agree=lambda tensor, dim=0, pad_index=0, pad_first=False: (collective_check.same_ranks(tensor), dim))
+def _pad_agree(tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
+    return collective_check.same_ranks(tensor), dim
+
+
+@_collective("pad_across_processes", agree=_pad_agree)
 def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
     """Pad every tensor to the largest size of dimension ``dim`` across processes, so it can be gathered.
 
@@ -270,7 +289,11 @@ def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bo
         return tensor
     local = torch.tensor([t.shape[dim] for t in padded], device=padded[0].device)
     every_size = iter(_gather_one(local).view(world, len(padded)).T.tolist())
-    return recursively_apply(lambda t: _pad_one(t, dim, pad_index, pad_first, next(every_size)) if _paddable(t, dim) else t, tensor)
+
+    def _one(t):
+        return _pad_one(t, dim, pad_index, pad_first, next(every_size)) if _paddable(t, dim) else t
+
+    return recursively_apply(_one, tensor)
 
 
 def _sizes_agree(tensor, sizes: list[int]):

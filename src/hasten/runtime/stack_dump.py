@@ -70,7 +70,11 @@ def own_threads() -> str:
     main = threading.main_thread().ident
     me = threading.get_ident()
     frames = sorted(sys._current_frames().items(), key=lambda item: item[0] != main)
-    parts = [f"Thread {names.get(ident, ident)}:\n{''.join(traceback.format_stack(frame))}" for ident, frame in frames if ident != me]
+    parts = [
+        f"Thread {names.get(ident, ident)}:\n{''.join(traceback.format_stack(frame))}"
+        for ident, frame in frames
+        if ident != me
+    ]
     return "\n".join(parts) or "(no Python thread besides the watchdog)"
 
 
