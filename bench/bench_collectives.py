@@ -1,4 +1,4 @@
-"""Per-collective cost of hasten's ``gather``/``reduce`` (hang watchdog and input check always on) against raw ``torch.distributed``.
+"""Per-call cost of hasten's ``gather``/``reduce`` (hang watchdog and input check on) against raw torch.distributed.
 
 Run ``python bench/bench_collectives.py``: it starts itself on 2 processes under torchrun (gloo, 1
 thread each). Each round times ``--calls`` calls of every contestant, alternating the order between
@@ -135,12 +135,14 @@ def main() -> None:
     print(f"2 processes, gloo, {args.calls} calls/round, {args.rounds} rounds")
     for case, samples in results.items():
         for name, values in samples.items():
-            print(describe(f"  {case:26s} {name:7s}", values, unit="us", scale=1e6, digits=3 if "raw" not in samples else 1))
+            digits = 3 if "raw" not in samples else 1
+            print(describe(f"  {case:26s} {name:7s}", values, unit="us", scale=1e6, digits=digits))
         if "raw" not in samples:
             continue
         fastest = min(samples["hasten"]) / min(samples["raw"])
         median, low, high = paired_ratio_range(samples["hasten"], samples["raw"])
-        print(f"  {case:26s} hasten/raw: {ratio_of_medians(samples['hasten'], samples['raw']):.3f} (per-round {low:.3f}-{high:.3f}; fastest rounds {fastest:.3f})")
+        ratio = ratio_of_medians(samples["hasten"], samples["raw"])
+        print(f"  {case:26s} hasten/raw: {ratio:.3f} (per-round {low:.3f}-{high:.3f}; fastest rounds {fastest:.3f})")
 
 
 if __name__ == "__main__":

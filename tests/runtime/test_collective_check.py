@@ -24,7 +24,9 @@ def test_the_digest_is_the_same_in_every_process():
     outputs = set()
     for seed in ("1", "2"):
         env = {**os.environ, "PYTHONHASHSEED": seed, "PYTHONPATH": os.path.abspath(_SRC)}
-        outputs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout)
+        outputs.add(
+            subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+        )
     assert len(outputs) == 1, outputs
 
 
@@ -51,7 +53,8 @@ def test_descriptions_name_shapes_and_dtypes():
 
 def test_a_process_holding_the_gil_in_c_code_gives_its_stacks(tmp_path):
     script = tmp_path / "hold.py"
-    script.write_text(textwrap.dedent("""
+    script.write_text(
+        textwrap.dedent("""
         from hasten.runtime import stack_dump
 
         def hold_the_gil():
@@ -59,7 +62,8 @@ def test_a_process_holding_the_gil_in_c_code_gives_its_stacks(tmp_path):
 
         print(stack_dump.install(), flush=True)
         hold_the_gil()
-    """))
+    """)
+    )
     env = {**os.environ, "PYTHONPATH": os.path.abspath(_SRC)}
     with subprocess.Popen([sys.executable, str(script)], env=env, stdout=subprocess.PIPE, text=True) as proc:
         try:

@@ -5,7 +5,6 @@ import json
 import time
 
 import pytest
-
 from helpers import SCRIPTS, clean_env, hasten_launch, torchrun
 
 pytestmark = pytest.mark.slow
@@ -64,7 +63,8 @@ def test_mismatched_collectives_raise_on_every_process_outside_debug_mode():
 def test_a_rank_that_left_the_loop_is_named_in_its_peers_error(launcher):
     # Before, rank 0 got gloo's raw "Connection closed by peer" and nothing said which rank had gone.
     start = time.monotonic()
-    proc = launcher(SCRIPTS / "fault_runtime_leave.py", env=clean_env(HASTEN_HANG_TIMEOUT="60"), check=False, timeout=120)
+    env = clean_env(HASTEN_HANG_TIMEOUT="60")
+    proc = launcher(SCRIPTS / "fault_runtime_leave.py", env=env, check=False, timeout=120)
     err = proc.stderr
     assert proc.returncode != 0 and time.monotonic() - start < 60, err
     assert "rank 1: left the loop after 1 step(s)" in proc.stdout, proc.stdout
@@ -77,7 +77,9 @@ _STUCK = {
     "busy": ["in spin_in_python"],
     "gil": ["stacks written by faulthandler", "in hold_the_gil"],
     "raw": ["dist.all_reduce(torch.ones(1), group=side_group)"],
-    "worker": ["in wait_for_a_worker", "Child process", "a fork of this process (e.g. a DataLoader worker)", "in __getitem__"],
+    "worker": [
+        "in wait_for_a_worker", "Child process", "a fork of this process (e.g. a DataLoader worker)", "in __getitem__"
+    ],
 }
 
 

@@ -111,7 +111,7 @@ def _start() -> None:
     stack_dump.install()
     _watchdog = _Watchdog(timeout)
     _watchdog.publish_identity()  # from this thread: one that holds the GIL next would keep the watchdog's from running
-    if not _exit_hook_registered:  # registered after the process state's teardown hook, so it runs before the group goes
+    if not _exit_hook_registered:  # after the process state's teardown hook, so it runs before the group goes
         atexit.register(_record_exit)
         _exit_hook_registered = True
     threading.Thread(target=_watchdog.run, name="hasten-hang-watchdog", daemon=True).start()

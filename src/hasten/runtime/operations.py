@@ -125,8 +125,12 @@ _ALIGN = 16  # bytes: every tensor starts where any dtype may be viewed
 
 
 def _fusable(leaves: list[torch.Tensor]) -> bool:
+    """Plain dense tensors on one device (not subclasses such as DTensor, not sparse or quantized ones)."""
     device = leaves[0].device
-    return all(t.device == device and t.layout == torch.strided and not t.is_quantized for t in leaves)
+    plain = (torch.Tensor, torch.nn.Parameter)
+    return all(
+        type(t) in plain and t.device == device and t.layout == torch.strided and not t.is_quantized for t in leaves
+    )
 
 
 def _gather_fused(leaves: list[torch.Tensor]) -> list[torch.Tensor]:
