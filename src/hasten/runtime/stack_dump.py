@@ -4,8 +4,10 @@ A process answers a stack request from its hang watchdog thread, which needs the
 more than that, and :mod:`faulthandler` covers both: its handler runs in C, without the GIL.
 
 - A process whose thread holds the GIL in C code (an extension's long loop) cannot run the watchdog
-  thread. :func:`install` registers faulthandler on :data:`DUMP_SIGNAL` (SIGUSR2), writing into a file
-  of its own; a process on the same machine then signals it and reads the file (:func:`dump_other`).
+  thread. :func:`install` registers faulthandler on :data:`DUMP_SIGNAL` (SIGUSR2), writing into an
+  unnamed temporary file of its own (nothing is left behind, however the process ends); a process on
+  the same machine then signals it and reads the file through ``/proc/<pid>/fd`` (:func:`dump_other`).
+  Linux only, like the ``/proc`` check that a process has the handler before it is signalled.
 - Child processes (DataLoader workers) have no watchdog. Forked ones inherit the handler and the file,
   so :func:`describe_children` signals each of them that still has it and shows its stacks; every
   child is named with its pid, state and command line.
@@ -16,7 +18,6 @@ keeps it, and such a process is then not signalled.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import faulthandler
 import os
@@ -34,34 +35,23 @@ _installed: dict = {}  # pid -> (path, open file) of this process's dump file
 
 
 def install() -> str | None:
-    """Register faulthandler on :data:`DUMP_SIGNAL` for this process; returns the dump file's path (None: not taken)."""
+    """Register faulthandler on :data:`DUMP_SIGNAL` for this process; returns the dump file's path for other
+    processes (None: not taken, or no ``/proc``)."""
     pid = os.getpid()
     if pid in _installed:
         return _installed[pid][0]
-    if DUMP_SIGNAL is None or signal.getsignal(DUMP_SIGNAL) is not signal.SIG_DFL:
+    if DUMP_SIGNAL is None or signal.getsignal(DUMP_SIGNAL) is not signal.SIG_DFL or not os.path.isdir("/proc/self/fd"):
         return None
-    path = os.path.join(tempfile.gettempdir(), f"hasten-stacks-{pid}.txt")
-    handle = open(path, "w+")  # noqa: SIM115 - stays open: faulthandler writes into it until the process ends
+    handle = tempfile.TemporaryFile("w+")  # noqa: SIM115 - stays open: faulthandler writes into it until the end
     faulthandler.register(DUMP_SIGNAL, file=handle, all_threads=True, chain=False)
-    _installed[pid] = (path, handle)
-    atexit.register(_remove, pid)
-    return path
+    _installed[pid] = (f"/proc/{pid}/fd/{handle.fileno()}", handle)
+    return _installed[pid][0]
 
 
 def dump_path() -> str | None:
     """This process's dump file while its faulthandler still owns :data:`DUMP_SIGNAL` (nobody replaced it since)."""
     found = _installed.get(os.getpid())
     return found[0] if found is not None and signal.getsignal(DUMP_SIGNAL) is signal.SIG_DFL else None
-
-
-def _remove(pid: int) -> None:
-    if os.getpid() != pid or pid not in _installed:  # a forked child running atexit handlers keeps its parent's file
-        return
-    path, handle = _installed.pop(pid)
-    with contextlib.suppress(OSError, ValueError):
-        faulthandler.unregister(DUMP_SIGNAL)
-        handle.close()
-        os.unlink(path)
 
 
 def own_threads() -> str:
