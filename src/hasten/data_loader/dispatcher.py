@@ -106,15 +106,15 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         """Broadcast one (batch, sizes, final, is_last) from the main process; None means the data ended."""
         if self._rank == 0:
             if item is None:
-                broadcast_object_list([None])
+                broadcast_object_list.agreed([None])
                 return None
             batch, sizes, final, is_last = item
             batch = send_to_device(batch, self.device)
             spec = _describe(batch)
-            broadcast_object_list([(spec, sizes, final, is_last)])
+            broadcast_object_list.agreed([(spec, sizes, final, is_last)])
             _broadcast_leaves(batch)
             return batch, sizes, final, is_last
-        (payload,) = broadcast_object_list([None])
+        (payload,) = broadcast_object_list.agreed([None])
         if payload is None:
             return None
         spec, sizes, final, is_last = payload
@@ -256,7 +256,7 @@ def _materialise(spec, device):
 
 def _broadcast_leaves(batch) -> None:
     if isinstance(batch, torch.Tensor):
-        broadcast(batch)
+        broadcast.agreed(batch)  # the receivers allocated it from the sender's description: no input check per step
     elif isinstance(batch, Mapping):
         for value in batch.values():
             _broadcast_leaves(value)
