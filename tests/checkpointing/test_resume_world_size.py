@@ -135,3 +135,11 @@ def test_resumed_on_another_number_of_processes_each_sample_once(saved, saved_on
     assert out.count("samples, each once") == len(VARIANTS), out
     assert f"fsdp {saved_on}->{resumed_on}: weights and optimizer state resharded" in out, out
     assert out.count(f"was saved by {saved_on} process(es) and is resumed on {resumed_on}") == len(VARIANTS), out
+
+
+@pytest.mark.slow
+def test_a_deepspeed_checkpoint_is_refused_on_another_number_of_processes_before_anything_loads(tmp_path):
+    pytest.importorskip("deepspeed")
+    torchrun(SCRIPT, "deepspeed-save", str(tmp_path), nproc=2, timeout=900)
+    out = torchrun(SCRIPT, "deepspeed-load", str(tmp_path), nproc=1, timeout=900).stdout
+    assert "deepspeed 2->1 refused before loading: Checkpoint" in out and "hasten merge-weights" in out, out
