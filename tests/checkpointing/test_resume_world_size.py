@@ -52,8 +52,10 @@ def test_processes_with_a_saved_state_restore_their_own():
         warnings.simplefilter("always")
         assert random_state_for(FakeReader(states), 0, 1) is states[0]
     assert [str(w.message) for w in caught] == [
-        "Checkpoint /ckpt was saved by 2 process(es) and is resumed on 1: "
-        "process(es) 0 restore their own random states; those of process(es) 1 are not used."
+        (
+            "Checkpoint /ckpt was saved by 2 process(es) and is resumed on 1: "
+            "process(es) 0 restore their own random states; those of process(es) 1 are not used."
+        )
     ]
 
 

@@ -122,7 +122,7 @@ def full():
         objects = setup(variant)
         accelerator = objects[0]
 
-        def save(label):
+        def save(label, accelerator=accelerator, variant=variant):
             name = SAVES.get(label, "ckpt_after" if label == "after0" else None)
             if name:
                 accelerator.save_state(FOLDER / variant / name)
