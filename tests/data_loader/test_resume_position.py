@@ -217,3 +217,49 @@ def test_ledger_counts_rounds_of_other_sizes():
     for size in (4, 4, 3, 4, 2):
         ledger.add(size)
     assert [ledger.after(k) for k in range(6)] == [5, 9, 13, 16, 20, 22]
+
+
+class OwnOrder(torch.utils.data.Sampler):
+    """A custom sampler drawing each epoch's order from its generator (hasten seeds it at prepare)."""
+
+    def __init__(self, n):
+        self.n, self.generator = n, None
+
+    def __iter__(self):
+        return iter(torch.randperm(self.n, generator=self.generator).tolist())
+
+    def __len__(self):
+        return self.n
+
+
+@pytest.mark.parametrize("kind", ["custom sampler", "user generator"])
+def test_an_order_drawn_from_a_generator_is_resumed_in_later_epochs(kind):
+    """The epoch's order comes from the generator's state, not from seed + epoch: the state at the epoch's
+    start is saved, so a resume in epoch 2 (mid-epoch, at its last batch, or after it) keeps the order."""
+
+    def make():
+        data = TensorDataset(torch.arange(12))
+        if kind == "custom sampler":
+            raw = DataLoader(data, batch_size=2, sampler=OwnOrder(12))
+        else:
+            raw = DataLoader(data, batch_size=2, shuffle=True, generator=torch.Generator().manual_seed(4))
+        return prepare_data_loader(raw, num_processes=1, process_index=0, data_seed=3)
+
+    reference = make()
+    epochs = [[b[0].tolist() for b in reference] for _ in range(4)]
+    for stop in (2, 6, "after"):
+        loader = make()
+        list(loader), list(loader)
+        for position, _ in enumerate(loader, 1):
+            if position == stop:
+                state = loader.state_dict()
+        if stop == "after":
+            state = loader.state_dict()
+        expected = {2: [epochs[2][2:], epochs[3]], 6: [[], epochs[3]], "after": [epochs[3]]}[stop]
+        stateful = make()
+        stateful.load_state_dict(state)
+        assert [[b[0].tolist() for b in stateful] for _ in expected] == expected, stop
+        default = make()
+        default.restore_epoch(state)
+        replayed = [b[0].tolist() for b in default]
+        assert replayed == (epochs[2] if stop == 2 else epochs[3]), (stop, replayed)

@@ -160,8 +160,10 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
             preemption.batch_requested(self)
         self._propagate_epoch()
         skip, samples = self._take_resume()
-        self._samples = samples or 0
-        source = self._main_process_batches(skip, samples) if self._rank == 0 else None
+        if samples != -1:
+            self._note_epoch_start()
+        self._samples = max(samples or 0, 0)
+        source = self._main_process_batches(skip, samples) if self._rank == 0 and samples != -1 else None
         self.begin()
         try:
             while True:

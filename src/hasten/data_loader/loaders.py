@@ -8,6 +8,7 @@ and both place batches on the process's device.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 from collections.abc import Mapping
 from typing import Any
@@ -69,6 +70,7 @@ class DataLoaderStateMixin:
         self._skipped = 0  # this process's batches that the running iteration's skip stood for
         self._active = False
         self._resume: dict[str, Any] | None = None  # where the next iteration starts: {"batches"} or {"samples"}
+        self._epoch_start_order: torch.Tensor | None = None  # the order generator's state when this epoch began
 
     @property
     def remainder(self) -> int:
@@ -127,6 +129,21 @@ class DataLoaderStateMixin:
         """Samples of the global order a full round consumes (None: unknown, e.g. no fixed batch size)."""
         return None
 
+    def _order_generator(self) -> torch.Generator | None:
+        """The generator the sampler draws each epoch's order from, when the order is not seed + epoch (a
+        ``RandomSampler`` given the user's generator, a custom sampler with a ``generator``): its state at the
+        epoch's start goes into the loader's state, so a resumed epoch is drawn in the same order."""
+        sampler = get_sampler(self)
+        generator = getattr(sampler, "generator", None)
+        if isinstance(sampler, SeedableRandomSampler) or not isinstance(generator, torch.Generator):
+            return None
+        return generator
+
+    def _note_epoch_start(self) -> None:
+        """Called as an iteration starts, before anything draws from the order generator."""
+        generator = self._order_generator()
+        self._epoch_start_order = generator.get_state() if generator is not None else None
+
     def state_dict(self) -> dict[str, Any]:
         """Position of this loader (JSON-compatible).
 
@@ -148,6 +165,10 @@ class DataLoaderStateMixin:
         state["num_processes"] = self._process_count()
         if samples is not None and self._counts_samples:
             state["samples"] = samples
+        generator = self._order_generator()
+        if generator is not None:  # mid-epoch: replay the epoch's order; otherwise the next epoch's draw
+            order = self._epoch_start_order if self._active and not end else generator.get_state()
+            state["order_generator"] = base64.b64encode(order.numpy().tobytes()).decode("ascii")
         sampler = get_sampler(self)
         if isinstance(sampler, SeedableRandomSampler):
             state["seed"] = sampler.initial_seed
@@ -193,18 +214,26 @@ class DataLoaderStateMixin:
         sampler = get_sampler(self)
         if "seed" in state and isinstance(sampler, SeedableRandomSampler):
             sampler.initial_seed = int(state["seed"])
+        generator = self._order_generator()
+        if generator is not None and "order_generator" in state:
+            saved = bytearray(base64.b64decode(state["order_generator"]))
+            generator.set_state(torch.frombuffer(saved, dtype=torch.uint8))
 
     def skip_batches_next_epoch(self, num_batches: int) -> None:
         """Start the next iteration at batch ``num_batches`` of the current epoch (absolute, not cumulative)."""
         self._resume = {"batches": int(num_batches)}
 
     def _take_resume(self) -> tuple[int, int | None]:
-        """Begin an iteration: (batches to skip, samples to skip or None), and reset the iteration's counters."""
+        """Begin an iteration: (batches to skip, samples to skip or None; -1 samples: the epoch's remaining zero
+        batches, to end without drawing anything), and reset the iteration's counters."""
         resume, self._resume = self._resume, None
         self._yielded, self._active = 0, True
         if resume is None:
             self._skipped = 0
             return 0, None
+        if resume.get("state", {}).get("end_of_epoch"):
+            self._skipped = int(resume["state"].get("batches_yielded", 0))
+            return 0, -1
         if "samples" in resume:
             self._skipped = resume["skipped"]
             return 0, resume["samples"]
@@ -348,6 +377,9 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         if self._loader_seed is not None:
             self.generator.manual_seed(self._loader_seed + self.iteration)
         batches, samples = self._take_resume()
+        if samples == -1:
+            return iter(())
+        self._note_epoch_start()
         if self._sharder is not None:
             self._sharder.skip_next_iteration(batches, samples or 0)
             return super().__iter__()
