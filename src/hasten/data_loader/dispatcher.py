@@ -159,11 +159,12 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         if preemption.save_due:
             preemption.batch_requested(self)
         self._propagate_epoch()
-        skip, samples = self._take_resume()
-        if samples != -1:
+        resume = self._take_resume()
+        if resume is not None:
             self._note_epoch_start()
-        self._samples = max(samples or 0, 0)
-        source = self._main_process_batches(skip, samples) if self._rank == 0 and samples != -1 else None
+        skip, samples = resume or (0, None)
+        self._samples = samples or 0
+        source = self._main_process_batches(skip, samples) if self._rank == 0 and resume is not None else None
         self.begin()
         try:
             while True:

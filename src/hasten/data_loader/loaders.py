@@ -223,9 +223,9 @@ class DataLoaderStateMixin:
         """Start the next iteration at batch ``num_batches`` of the current epoch (absolute, not cumulative)."""
         self._resume = {"batches": int(num_batches)}
 
-    def _take_resume(self) -> tuple[int, int | None]:
-        """Begin an iteration: (batches to skip, samples to skip or None; -1 samples: the epoch's remaining zero
-        batches, to end without drawing anything), and reset the iteration's counters."""
+    def _take_resume(self) -> tuple[int, int | None] | None:
+        """Begin an iteration: (batches to skip, samples to skip or None), or None when the epoch has zero batches
+        left (the iteration ends without drawing anything); resets the iteration's counters."""
         resume, self._resume = self._resume, None
         self._yielded, self._active = 0, True
         if resume is None:
@@ -233,7 +233,7 @@ class DataLoaderStateMixin:
             return 0, None
         if resume.get("state", {}).get("end_of_epoch"):
             self._skipped = int(resume["state"].get("batches_yielded", 0))
-            return 0, -1
+            return None
         if "samples" in resume:
             self._skipped = resume["skipped"]
             return 0, resume["samples"]
@@ -376,9 +376,10 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         self._propagate_epoch()
         if self._loader_seed is not None:
             self.generator.manual_seed(self._loader_seed + self.iteration)
-        batches, samples = self._take_resume()
-        if samples == -1:
+        resume = self._take_resume()
+        if resume is None:
             return iter(())
+        batches, samples = resume
         self._note_epoch_start()
         if self._sharder is not None:
             self._sharder.skip_next_iteration(batches, samples or 0)
