@@ -140,6 +140,7 @@ def test_resumed_on_another_number_of_processes_each_sample_once(saved, saved_on
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # two DeepSpeed launches; the first on a machine may compile DeepSpeed's CPU extensions
 def test_a_deepspeed_checkpoint_is_refused_on_another_number_of_processes_before_anything_loads(tmp_path):
     pytest.importorskip("deepspeed")
     torchrun(SCRIPT, "deepspeed-save", str(tmp_path), nproc=2, timeout=900)
