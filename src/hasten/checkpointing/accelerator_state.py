@@ -33,6 +33,7 @@ from .accelerate_format import open_checkpoint
 from .files import CheckpointReader, CheckpointWriter
 from .integrity import corrupt_message
 from .naming import _NAME, checkpoint_path, latest_checkpoint, rotate
+from .world_change import random_state_for
 
 
 @dataclass
@@ -378,8 +379,7 @@ def _read_small_states(reader: CheckpointReader, contents: CheckpointContents, s
     """Read (not apply) schedulers, scaler, dataloader positions, custom objects and RNG states."""
     if contents.scaler is not None and not reader.exists("scaler.json"):
         raise CheckpointError(f"Checkpoint {reader.directory} has no fp16 scaler state, but this run uses fp16: it was saved with another mixed precision setting.")
-    rng_name = f"random_states_{state.process_index}"
-    rng = reader.load_state(rng_name) if reader.exists(f"{rng_name}.json") else None
+    rng = random_state_for(reader, state.process_index, state.num_processes)
     if rng is None:
         warnings.warn(
             f"Checkpoint {reader.directory} was saved by {reader.manifest.get('world_size')} process(es) and has no random "

@@ -5,6 +5,7 @@ the row helpers it slices, pads and broadcasts nested batches with.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping
 
@@ -16,6 +17,7 @@ from ..runtime.operations import broadcast, broadcast_object_list
 from ..runtime.tree import send_to_device
 from ..state import PartialState
 from .loaders import DataLoaderStateMixin
+from .position import skip_samples
 from .sharding import FinalRound, split_evenly
 
 
@@ -46,10 +48,24 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         self._non_blocking = _non_blocking
         self._final: FinalRound | None = None
         self._slice_fn = slice_fn
+        self._samples = 0
 
     @property
     def final_round(self) -> FinalRound | None:
         return self._final
+
+    def _process_count(self) -> int:
+        return self._world
+
+    @property
+    def _counts_samples(self) -> bool:
+        return True
+
+    def _samples_consumed(self) -> int:
+        return self._samples
+
+    def _per_round(self) -> int | None:
+        return self.total_batch_size
 
     @property
     def total_batch_size(self) -> int:
@@ -87,55 +103,75 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         sizes = tuple(len(c) for c in split_evenly(range(rows), self._world))
         return batch, sizes, FinalRound(rows, sizes, False)
 
-    def _main_process_batches(self, skip: int):
-        iterator = super().__iter__()
-        for _ in range(skip):
-            if self._fetch(iterator) is None:
-                break
-        first = current = self._fetch(iterator)
+    def _main_process_batches(self, skip: int, samples: int | None):
+        """(batch, sizes, final round, is last, samples consumed after it) for each step, on the main process.
+
+        The epoch's first global batch is read even when skipped: the last one is completed from it.
+        """
+        source = super().__iter__()
+        head = list(itertools.islice(source, 1 if self.split_batches else self._world))
+        first = _concat_rows(head) if len(head) > 1 else (head[0] if head else None)
         full_rows = _rows(first) if first is not None else None
+        consumed = 0
+
+        def started(count: int) -> None:
+            nonlocal consumed
+            consumed = count
+
+        batches = itertools.chain(head, source)
+        if samples:
+            batches = skip_samples(batches, samples, _rows, lambda batch: None, started, is_main=True)
+        for _ in range(skip):
+            skipped = self._fetch(batches)
+            if skipped is None:
+                break
+            consumed += _rows(skipped)
+        current = self._fetch(batches)
         while current is not None:
-            upcoming = self._fetch(iterator)
+            upcoming = self._fetch(batches)
             batch, sizes, final = self._layout(current, first, full_rows)
             if upcoming is None and final is None:
                 final = FinalRound(_rows(batch), sizes, False)
-            yield batch, sizes, final, upcoming is None
+            consumed += final.real if final is not None else sum(sizes)
+            yield batch, sizes, final, upcoming is None, consumed
             current = upcoming
 
     def _exchange(self, item):
-        """Broadcast one (batch, sizes, final, is_last) from the main process; None means the data ended."""
+        """Broadcast one (batch, sizes, final, is_last, samples) from the main process; None means the data ended."""
         if self._rank == 0:
             if item is None:
                 broadcast_object_list.agreed([None])
                 return None
-            batch, sizes, final, is_last = item
+            batch, *layout = item
             batch = send_to_device(batch, self.device)
-            spec = _describe(batch)
-            broadcast_object_list.agreed([(spec, sizes, final, is_last)])
+            broadcast_object_list.agreed([(_describe(batch), *layout)])
             _broadcast_leaves(batch)
-            return batch, sizes, final, is_last
+            return batch, *layout
         (payload,) = broadcast_object_list.agreed([None])
         if payload is None:
             return None
-        spec, sizes, final, is_last = payload
+        spec, *layout = payload
         batch = _materialise(spec, self.device)
         _broadcast_leaves(batch)
-        return batch, sizes, final, is_last
+        return batch, *layout
 
     def __iter__(self):
         if preemption.save_due:
             preemption.batch_requested(self)
         self._propagate_epoch()
-        skip, self._resume_at = self._resume_at, 0
-        self._yielded = skip
-        source = self._main_process_batches(skip) if self._rank == 0 else None
+        resume = self._take_resume()
+        if resume is not None:
+            self._note_epoch_start()
+        skip, samples = resume or (0, None)
+        self._samples = samples or 0
+        source = self._main_process_batches(skip, samples) if self._rank == 0 and resume is not None else None
         self.begin()
         try:
             while True:
                 item = self._exchange(next(source, None) if source is not None else None)
                 if item is None:
                     break
-                batch, sizes, final, is_last = item
+                batch, sizes, final, is_last, self._samples = item
                 start = sum(sizes[: self._rank])
                 rows = slice(start, start + sizes[self._rank])
                 local = self._slice_fn(batch, rows, self._rank, self._world) if self._slice_fn else _slice_rows(batch, rows.start, rows.stop)
@@ -143,12 +179,11 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
                     self._final, self.end_of_dataloader = final, True
                 self._yielded += 1
                 yield local
+                if preemption.save_due:  # also after the last batch: the position then says "epoch done"
+                    preemption.batch_requested(self)
                 if is_last:
                     break
-                if preemption.save_due:
-                    preemption.batch_requested(self)
-            self.iteration += 1
-            self._yielded = 0
+            self._finish_epoch()
         finally:
             self.end()
 

@@ -8,8 +8,8 @@ and both place batches on the process's device.
 
 from __future__ import annotations
 
+import base64
 import contextlib
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,8 +20,10 @@ from ..runtime import preemption
 from ..errors import ConfigError
 from ..runtime.tree import send_to_device
 from ..runtime.rng import synchronize_rng_state, synchronize_rng_states
-from ..state import GradientState
+from ..state import GradientState, warn_once
 from .sharding import BatchSamplerShard, FinalRound, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler, get_sampler
+
+_END = object()  # what next() returns when an iterator is exhausted (a batch may itself be None)
 
 # DataLoader arguments copied from the user's loader to the prepared one.
 _LOADER_ARGS = (
@@ -51,14 +53,24 @@ def _loader_kwargs(dataloader: DataLoader) -> dict[str, Any]:
 
 
 class DataLoaderStateMixin:
-    """Tracks the epoch, the position inside it and the end of the data, and registers with :class:`GradientState`."""
+    """Tracks the epoch, the position inside it and the end of the data, and registers with :class:`GradientState`.
+
+    The position is kept in samples of the epoch's global order (see :mod:`.position`), so a state saved
+    on N processes resumes on M. A state saved inside the loop after the epoch's last batch resumes with
+    that epoch's remaining zero batches: the next iteration yields nothing and ends the epoch, as the
+    uninterrupted run's loop would have seen. A state saved after the iteration ended resumes with the
+    next epoch.
+    """
 
     def _init_state(self) -> None:
         self.gradient_state = GradientState()
         self.end_of_dataloader = False
         self.iteration = 0
-        self._yielded = 0
-        self._resume_at = 0
+        self._yielded = 0  # batches handed out by the running iteration, after its skip
+        self._skipped = 0  # this process's batches that the running iteration's skip stood for
+        self._active = False
+        self._resume: dict[str, Any] | None = None  # where the next iteration starts: {"batches"} or {"samples"}
+        self._epoch_start_order: torch.Tensor | None = None  # the order generator's state when this epoch began
 
     @property
     def remainder(self) -> int:
@@ -81,7 +93,12 @@ class DataLoaderStateMixin:
         self.gradient_state._remove_dataloader(self)
 
     def set_epoch(self, epoch: int) -> None:
-        """Start the next iteration at epoch ``epoch``; tells the batch sampler, sampler and dataset that have ``set_epoch``."""
+        """Start the next iteration at epoch ``epoch``; tells the batch sampler, sampler and dataset that have ``set_epoch``.
+
+        A position restored by ``load_state_dict`` for another epoch is dropped: the loop has moved on.
+        """
+        if self._resume is not None and epoch != self.iteration:
+            self._resume = None
         self.iteration = epoch
         self._propagate_epoch()
 
@@ -94,39 +111,139 @@ class DataLoaderStateMixin:
                 seen.add(id(target))
                 target.set_epoch(self.iteration)
 
+    def _process_count(self) -> int:
+        """Processes sharing this loader's data."""
+        return 1
+
+    @property
+    def _counts_samples(self) -> bool:
+        """True when the loader knows its position in samples of the global order (not when the user's own
+        sampler or dataset shards the data)."""
+        return False
+
+    def _samples_consumed(self) -> int:
+        """Samples of the global order the running iteration has consumed (meaningful when :attr:`_counts_samples`)."""
+        return 0
+
+    def _per_round(self) -> int | None:
+        """Samples of the global order a full round consumes (None: unknown, e.g. no fixed batch size)."""
+        return None
+
+    def _order_generator(self) -> torch.Generator | None:
+        """The generator the sampler draws each epoch's order from, when the order is not seed + epoch (a
+        ``RandomSampler`` given the user's generator, a custom sampler with a ``generator``): its state at the
+        epoch's start goes into the loader's state, so a resumed epoch is drawn in the same order."""
+        sampler = get_sampler(self)
+        generator = getattr(sampler, "generator", None)
+        if isinstance(sampler, SeedableRandomSampler) or not isinstance(generator, torch.Generator):
+            return None
+        return generator
+
+    def _note_epoch_start(self) -> None:
+        """Called as an iteration starts, before anything draws from the order generator."""
+        generator = self._order_generator()
+        self._epoch_start_order = generator.get_state() if generator is not None else None
+
     def state_dict(self) -> dict[str, Any]:
-        """Position of this loader: ``{"epoch", "batches_yielded"}`` (+ the shuffling seed when seeded)."""
-        epoch, yielded = self.iteration, self._yielded
-        if yielded and yielded >= _safe_len(self):
-            epoch, yielded = epoch + 1, 0
-        state = {"epoch": epoch, "batches_yielded": yielded}
+        """Position of this loader (JSON-compatible).
+
+        ``epoch``; ``samples``: samples of the epoch's global order consumed by every process together
+        (absent when the loader is sharded by the user's own sampler); ``batches_yielded``: this process's
+        batches of the epoch; ``end_of_epoch``: the epoch's last batch was handed out; ``num_processes``;
+        and ``seed``, the shuffling seed, when seeded.
+        """
+        if self._resume is not None and "state" in self._resume:
+            return dict(self._resume["state"])
+        batches, samples, end = 0, 0, False
+        if self._resume is not None:  # skip_first_batches, before the iteration started
+            batches = self._resume["batches"]
+            per_round = self._per_round()
+            samples = batches * per_round if per_round else None
+        elif self._active:
+            batches, samples, end = self._skipped + self._yielded, self._samples_consumed(), self.end_of_dataloader
+        state: dict[str, Any] = {"epoch": self.iteration, "batches_yielded": batches, "end_of_epoch": end}
+        state["num_processes"] = self._process_count()
+        if samples is not None and self._counts_samples:
+            state["samples"] = samples
+        generator = self._order_generator()
+        if generator is not None:  # mid-epoch: replay the epoch's order; otherwise the next epoch's draw
+            order = self._epoch_start_order if self._active and not end else generator.get_state()
+            state["order_generator"] = base64.b64encode(order.numpy().tobytes()).decode("ascii")
         sampler = get_sampler(self)
         if isinstance(sampler, SeedableRandomSampler):
             state["seed"] = sampler.initial_seed
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume at the position saved by :meth:`state_dict`: the next iteration continues that epoch."""
-        self.restore_epoch(state)
-        self._resume_at = int(state.get("batches_yielded", 0))
+        """Resume at the position saved by :meth:`state_dict`, also on another number of processes: the next
+        iteration continues that epoch (with zero batches when the save followed the epoch's last batch)."""
+        self._restore_epoch_and_seed(state, int(state["epoch"]))
+        samples, batches = state.get("samples"), int(state.get("batches_yielded", 0))
+        world = self._process_count()
+        saved_world = state.get("num_processes", world)
+        if samples is not None and self._counts_samples:
+            per_round = self._per_round()
+            skipped = batches if saved_world == world else (int(samples) // per_round if per_round else 0)
+            self._resume = {"samples": int(samples), "skipped": skipped, "state": dict(state)}
+        elif saved_world == world:
+            self._resume = {"batches": batches, "state": dict(state)}
+        else:
+            warn_once(
+                "unmappable-position",
+                f"A dataloader was saved on {saved_world} processes at batch {batches} of epoch {state['epoch']} and "
+                f"is resumed on {world}; it is sharded by its own sampler or dataset, so its position cannot be mapped to "
+                "the new number of processes: it restarts that epoch from its first batch (samples already trained on "
+                "are seen again).",
+            )
+            self._resume = None
 
     def restore_epoch(self, state: Mapping[str, Any]) -> None:
         """Restore the epoch and the shuffling seed saved by :meth:`state_dict`, not the position in the epoch.
 
-        The next iteration runs the saved epoch from its first batch, in the saved order, so a loop that
-        skips the batches it already trained on (``if step < resume_step: continue``, or
-        :func:`skip_first_batches`) sees the same data as the interrupted run. This is what ``load_state``
-        does unless ``DataLoaderConfiguration(use_stateful_dataloader=True)``.
+        The next iteration runs the saved epoch from its first batch, in the saved order (the next epoch when
+        the save followed the epoch's last batch), so a loop that skips the batches it already trained on
+        (``resume_step = step % len(loader)``, then ``skip_first_batches`` or ``if step < resume_step: continue``)
+        sees the same data as the interrupted run. This is what ``load_state`` does unless
+        ``DataLoaderConfiguration(use_stateful_dataloader=True)``.
         """
-        self.iteration = int(state["epoch"])
-        self._resume_at = 0
+        self._restore_epoch_and_seed(state, int(state["epoch"]) + (1 if state.get("end_of_epoch") else 0))
+        self._resume = None
+
+    def _restore_epoch_and_seed(self, state: Mapping[str, Any], epoch: int) -> None:
+        self.iteration = epoch
         sampler = get_sampler(self)
         if "seed" in state and isinstance(sampler, SeedableRandomSampler):
             sampler.initial_seed = int(state["seed"])
+        generator = self._order_generator()
+        if generator is not None and "order_generator" in state:
+            saved = bytearray(base64.b64decode(state["order_generator"]))
+            generator.set_state(torch.frombuffer(saved, dtype=torch.uint8))
 
     def skip_batches_next_epoch(self, num_batches: int) -> None:
         """Start the next iteration at batch ``num_batches`` of the current epoch (absolute, not cumulative)."""
-        self._resume_at = int(num_batches)
+        self._resume = {"batches": int(num_batches)}
+
+    def _take_resume(self) -> tuple[int, int | None] | None:
+        """Begin an iteration: (batches to skip, samples to skip or None), or None when the epoch has zero batches
+        left (the iteration ends without drawing anything); resets the iteration's counters."""
+        resume, self._resume = self._resume, None
+        self._yielded, self._active = 0, True
+        if resume is None:
+            self._skipped = 0
+            return 0, None
+        if resume.get("state", {}).get("end_of_epoch"):
+            self._skipped = int(resume["state"].get("batches_yielded", 0))
+            return None
+        if "samples" in resume:
+            self._skipped = resume["skipped"]
+            return 0, resume["samples"]
+        self._skipped = resume["batches"]
+        return resume["batches"], None
+
+    def _finish_epoch(self) -> None:
+        self.iteration += 1
+        self._yielded = self._skipped = 0
+        self._active = False
 
 
 @contextlib.contextmanager
@@ -145,13 +262,6 @@ def even_batches_overridden(loaders, even_batches: bool | None):
     finally:
         for loader, value in zip(sharded, previous):
             loader.even_batches = value
-
-
-def _safe_len(loader) -> float:
-    try:
-        return len(loader)
-    except TypeError:
-        return math.inf
 
 
 class DataLoaderShard(DataLoaderStateMixin, DataLoader):
@@ -195,11 +305,25 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         self.synchronized_generator = synchronized_generator
         self._non_blocking = _non_blocking
         self._sharder = _sharder
-        self._resume_at = skip_batches
+        if skip_batches:
+            self.skip_batches_next_epoch(skip_batches)
 
     @property
     def final_round(self) -> FinalRound | None:
         return getattr(self._sharder, "final_round", None)
+
+    def _process_count(self) -> int:
+        return self._num_processes
+
+    @property
+    def _counts_samples(self) -> bool:
+        return self._sharder is not None
+
+    def _samples_consumed(self) -> int:
+        return self._sharder.samples_after(self._yielded)
+
+    def _per_round(self) -> int | None:
+        return self.total_batch_size
 
     @property
     def split_batches(self) -> bool:
@@ -252,16 +376,18 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         self._propagate_epoch()
         if self._loader_seed is not None:
             self.generator.manual_seed(self._loader_seed + self.iteration)
-        skip, self._resume_at = self._resume_at, 0
-        if isinstance(self.batch_sampler, BatchSamplerShard):
-            self.batch_sampler.skip_next_iteration(skip)
-            iterator = super().__iter__()
-        else:
-            iterator = super().__iter__()
-            for _ in range(skip):
-                if next(iterator, None) is None:
-                    break
-        self._yielded = skip
+        resume = self._take_resume()
+        if resume is None:
+            return iter(())
+        batches, samples = resume
+        self._note_epoch_start()
+        if self._sharder is not None:
+            self._sharder.skip_next_iteration(batches, samples or 0)
+            return super().__iter__()
+        iterator = super().__iter__()
+        for _ in range(batches):
+            if next(iterator, _END) is _END:
+                break
         return iterator
 
     def __iter__(self):
@@ -270,28 +396,19 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         iterator = self._start()
         self.begin()
         try:
-            try:
-                current = next(iterator)
-            except StopIteration:
-                self.end_of_dataloader = True
-                return
-            while True:
+            upcoming = next(iterator, _END)
+            self.end_of_dataloader = upcoming is _END
+            while upcoming is not _END:
+                current = upcoming
                 if self._place:
                     current = send_to_device(current, self.device, non_blocking=self._non_blocking)
-                try:
-                    upcoming = next(iterator)
-                except StopIteration:
-                    self.end_of_dataloader = True
-                    self._yielded += 1
-                    yield current
-                    break
+                upcoming = next(iterator, _END)
+                self.end_of_dataloader = upcoming is _END
                 self._yielded += 1
                 yield current
-                if preemption.save_due:
+                if preemption.save_due:  # also after the last batch: the position then says "epoch done"
                     preemption.batch_requested(self)
-                current = upcoming
-            self.iteration += 1
-            self._yielded = 0
+            self._finish_epoch()
         finally:
             self.end()
 

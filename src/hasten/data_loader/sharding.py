@@ -28,6 +28,7 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, Sampler
 
 from ..errors import ConfigError
+from .position import SampleLedger, skip_samples
 
 
 @dataclass(frozen=True)
@@ -111,11 +112,22 @@ class BatchSamplerShard(BatchSampler):
             )
         self.final_round: FinalRound | None = None
         self._last_round: list[list[int]] = []
+        self._first: list[int] = []
         self._skip = 0
+        self._skip_samples = 0
+        self._skipped_rounds = 0
+        self._ledger = SampleLedger()
 
-    def skip_next_iteration(self, num_batches: int) -> None:
-        """Make the next iteration start at this process's batch ``num_batches`` (index lists only: no data is loaded)."""
+    def skip_next_iteration(self, num_batches: int = 0, samples: int = 0) -> None:
+        """Make the next iteration start at this process's batch ``num_batches``, or after the first ``samples``
+        samples of the epoch's global order (index lists only: no data is loaded)."""
         self._skip = int(num_batches)
+        self._skip_samples = int(samples)
+
+    def samples_after(self, batches: int) -> int:
+        """Samples of the epoch's global order consumed once this process has had ``batches`` batches of this
+        iteration (counted after the skip): the loader's position, the same number on every process."""
+        return self._ledger.after(self._skipped_rounds + batches)
 
     @property
     def sampler(self):
@@ -149,25 +161,35 @@ class BatchSamplerShard(BatchSampler):
     def __iter__(self) -> Iterator[list[int]]:
         self.final_round = None
         self._last_round = []
+        self._first = []
+        self._ledger.reset(0)
         skip, self._skip = self._skip, 0
-        batches = self._iter_split() if self.split_batches else self._iter_rounds()
+        samples, self._skip_samples = self._skip_samples, 0
+        self._skipped_rounds = skip
+        source = (list(batch) for batch in self.batch_sampler)
+        if samples:
+            source = skip_samples(source, samples, len, self._remember, self._ledger.reset, self.process_index == 0)
+        batches = self._iter_split(source) if self.split_batches else self._iter_rounds(source)
         yield from itertools.islice(batches, skip, None)
 
-    def _iter_rounds(self) -> Iterator[list[int]]:
+    def _remember(self, batch: list[int]) -> None:
+        """Keep the epoch's first samples (skipped ones too): what completes an incomplete last round."""
+        if len(self._first) < (self.batch_size or len(batch)) * (1 if self.split_batches else self.num_processes):
+            self._first.extend(batch)
+
+    def _iter_rounds(self, source: Iterator[list[int]]) -> Iterator[list[int]]:
         n, rank = self.num_processes, self.process_index
-        first: list[int] = []
         round_: list[list[int]] = []
-        for batch in self.batch_sampler:
-            batch = list(batch)
-            if len(first) < n * (self.batch_size or len(batch)):
-                first.extend(batch)
+        for batch in source:
+            self._remember(batch)
             round_.append(batch)
             if len(round_) == n and (self.batch_size is None or len(batch) == self.batch_size):
                 self._last_round = round_
+                self._ledger.add(sum(len(b) for b in round_))
                 yield round_[rank]
                 round_ = []
         if round_ and not self.drop_last:
-            mine = self._finish_round(round_, first)
+            mine = self._finish_round(round_, self._first)
             if mine is not None:
                 yield mine
         elif self._last_round:  # the epoch ended on a complete round (or the incomplete one was dropped)
@@ -178,6 +200,7 @@ class BatchSamplerShard(BatchSampler):
         """This rank's batch of the incomplete last round (None: it has none, ``even_batches=False``)."""
         n = self.num_processes
         leftover = [i for batch in round_ for i in batch]
+        self._ledger.add(len(leftover))
         if self.even_batches and n > 1:
             size = self.batch_size or max(len(b) for b in round_)
             full = leftover + _cycle(first, n * size - len(leftover))
@@ -188,14 +211,12 @@ class BatchSamplerShard(BatchSampler):
         self.final_round = FinalRound(len(leftover), tuple(len(c) for c in chunks), padded=False)
         return chunks[self.process_index] if self.process_index < len(round_) else None
 
-    def _iter_split(self) -> Iterator[list[int]]:
+    def _iter_split(self, source: Iterator[list[int]]) -> Iterator[list[int]]:
         n, rank = self.num_processes, self.process_index
-        first: list[int] = []
         last: list[int] = []
-        for batch in self.batch_sampler:
-            batch = list(batch)
-            if not first:
-                first = batch
+        for batch in source:
+            self._remember(batch)
+            self._ledger.add(len(batch))
             full_size = self.batch_size or len(batch)
             if len(batch) == full_size and full_size % n == 0:
                 piece = full_size // n
@@ -204,7 +225,7 @@ class BatchSamplerShard(BatchSampler):
                 continue
             if self.even_batches and n > 1:
                 target = math.ceil(max(full_size, len(batch)) / n) * n
-                padded = batch + _cycle(first, target - len(batch))
+                padded = batch + _cycle(self._first, target - len(batch))
                 piece = target // n
                 self.final_round = FinalRound(len(batch), (piece,) * n, padded=True)
                 yield padded[rank * piece : (rank + 1) * piece]
@@ -248,11 +269,24 @@ class IterableDatasetShard(IterableDataset):
         self.split_batches = split_batches
         self.even_batches = even_batches
         self.final_round: FinalRound | None = None
+        self._skip_samples = 0
+        self._ledger = SampleLedger()
 
     def set_epoch(self, epoch: int) -> None:
         """Forward the epoch to the wrapped dataset when it supports it."""
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
+
+    def skip_next_iteration(self, num_batches: int = 0, samples: int = 0) -> None:
+        """Make the next iteration start at this process's batch ``num_batches``, or after the first ``samples``
+        samples of the dataset (read and dropped: a stream cannot seek)."""
+        per_round = self._size if self.split_batches else self._size * self.num_processes
+        self._skip_samples = int(samples) + int(num_batches) * per_round
+
+    def samples_after(self, batches: int) -> int:
+        """Samples of the dataset consumed once this process has had ``batches`` batches of this iteration (counted
+        after the skip): the loader's position, the same number on every process."""
+        return self._ledger.after(batches)
 
     @property
     def _size(self) -> int:
@@ -270,19 +304,26 @@ class IterableDatasetShard(IterableDataset):
         n, rank = self.num_processes, self.process_index
         per_round = self._size if self.split_batches else self._size * n
         local = per_round // n
+        skip, self._skip_samples = self._skip_samples, 0
+        self._ledger.reset(skip)
         first: list = []
         buffer: list = []
         for sample in self.dataset:
-            buffer.append(sample)
             if len(first) < per_round:
                 first.append(sample)
+            if skip:
+                skip -= 1
+                continue
+            buffer.append(sample)
             if len(buffer) == per_round:
+                self._ledger.add(per_round)
                 yield from buffer[rank * local : (rank + 1) * local]
                 buffer = []
         if not buffer or self.drop_last:
             if not buffer:
                 self.final_round = FinalRound(per_round, (local,) * n, padded=False) if first else None
             return
+        self._ledger.add(len(buffer))
         if n > 1 and (self.even_batches or len(buffer) < n):
             real = len(buffer)
             buffer = buffer + _cycle(first, per_round - len(buffer))

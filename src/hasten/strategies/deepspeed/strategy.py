@@ -27,7 +27,7 @@ from ...runtime.operations import barrier
 from ...scheduler import AcceleratedScheduler
 from ...state import GradientState, warn_once
 from ..base import EngineSettings, Strategy, _suffix
-from .checkpoint import deepspeed_classes, safe_torch_load
+from .checkpoint import check_world_size, deepspeed_classes, safe_torch_load
 from .dummies import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
 
 _CHECKPOINT_FOLDER = "deepspeed"
@@ -349,6 +349,8 @@ class DeepSpeedStrategy(Strategy):
 
     def load_checkpoint(self, reader, models: list, optimizers: list) -> None:
         """Restore the engine (weights, optimizer, scheduler) and the other models."""
+        if any(model is self.engine for model in models):
+            check_world_size(reader.files, reader.directory, self.engine.dp_world_size)
         for i, model in enumerate(models):
             if model is not self.engine:
                 self.unwrap_model(model).load_state_dict(reader.load_tensors(f"model{_suffix(i)}.safetensors"))
