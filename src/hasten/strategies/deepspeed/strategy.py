@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import io
 import math
+import os
 from pathlib import Path
 from typing import Iterable
 
@@ -149,6 +150,7 @@ class DeepSpeedStrategy(Strategy):
         optimizer = optimizers[0] if optimizers else None
         scheduler = schedulers[0] if schedulers else None
         self.state.partial_state.ensure_process_group()
+        _give_launcher_variables(self.state)
         config = copy.deepcopy(self.plugin.deepspeed_config)
         kwargs = {"model": model, "config": config}
         optimizer, scheduler = self._engine_optimizer(config, optimizer, scheduler, kwargs)
@@ -376,6 +378,16 @@ class DeepSpeedStrategy(Strategy):
                 raise CheckpointError(f"{path} is not listed in the manifest of {reader.directory}: the checkpoint was changed after it was saved.")
             reader.check_bytes(name, data)
         return safe_torch_load(io.BytesIO(data), path, map_location, classes=deepspeed_classes())
+
+
+def _give_launcher_variables(state) -> None:
+    """Set ``LOCAL_RANK`` for DeepSpeed, which refuses to start without it, when no launcher did.
+
+    ``python train.py`` (and ``hasten launch --num_processes 1``, which starts the script directly) sets no
+    launcher variables; hasten knows this process's place anyway, so DeepSpeed gets it instead of an assertion.
+    """
+    if "LOCAL_RANK" not in os.environ and "OMPI_COMM_WORLD_LOCAL_RANK" not in os.environ:
+        os.environ["LOCAL_RANK"] = str(state.local_process_index)
 
 
 def _install_safe_loader(engine, strategy: DeepSpeedStrategy) -> None:
