@@ -13,13 +13,14 @@ shapes (see :mod:`hasten.runtime.debug_mode`).
 from __future__ import annotations
 
 import functools
+import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from . import debug_mode, hang_watchdog
-from .tree import _require_tensors, recursively_apply
+from .tree import CannotPadNestedTensorWarning, StructureTypeError, _require_tensors, recursively_apply
 from ..errors import DistributedOperationException  # noqa: F401  (re-exported for compatibility)
 
 
@@ -85,42 +86,43 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
 def gather(tensor):
     """Gather tensors from every process and concatenate them on the first dimension.
 
-    0-dimensional tensors become 1-dimensional. Every process gets the result. On one process the
-    tensors come back as they are (no copy), as in Accelerate.
+    0-dimensional tensors become 1-dimensional. Every process gets the result. On one process ``tensor``
+    comes back as it is (the same object, unchecked), as in Accelerate.
     """
-    _require_tensors(tensor)
     if _world()[0] == 1:
-        return recursively_apply(_as_batch, tensor)
+        return tensor
+    _require_tensors(tensor, "gather")
     return recursively_apply(_gather_one, tensor)
 
 
-def _as_batch(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor[None] if tensor.ndim == 0 else tensor
-
-
 @_collective("gather_object")
-def gather_object(object: Any) -> list:
-    """Gather picklable objects from every process.
+def gather_object(object: Any):
+    """Gather picklable objects from every process: the items of each process's list (or other iterable), in rank order.
 
-    A list (or tuple) from each process gives one flattened list in rank order; any other object gives
-    the list of each process's object (Accelerate requires lists; hasten accepts both).
+    As in Accelerate, each process's object is iterated (a list gives its items, a dict its keys), and on one
+    process ``object`` comes back as it is.
     """
     world, _ = _world()
     if world == 1:
-        return list(object) if isinstance(object, (list, tuple)) else [object]
+        return object
     output: list = [None] * world
     dist.all_gather_object(output, object)
-    if all(isinstance(o, (list, tuple)) for o in output):
+    try:
         return [item for part in output for item in part]
-    return output
+    except TypeError:
+        kinds = sorted({type(part).__name__ for part in output})
+        raise StructureTypeError(
+            f"gather_object joins the lists of every process, but got {', '.join(kinds)}: wrap the object in a list, "
+            "gather_object([obj]), to get one item per process."
+        ) from None
 
 
 @_collective("broadcast")
 def broadcast(tensor, from_process: int = 0):
     """Copy every tensor of ``tensor`` from process ``from_process`` to all others, in place; returns it."""
-    _require_tensors(tensor)
     if _world()[0] == 1:
         return tensor
+    _require_tensors(tensor, "broadcast")
 
     def _one(t):
         dist.broadcast(t, src=from_process)
@@ -151,7 +153,7 @@ def reduce(tensor, reduction: str = "mean", scale: float = 1.0):
     """
     if reduction not in (*_REDUCE_OPS, "none"):
         raise ValueError(f"reduce(reduction={reduction!r}): choose one of 'sum', 'mean', 'max', 'min', 'none'.")
-    _require_tensors(tensor)
+    _require_tensors(tensor, "reduce")
     world, _ = _world()
 
     def _one(t):
@@ -189,21 +191,37 @@ def _pad_one(tensor: torch.Tensor, dim: int, pad_index, pad_first: bool, sizes: 
 def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
     """Pad every tensor to the largest size of dimension ``dim`` across processes, so it can be gathered.
 
+    As in Accelerate, the structure is rebuilt (a tensor already of the largest size comes back as it is),
+    a tensor with fewer than ``dim`` dimensions is left as it is, a nested tensor is returned unpadded with a
+    :class:`CannotPadNestedTensorWarning`, and the padded tensor has the dtype of ``tensor + pad_index``.
+
     Args:
         dim: the dimension to pad.
         pad_index: the value used for padding.
         pad_first: pad at the beginning instead of the end.
     """
-    _require_tensors(tensor)
-    if _world()[0] == 1:
+    _require_tensors(tensor, "pad_across_processes")
+    return recursively_apply(_pad_to_largest, tensor, dim=dim, pad_index=pad_index, pad_first=pad_first)
+
+
+def _pad_to_largest(tensor: torch.Tensor, dim: int, pad_index, pad_first: bool) -> torch.Tensor:
+    if tensor.is_nested:
+        warnings.warn("pad_across_processes cannot pad a nested tensor; it is returned as it is.", CannotPadNestedTensorWarning, stacklevel=4)
         return tensor
-
-    def _one(t):
-        if t.ndim == 0 or dim >= t.ndim or dim < -t.ndim:
-            return t
-        return _pad_one(t, dim, pad_index, pad_first)
-
-    return recursively_apply(_one, tensor)
+    if dim >= tensor.ndim or dim < -tensor.ndim:
+        return tensor
+    dim = dim % tensor.ndim
+    size = tensor.shape[dim]
+    largest = size if _world()[0] == 1 else max(_gather_one(torch.tensor([size], device=tensor.device)).tolist())
+    if largest == size:
+        return tensor
+    shape = list(tensor.shape)
+    shape[dim] = largest
+    padded = tensor.new_zeros(shape) + pad_index
+    index = [slice(None)] * tensor.ndim
+    index[dim] = slice(largest - size, largest) if pad_first else slice(0, size)
+    padded[tuple(index)] = tensor
+    return padded
 
 
 def gather_with_sizes(tensor, sizes: list[int]):
