@@ -138,3 +138,17 @@ def test_assert_exception_and_same_tensors():
 
     PartialState(cpu=True)
     assert testing.are_the_same_tensors(torch.tensor([1.0, 2.0]))
+
+
+@pytest.mark.slow
+def test_the_operations_script_checks_every_process():
+    from hasten.launchers import debug_launcher
+
+    test_utils.test_ops.main()  # one process: every operation gives the process's own values back
+    with mock.patch.object(test_utils.test_ops, "reduce", lambda tensor, reduction="mean", scale=1.0: tensor * 0):
+        with pytest.raises(AssertionError, match=r"reduce\(sum\) gave \[0.0, 0.0\]"):
+            test_utils.test_ops.check_reduce(test_utils.test_ops.PartialState())
+    from hasten.state import reset_state
+
+    reset_state()
+    debug_launcher(test_utils.test_ops.main)  # two processes, as Accelerate's test_cpu.py runs it
