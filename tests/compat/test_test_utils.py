@@ -152,3 +152,15 @@ def test_the_operations_script_checks_every_process():
 
     reset_state()
     debug_launcher(test_utils.test_ops.main)  # two processes, as Accelerate's test_cpu.py runs it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_gradient_sync_script_checks_every_process(processes):
+    from hasten.launchers import debug_launcher
+
+    with mock.patch.object(test_utils.test_sync, "_agree", lambda model: True):
+        if processes > 1:  # gradients that agree inside no_sync mean no_sync did nothing: the check must say so
+            with pytest.raises(Exception, match="gradients agree across processes"):
+                debug_launcher(test_utils.test_sync.main, num_processes=processes)
+    debug_launcher(test_utils.test_sync.main, num_processes=processes)
