@@ -54,14 +54,3 @@ def test_load_refuses_pickled_objects_with_an_unpickling_error(tmp_path):
     torch.save({"config": datetime.date(2024, 1, 1)}, tmp_path / "state.bin")
     with pytest.raises(pickle.UnpicklingError, match="Refused to load"):
         load(tmp_path / "state.bin")
-
-
-def test_convert_model_to_fp8_ao_keeps_the_first_and_last_linear_layers():
-    pytest.importorskip("torchao")
-    from torchao.float8.float8_linear import Float8Linear
-
-    from hasten.utils.ao import convert_model_to_fp8_ao
-
-    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 48), torch.nn.Linear(48, 32))
-    convert_model_to_fp8_ao(model)
-    assert [isinstance(layer, Float8Linear) for layer in model] == [False, True, True, False]

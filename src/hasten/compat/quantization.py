@@ -3,13 +3,12 @@ bitsandbytes (``accelerate.utils.ao``, ``.transformer_engine``, ``.bnb`` and the
 
 hasten's FP8 path is ``FP8RecipeKwargs`` with ``mixed_precision="fp8"``. The names below exist with Accelerate's
 signatures so that ported code imports; the ``has_*_layers`` probes answer truthfully (a model built without the
-package has none of its layers), the FP8 layer filters and ``convert_model_to_fp8_ao`` (torchao) work and
-``BnbQuantizationConfig`` is built and checked as in Accelerate; everything else raises :class:`~hasten.errors.NotSupportedError`.
+package has none of its layers), the FP8 layer filters work and ``BnbQuantizationConfig`` is built and checked as in
+Accelerate; everything else raises :class:`~hasten.errors.NotSupportedError`.
 """
 
 from __future__ import annotations
 
-import functools
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -17,7 +16,7 @@ from typing import Any
 import torch
 
 from ..enums import CustomDtype
-from ..errors import HastenError, NotSupportedError, require
+from ..errors import HastenError, NotSupportedError
 from ..plugins import KwargsHandler
 
 _BACKENDS = {"ao": "torchao FP8", "te": "Transformer Engine FP8", "msamp": "MS-AMP", "bnb": "bitsandbytes quantization"}
@@ -60,15 +59,8 @@ def get_parameter_device(parameter: torch.nn.Module) -> torch.device:
 
 
 def convert_model_to_fp8_ao(model, config=None, module_filter_func=None):
-    """Swap the ``nn.Linear`` layers of ``model`` for torchao's ``Float8Linear``, in place, except its first and last
-    linear layers and those whose sizes are not multiples of 16 (``module_filter_func(module, fqn)`` decides instead
-    when given). Needs torchao; training in fp8 then needs a GPU with fp8 units."""
-    require("torchao", "convert_model_to_fp8_ao (torchao FP8)")
-    from torchao.float8 import convert_to_float8_training
-
-    if module_filter_func is None:
-        module_filter_func = functools.partial(filter_linear_layers, layers_to_filter=list(find_first_last_linear_layers(model)))
-    convert_to_float8_training(model, module_filter_fn=module_filter_func, config=config)
+    """Not supported by hasten (torchao FP8); raises NotSupportedError."""
+    raise _refuse("convert_model_to_fp8_ao", "ao")
 
 
 def find_first_last_linear_layers(model: torch.nn.Module) -> tuple[str | None, str | None]:
