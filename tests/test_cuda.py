@@ -72,7 +72,7 @@ def test_real_cuda_out_of_memory_is_retried_at_a_smaller_batch():
     per_item = free // 48  # batch 128 and 64 do not fit, 32 does
     tried = []
 
-    @find_executable_batch_size(starting_batch_size=128)
+    @find_executable_batch_size(starting_batch_size=128, reduce_batch_size_fn=lambda: tried[-1] // 2)
     def allocate(batch_size):
         tried.append(batch_size)
         block = torch.empty(batch_size * per_item, dtype=torch.uint8, device=acc.device)

@@ -270,7 +270,7 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         for i, model in zip(model_idx, models):
             model = compile_model(model, self.state.dynamo_plugin)
             result[i] = model
-            self._models.append(model)
+            self._models.append(self._strategy.tracked_model(model))
         for i, raw, optimizer in zip(opt_idx, [args[i] for i in opt_idx], optimizers):
             result[i] = self._wrap_optimizer(optimizer, device_placement[i], raw)
         for i, scheduler in zip(sched_idx, schedulers):
@@ -301,7 +301,7 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         elif isinstance(prepared, DataLoaderStateMixin):
             registry = self._dataloaders
         elif isinstance(prepared, torch.nn.Module):
-            registry = self._models
+            registry, prepared = self._models, self._strategy.tracked_model(prepared)
         else:
             return
         if not any(prepared is known for known in registry):
@@ -339,7 +339,7 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         self._check_model(model)
         place = self.device_placement if device_placement is None else device_placement
         prepared = compile_model(self._strategy.setup_model(model, place, evaluation_mode=evaluation_mode), self.state.dynamo_plugin)
-        self._models.append(prepared)
+        self._models.append(self._strategy.tracked_model(prepared))
         return _mark_prepared(prepared)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:

@@ -157,6 +157,19 @@ def test_prepare_multi_gpu_env_refuses_a_missing_script():
         prepare_multi_gpu_env(launch_command_parser().parse_args(["--cpu", "--num_processes", "2", "no_such_script.py"]))
 
 
+def test_prepare_multi_gpu_env_takes_a_partial_namespace_written_for_accelerate():
+    import argparse
+
+    from hasten.utils.launch import prepare_multi_gpu_env
+
+    # what a library builds by hand: no config_file, no script, switches left out as False, gpu_ids "all", port 0
+    args = argparse.Namespace(num_processes=1, num_machines=1, machine_rank=0, main_process_ip="127.0.0.1", main_process_port=0,
+                              gpu_ids="all", mixed_precision="no", use_fsdp=False, use_megatron_lm=False, module=False, no_python=False)
+    prepare_multi_gpu_env(args)
+    assert args.master_port.isdigit() and args.master_port != "0", "port 0 picks a free port, as in Accelerate"
+    assert args.nproc_per_node == "1" and args.nnodes == "1"
+
+
 def test_is_peft_model_without_and_with_peft_imported(monkeypatch):
     from hasten.utils import is_peft_model
 

@@ -158,19 +158,4 @@ class MSAMPRecipeKwargs(KwargsHandler):
         raise _refuse("MSAMPRecipeKwargs", "msamp")
 
 
-@dataclass
-class BnbQuantizationConfig:
-    """bitsandbytes quantization settings; not supported by hasten (creating one raises NotSupportedError)."""
-
-    load_in_8bit: Any = False
-    llm_int8_threshold: Any = 6.0
-    load_in_4bit: Any = False
-    bnb_4bit_quant_type: Any = 'fp4'
-    bnb_4bit_use_double_quant: Any = False
-    bnb_4bit_compute_dtype: Any = 'fp16'
-    torch_dtype: Any = None
-    skip_modules: Any = None
-    keep_in_fp32_modules: Any = None
-
-    def __post_init__(self):
-        raise _refuse("BnbQuantizationConfig")
+from .bnb_config import BnbQuantizationConfig  # noqa: E402,F401  (built and checked there; quantizing with it is refused here)

@@ -5,7 +5,7 @@ Pass instances in ``Accelerator(kwargs_handlers=[...])``; at most one of each cl
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
@@ -18,8 +18,8 @@ class KwargsHandler:
     """Base of the handlers: ``to_dict()`` gives every field, ``to_kwargs()`` only those changed from the defaults."""
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields as a dict."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Every attribute as a dict (a deep copy: changing it leaves the handler as it is)."""
+        return copy.deepcopy(self.__dict__)
 
     def to_kwargs(self) -> dict[str, Any]:
         """The fields whose value differs from the class default."""
@@ -86,7 +86,9 @@ class InitProcessGroupKwargs(KwargsHandler):
     """Arguments of ``torch.distributed.init_process_group``.
 
     ``backend`` defaults to nccl as in Accelerate; on CPU processes hasten uses gloo whatever is given
-    here. ``timeout`` bounds how long a collective may wait before the job fails.
+    here. ``timeout`` bounds how long a collective may wait before the job fails; left unset it becomes
+    torch's default for the backend, as in Accelerate (10 minutes for nccl, 30 for the others), so that
+    ``to_kwargs()`` holds it only when it differs from nccl's. A number is taken as seconds.
     """
 
     backend: str | None = "nccl"
@@ -94,9 +96,11 @@ class InitProcessGroupKwargs(KwargsHandler):
     timeout: timedelta | None = None
 
     def __post_init__(self):
+        if self.timeout is None:
+            self.timeout = timedelta(seconds=600 if self.backend == "nccl" else 1800)
         if isinstance(self.timeout, (int, float)):
             self.timeout = timedelta(seconds=self.timeout)
-        if self.timeout is not None and not isinstance(self.timeout, timedelta):
+        if not isinstance(self.timeout, timedelta):
             raise ConfigError(f"InitProcessGroupKwargs(timeout={self.timeout!r}): give a datetime.timedelta or seconds.")
 
 

@@ -14,6 +14,7 @@ ends the job with a report, and one whose peer is gone names where that peer sto
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch.distributed as dist
 from ..errors import DistributedOperationException, HastenError
 from . import collective_check, debug_mode, hang_watchdog
 from .memory import should_reduce_batch_size
-from .tree import _leaves, _require_tensors, recursively_apply
+from .tree import CannotPadNestedTensorWarning, StructureTypeError, _leaves, _require_tensors, recursively_apply
 
 # ------------------------------------------------------------------------------------ structures
 
@@ -158,36 +159,37 @@ def _gather_fused(leaves: list[torch.Tensor]) -> list[torch.Tensor]:
 def gather(tensor):
     """Gather tensors from every process and concatenate them on the first dimension.
 
-    0-dimensional tensors become 1-dimensional. Every process gets the result. On one process the
-    tensors come back as they are (no copy), as in Accelerate. Every process must pass the same
+    0-dimensional tensors become 1-dimensional. Every process gets the result. On one process ``tensor``
+    comes back as it is (the same object, unchecked), as in Accelerate. Every process must pass the same
     structure, shapes and dtypes; otherwise every process raises
     :class:`~hasten.errors.DistributedOperationException` naming each one's shapes.
     """
-    _require_tensors(tensor)
     if _world()[0] == 1:
-        return recursively_apply(_as_batch, tensor)
+        return tensor
+    _require_tensors(tensor, "gather")
     return _gather_structure(tensor)
 
 
-def _as_batch(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor[None] if tensor.ndim == 0 else tensor
-
-
 @_collective("gather_object", agree=_no_inputs)
-def gather_object(object: Any) -> list:
-    """Gather picklable objects from every process.
+def gather_object(object: Any):
+    """Gather picklable objects from every process: the items of each process's list (or other iterable), in rank order.
 
-    A list (or tuple) from each process gives one flattened list in rank order; any other object gives
-    the list of each process's object (Accelerate requires lists; hasten accepts both).
+    As in Accelerate, each process's object is iterated (a list gives its items, a dict its keys), and on one
+    process ``object`` comes back as it is.
     """
     world, _ = _world()
     if world == 1:
-        return list(object) if isinstance(object, (list, tuple)) else [object]
+        return object
     output: list = [None] * world
     dist.all_gather_object(output, object)
-    if all(isinstance(o, (list, tuple)) for o in output):
+    try:
         return [item for part in output for item in part]
-    return output
+    except TypeError:
+        kinds = sorted({type(part).__name__ for part in output})
+        raise StructureTypeError(
+            f"gather_object joins the lists of every process, but got {', '.join(kinds)}: wrap the object in a list, "
+            "gather_object([obj]), to get one item per process."
+        ) from None
 
 
 def _broadcast_agree(tensor, from_process: int = 0):
@@ -197,9 +199,9 @@ def _broadcast_agree(tensor, from_process: int = 0):
 @_collective("broadcast", agree=_broadcast_agree)
 def broadcast(tensor, from_process: int = 0):
     """Copy every tensor of ``tensor`` from process ``from_process`` to all others, in place; returns it."""
-    _require_tensors(tensor)
     if _world()[0] == 1:
         return tensor
+    _require_tensors(tensor, "broadcast")
 
     def _one(t):
         dist.broadcast(t, src=from_process)
@@ -234,7 +236,7 @@ def reduce(tensor, reduction: str = "mean", scale: float = 1.0):
     """
     if reduction not in (*_REDUCE_OPS, "none"):
         raise ValueError(f"reduce(reduction={reduction!r}): choose one of 'sum', 'mean', 'max', 'min', 'none'.")
-    _require_tensors(tensor)
+    _require_tensors(tensor, "reduce")
     world, _ = _world()
 
     def _one(t):
@@ -250,8 +252,9 @@ def reduce(tensor, reduction: str = "mean", scale: float = 1.0):
     return recursively_apply(_one, tensor)
 
 
-def _pad_one(tensor: torch.Tensor, dim: int, pad_index, pad_first: bool, sizes: list[int]) -> torch.Tensor:
-    """``tensor`` padded along ``dim`` to the largest of ``sizes`` (every process's size of that dimension)."""
+def _pad_one(tensor: torch.Tensor, dim: int, pad_index, pad_first: bool, sizes: list[int], dtype=None) -> torch.Tensor:
+    """``tensor`` padded along ``dim`` to the largest of ``sizes`` (every process's size of that dimension), as
+    ``dtype`` (default: the tensor's)."""
     if dim < 0:
         dim += tensor.ndim
     max_size = max(sizes)
@@ -259,7 +262,7 @@ def _pad_one(tensor: torch.Tensor, dim: int, pad_index, pad_first: bool, sizes: 
         return tensor
     new_shape = list(tensor.shape)
     new_shape[dim] = max_size
-    out = tensor.new_full(new_shape, pad_index)
+    out = tensor.new_full(new_shape, pad_index, dtype=dtype or tensor.dtype)
     index = [slice(None)] * tensor.ndim
     index[dim] = slice(max_size - tensor.shape[dim], max_size) if pad_first else slice(0, tensor.shape[dim])
     out[tuple(index)] = tensor
@@ -267,7 +270,7 @@ def _pad_one(tensor: torch.Tensor, dim: int, pad_index, pad_first: bool, sizes: 
 
 
 def _paddable(tensor: torch.Tensor, dim: int) -> bool:
-    return tensor.ndim > 0 and -tensor.ndim <= dim < tensor.ndim
+    return not tensor.is_nested and tensor.ndim > 0 and -tensor.ndim <= dim < tensor.ndim
 
 
 def _pad_agree(tensor, dim: int = 0, pad_index: int = 0, pad_first: bool = False):
@@ -279,23 +282,34 @@ def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bo
     """Pad every tensor to the largest size of dimension ``dim`` across processes, so it can be gathered.
 
     The sizes of every tensor of the structure travel in one exchange. Every process must pass the same
-    structure with the same numbers of dimensions.
+    structure with the same numbers of dimensions. As in Accelerate, the structure is rebuilt (a tensor already
+    of the largest size comes back as it is), a tensor with fewer than ``dim`` dimensions is left as it is, a
+    nested tensor is returned unpadded with a :class:`CannotPadNestedTensorWarning`, and the padded tensor has
+    the dtype of ``tensor + pad_index``.
 
     Args:
         dim: the dimension to pad.
         pad_index: the value used for padding.
         pad_first: pad at the beginning instead of the end.
     """
-    _require_tensors(tensor)
+    _require_tensors(tensor, "pad_across_processes")
     world, _ = _world()
     padded = [t for t in _leaves(tensor) if _paddable(t, dim)]
-    if world == 1 or not padded:
-        return tensor
-    local = torch.tensor([t.shape[dim] for t in padded], device=padded[0].device)
-    every_size = iter(_gather_one(local).view(world, len(padded)).T.tolist())
+    every_size = iter([t.shape[dim]] for t in padded)
+    if world > 1 and padded:
+        local = torch.tensor([t.shape[dim] for t in padded], device=padded[0].device)
+        every_size = iter(_gather_one(local).view(world, len(padded)).T.tolist())
 
     def _one(t):
-        return _pad_one(t, dim, pad_index, pad_first, next(every_size)) if _paddable(t, dim) else t
+        if t.is_nested:
+            warnings.warn("pad_across_processes cannot pad a nested tensor; it is returned as it is.", CannotPadNestedTensorWarning, stacklevel=5)
+            return t
+        if not _paddable(t, dim):
+            return t
+        sizes = next(every_size)
+        if max(sizes) == t.shape[dim]:
+            return t
+        return _pad_one(t, dim, pad_index, pad_first, sizes, dtype=torch.result_type(t, pad_index))
 
     return recursively_apply(_one, tensor)
 

@@ -320,6 +320,10 @@ class DeepSpeedStrategy(Strategy):
         """True: every process writes its shards (or takes part in gathering them), so all must call ``save_state``."""
         return True
 
+    def tracked_model(self, prepared: torch.nn.Module) -> torch.nn.Module:
+        """The prepared model itself, as Accelerate keeps it for this engine (hooks and checkpoints get it)."""
+        return prepared
+
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full state dict; under ZeRO-3 gathered on the main process (empty on the others)."""
         engine = self.engine if model is self.engine else None

@@ -354,6 +354,10 @@ class FSDPStrategy(Strategy):
         """True: every process writes its shards (or takes part in gathering them), so all must call ``save_state``."""
         return True
 
+    def tracked_model(self, prepared: torch.nn.Module) -> torch.nn.Module:
+        """The prepared model itself, as Accelerate keeps it for this engine (hooks and checkpoints get it)."""
+        return prepared
+
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full state dict gathered on process 0, on the CPU (an empty dict on other processes).
 
