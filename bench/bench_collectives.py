@@ -1,11 +1,13 @@
-"""Per-collective cost of hasten's ``gather``/``reduce`` (hang watchdog always on) against raw ``torch.distributed``.
+"""Per-call cost of hasten's ``gather``/``reduce`` (hang watchdog and input check on) against raw torch.distributed.
 
 Run ``python bench/bench_collectives.py``: it starts itself on 2 processes under torchrun (gloo, 1
 thread each). Each round times ``--calls`` calls of every contestant, alternating the order between
 rounds; printed are the median microseconds per call with the min-max spread and the ratio of
-medians hasten/raw, for a 1-element tensor (latency-bound: any fixed overhead shows) and a 64k-float
-tensor (a typical metrics gather), then the cost of the watchdog's record alone (enter + leave), which
-is all the watchdog adds to a collective.
+medians hasten/raw, for a 1-element tensor (latency-bound: any fixed overhead shows), a 64k-float
+tensor (a typical metrics gather) and a pair of 32x256 tensors (``gather_for_metrics((predictions,
+labels))``, which raw PyTorch gathers one by one and hasten in one buffer). Every hasten call also
+exchanges the 3-integer header of :mod:`hasten.runtime.collective_check` first. Then, in one process,
+the cost of the watchdog's record (enter + leave) and of computing the header's digest.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import describe, free_port, paired_ratio_range, ratio_of_medians, round_order  # noqa: E402
 
 SIZES = {"1 float": 1, "64k floats": 65536}
+PAIR = {"2 x 32x256 floats": 32 * 256}
 
 
 def _contestants():
@@ -42,9 +45,13 @@ def _contestants():
         dist.all_reduce(out)
         return out / world
 
+    def raw_gather_pair(pair):
+        return tuple(raw_gather(t) for t in pair)
+
     return {
-        "gather": {"raw": raw_gather, "hasten": gather},
-        "reduce": {"raw": raw_reduce, "hasten": lambda t: reduce(t, "mean")},
+        "gather": ({"raw": raw_gather, "hasten": gather}, SIZES),
+        "reduce": ({"raw": raw_reduce, "hasten": lambda t: reduce(t, "mean")}, SIZES),
+        "gather pair": ({"raw": raw_gather_pair, "hasten": gather}, PAIR),
     }
 
 
@@ -58,9 +65,11 @@ def worker(args) -> None:
     torch.set_num_threads(1)
     state = PartialState()
     results: dict = {}
-    for op, contestants in _contestants().items():
-        for label, numel in SIZES.items():
+    for op, (contestants, sizes) in _contestants().items():
+        for label, numel in sizes.items():
             tensor = torch.full((numel,), float(state.process_index))
+            if sizes is PAIR:
+                tensor = (tensor.view(32, -1), tensor.view(32, -1).clone())
             samples: dict[str, list[float]] = {name: [] for name in contestants}
             for round_index in range(-1, args.rounds):
                 for name in round_order(list(contestants), max(round_index, 0)):
@@ -73,6 +82,8 @@ def worker(args) -> None:
                         samples[name].append(elapsed / args.calls)
             results[f"{op} ({label})"] = samples
     results["watchdog record (enter + leave)"] = {"hasten": _record_cost()}
+    results["header digest (1 tensor)"] = {"hasten": _digest_cost(torch.ones(32, 256))}
+    results["header digest (dict of 4)"] = {"hasten": _digest_cost({k: torch.ones(32, 256) for k in "abcd"})}
     if state.is_main_process:
         Path(args.output).write_text(json.dumps(results))
 
@@ -87,6 +98,19 @@ def _record_cost(calls: int = 200_000) -> list[float]:
         for _ in range(calls):
             hang_watchdog.enter("bench")
             hang_watchdog.leave()
+        samples.append((time.perf_counter() - start) / calls)
+    return samples
+
+
+def _digest_cost(data, calls: int = 50_000) -> list[float]:
+    """Seconds to compute what a gather of ``data`` must agree on and its digest: the header's CPU cost."""
+    from hasten.runtime import collective_check
+
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            collective_check.digest(collective_check.same_tensors(data))
         samples.append((time.perf_counter() - start) / calls)
     return samples
 
@@ -111,12 +135,14 @@ def main() -> None:
     print(f"2 processes, gloo, {args.calls} calls/round, {args.rounds} rounds")
     for case, samples in results.items():
         for name, values in samples.items():
-            print(describe(f"  {case:22s} {name:7s}", values, unit="us", scale=1e6, digits=3 if "record" in case else 1))
+            digits = 3 if "raw" not in samples else 1
+            print(describe(f"  {case:26s} {name:7s}", values, unit="us", scale=1e6, digits=digits))
         if "raw" not in samples:
             continue
         fastest = min(samples["hasten"]) / min(samples["raw"])
         median, low, high = paired_ratio_range(samples["hasten"], samples["raw"])
-        print(f"  {case:22s} hasten/raw: {ratio_of_medians(samples['hasten'], samples['raw']):.3f} (per-round {low:.3f}-{high:.3f}; fastest rounds {fastest:.3f})")
+        ratio = ratio_of_medians(samples["hasten"], samples["raw"])
+        print(f"  {case:26s} hasten/raw: {ratio:.3f} (per-round {low:.3f}-{high:.3f}; fastest rounds {fastest:.3f})")
 
 
 if __name__ == "__main__":

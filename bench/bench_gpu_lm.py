@@ -1,30 +1,41 @@
 """GPU training throughput: a GPT-style language model, raw PyTorch vs hasten (vs accelerate when installed).
 
-A GPT-2-small-shaped model (12 layers, width 768, 12 heads, vocabulary 50257, sequence 1024: ~124M
-parameters, tied embeddings, ``scaled_dot_product_attention``) trains on random tokens on one GPU.
-Two precisions, each in its own process (the precision is process-wide state in both frameworks):
+**Throughput** (``--precisions bf16 fp16``): a GPT-2-small-shaped model (12 layers, width 768, 12 heads, vocabulary
+50257, sequence 1024: ~124M parameters, tied embeddings, ``scaled_dot_product_attention``) trains on random tokens
+on one GPU, each precision in its own process (the precision is process-wide state in both frameworks):
 
-* ``bf16``: autocast to bfloat16. Raw: ``torch.autocast`` around forward and loss.
-  hasten: ``Accelerator(mixed_precision="bf16")``, forward under the prepared model's autocast.
-* ``fp16``: autocast to float16 with loss scaling. Raw: ``torch.amp.GradScaler`` (scale, step,
-  update). hasten: ``Accelerator(mixed_precision="fp16")`` and ``accelerator.backward``.
+* ``raw``: ``torch.autocast`` around forward and loss; under fp16 a ``torch.amp.GradScaler`` (scale, step, update).
+* ``hasten``: ``Accelerator(mixed_precision=...)``, the prepared model's autocast forward, whose outputs are
+  converted to fp32 as Accelerate does, the loss outside autocast, ``accelerator.backward``.
+* ``hasten-keep``: the same with ``AutocastKwargs(convert_outputs_to_fp32=False)`` and the loss under
+  ``accelerator.autocast()``: the raw loop's math (no fp32 copy of the logits).
+* ``accelerate``: as ``hasten``, with Accelerate (when it is importable).
 
-Rounds alternate the contestants (A B, then B A); each round builds the model from the same initial
-weights, runs ``--warmup`` untimed steps and ``--steps`` timed steps (``torch.cuda.synchronize()`` at
-both ends). Reported per contestant: tokens/s (median, min-max over rounds) and peak GPU memory
-(``torch.cuda.max_memory_allocated``, reset before each round), then the ratio of tokens/s to raw
-PyTorch last (target >= 0.99). Both loops use the same AdamW (fused where available), batches come
-from the same pinned ``DataLoader``, and the script checks that their losses after the timed steps agree.
+Rounds alternate the contestants (A B C, then C B A); each round builds the model from the same initial weights,
+runs ``--warmup`` untimed steps and ``--steps`` timed steps (``torch.cuda.synchronize()`` at both ends). Reported
+per contestant: tokens/s (median, min-max over rounds) and peak memory (CUDA: ``max_memory_allocated``, reset before
+each round; CPU: the tensor memory of one extra step above its start, from the profiler's allocation events), then
+the ratio of tokens/s to raw PyTorch last. Every loop uses the same AdamW (fused where available) and the same
+pinned ``DataLoader``; the script checks that their losses after the timed steps agree. The logits are a temporary
+of the loss expression, freed before backward; ``--hold-logits`` keeps them until after backward in every loop,
+as a loop that keeps ``outputs = model(inputs)`` does (then the default's fp32 copy is held through backward).
 
-Without CUDA the script says so and exits 0. ``--smoke`` runs a tiny model on the CPU instead, to
-check the script itself anywhere (its figures mean nothing).
+**fp8** (``--fp8``): ``hasten`` in bf16 and in fp8 (torchao float8 linear layers), both compiled with regional
+compilation, on a model large enough for float8 matmuls to pay (``--size wide``: 8 layers of width 4096, ~1.8B
+parameters), on a learnable token stream, with the loss of every step side by side. On a CPU (``--smoke``) the
+float8 matmuls are emulated.
 
-Usage: python bench/bench_gpu_lm.py [--precisions bf16 fp16] [--rounds 5] [--steps 30] [--batch 8]
+Without CUDA the script says so and exits 0. ``--smoke`` runs a tiny model on the CPU instead, to check the script
+itself anywhere (its timings mean nothing; its CPU memory figures compare the contestants). ``--json PATH`` writes
+every figure.
+
+Usage: python bench/bench_gpu_lm.py [--precisions bf16 fp16] [--rounds 5] [--steps 30] [--batch 8] [--fp8]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -38,8 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import describe, has_module, paired_ratio_range, ratio_of_medians, round_order  # noqa: E402
 
-GPT2_SMALL = {"layers": 12, "width": 768, "heads": 12, "vocab": 50257, "sequence": 1024}
-SMOKE = {"layers": 2, "width": 64, "heads": 4, "vocab": 512, "sequence": 64}
+SIZES = {
+    "gpt2": {"layers": 12, "width": 768, "heads": 12, "vocab": 50257, "sequence": 1024},
+    "wide": {"layers": 8, "width": 4096, "heads": 32, "vocab": 50257, "sequence": 1024},
+    "smoke": {"layers": 2, "width": 64, "heads": 4, "vocab": 512, "sequence": 64},
+    "cpu-vocab": {"layers": 1, "width": 64, "heads": 4, "vocab": 8192, "sequence": 64},
+}
 
 
 def _gpt(config: dict):
@@ -88,11 +103,18 @@ def _gpt(config: dict):
     return GPT()
 
 
-def _loader(config: dict, batch: int, steps: int, pin: bool):
+def _loader(config: dict, batch: int, steps: int, pin: bool, learnable: bool = False):
+    """``steps`` batches of random tokens, or (``learnable``) of the stream ``next = (5 * token + 3) % vocab``."""
     import torch
 
     generator = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, config["vocab"], (batch * steps, config["sequence"] + 1), generator=generator)
+    if learnable:
+        columns = [torch.randint(0, config["vocab"], (batch * steps, 1), generator=generator)]
+        for _ in range(config["sequence"]):
+            columns.append((columns[-1] * 5 + 3) % config["vocab"])
+        tokens = torch.cat(columns, dim=1)
+    else:
+        tokens = torch.randint(0, config["vocab"], (batch * steps, config["sequence"] + 1), generator=generator)
     dataset = torch.utils.data.TensorDataset(tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous())
     return torch.utils.data.DataLoader(dataset, batch_size=batch, shuffle=False, pin_memory=pin)
 
@@ -125,42 +147,76 @@ def _peak(device) -> float:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
 
 
+def _cpu_step_peak(step) -> float:
+    """GiB of tensor memory ``step()`` holds at its peak above what was held when it started (CPU allocations, read
+    from the profiler's allocation and free events)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        step()
+    events = sorted(
+        (e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"), key=lambda e: e.start_ns()
+    )
+    held = peak = 0
+    for event in events:
+        held += event.nbytes()
+        peak = max(peak, held)
+    return peak / 2**30
+
+
 def _loss(logits, targets):
     import torch.nn.functional as F
 
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+def _measure(device, loader, args, step) -> dict:
+    """Run ``step(inputs, targets) -> loss`` over ``loader`` (``warmup + steps + 1`` batches): the seconds of the
+    ``steps`` timed ones, the peak memory (CUDA: over the timed steps; CPU: of the last step, under the profiler)
+    and every loss."""
+    _peak_reset(device)
+    start, seconds, peak, losses = None, None, None, []
+    for index, (inputs, targets) in enumerate(loader):
+        if index == args.warmup:
+            _sync(device)
+            start = time.perf_counter()
+        if index == args.warmup + args.steps:
+            _sync(device)
+            seconds = time.perf_counter() - start
+            peak = _peak(device) if device.type == "cuda" else _cpu_step_peak(lambda: step(inputs, targets))
+            continue
+        losses.append(step(inputs, targets).detach())
+    return {"seconds": seconds, "peak_gib": peak, "losses": [float(x) for x in losses]}
+
+
 class Raw:
-    """The hand-written loop: autocast, and a GradScaler under fp16."""
+    """The hand-written loop: autocast around forward and loss, and a GradScaler under fp16."""
 
     name = "raw"
 
     def __init__(self, precision: str, device):
         import torch
 
-        self.device = device
+        self.device, self.precision = device, precision
         self.dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-        self.scaler = torch.amp.GradScaler(device.type) if precision == "fp16" else None
 
-    def run(self, init, config, args) -> tuple[float, float, float]:
+    def run(self, init, config, args) -> dict:
         import torch
 
         model = _gpt(config).to(self.device)
         model.load_state_dict(init)
         optimizer = _optimizer(model, self.device)
-        scaler = torch.amp.GradScaler(self.device.type) if self.scaler is not None else None
-        loader = _loader(config, args.batch, args.warmup + args.steps, self.device.type == "cuda")
-        _peak_reset(self.device)
-        start = None
-        for index, (inputs, targets) in enumerate(loader):
-            if index == args.warmup:
-                _sync(self.device)
-                start = time.perf_counter()
+        scaler = torch.amp.GradScaler(self.device.type) if self.precision == "fp16" else None
+        loader = _loader(config, args.batch, args.warmup + args.steps + 1, self.device.type == "cuda")
+
+        def step(inputs, targets):
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)
             with torch.autocast(self.device.type, dtype=self.dtype):
-                loss = _loss(model(inputs), targets)
+                logits = model(inputs)
+                loss = _loss(logits, targets)
+            if not args.hold_logits:
+                del logits
             if scaler is None:
                 loss.backward()
                 optimizer.step()
@@ -169,53 +225,93 @@ class Raw:
                 scaler.step(optimizer)
                 scaler.update()
             optimizer.zero_grad()
-        _sync(self.device)
-        return time.perf_counter() - start, _peak(self.device), float(loss.detach())
+            return loss
+
+        return _measure(self.device, loader, args, step)
 
 
 class Framework:
-    """hasten's (or accelerate's) loop: the prepared model runs under autocast, ``backward`` scales."""
+    """hasten's (or accelerate's) loop: the prepared model runs under autocast, ``backward`` scales.
 
-    def __init__(self, name: str, module: str, precision: str, device):
+    ``keep``: outputs stay in the autocast dtype (hasten's ``convert_outputs_to_fp32=False``) and the loss runs
+    under ``accelerator.autocast()``, as in the raw loop.
+    """
+
+    def __init__(
+        self, name: str, module: str, precision: str, device, keep: bool = False, compile_regions: bool = False
+    ):
         import importlib
 
-        self.name, self.device = name, device
+        self.name, self.device, self.keep = name, device, keep
         package = importlib.import_module(module)
+        utils = importlib.import_module(f"{module}.utils")
         # the same batch transfer as the raw loop: pinned memory, non-blocking copies
-        loading = importlib.import_module(f"{module}.utils").DataLoaderConfiguration(non_blocking=True)
-        self.accelerator = package.Accelerator(mixed_precision=precision, dataloader_config=loading)
+        options = {"dataloader_config": utils.DataLoaderConfiguration(non_blocking=True), "kwargs_handlers": []}
+        if keep:
+            options["kwargs_handlers"].append(utils.AutocastKwargs(convert_outputs_to_fp32=False))
+        if precision == "fp8" and device.type == "cpu":  # no float8 matmuls on this CPU: torchao's emulation
+            from torchao.float8 import Float8LinearConfig
 
-    def run(self, init, config, args) -> tuple[float, float, float]:
+            options["kwargs_handlers"].append(utils.AORecipeKwargs(config=Float8LinearConfig(emulate=True)))
+        if compile_regions:
+            options["dynamo_plugin"] = utils.TorchDynamoPlugin(backend="inductor", use_regional_compilation=True)
+        self.accelerator = package.Accelerator(mixed_precision=precision, **options)
+
+    def run(self, init, config, args, learnable: bool = False) -> dict:
+        accelerator = self.accelerator
         model = _gpt(config)
         model.load_state_dict(init)
         optimizer = _optimizer(model.to(self.device), self.device)
-        loader = _loader(config, args.batch, args.warmup + args.steps, self.device.type == "cuda")
-        model, optimizer, loader = self.accelerator.prepare(model, optimizer, loader)
-        _peak_reset(self.device)
-        start = None
-        for index, (inputs, targets) in enumerate(loader):
-            if index == args.warmup:
-                _sync(self.device)
-                start = time.perf_counter()
-            loss = _loss(model(inputs), targets)
-            self.accelerator.backward(loss)
+        loader = _loader(config, args.batch, args.warmup + args.steps + 1, self.device.type == "cuda", learnable)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+
+        def step(inputs, targets):
+            # keep: forward and loss under autocast, as the raw loop (the model's own autocast nests in it)
+            with accelerator.autocast() if self.keep else contextlib.nullcontext():
+                logits = model(inputs)
+                loss = _loss(logits, targets)
+            if not args.hold_logits:
+                del logits
+            accelerator.backward(loss)
             optimizer.step()
             optimizer.zero_grad()
-        _sync(self.device)
-        result = time.perf_counter() - start, _peak(self.device), float(loss.detach())
-        self.accelerator.free_memory()
+            return loss
+
+        result = _measure(self.device, loader, args, step)
+        accelerator.free_memory()
         return result
 
 
-def worker(args) -> None:
-    """Run one precision's rounds in this process and write the results as JSON."""
+def _device(args):
     import torch
 
-    device = torch.device("cpu" if args.smoke else "cuda")
-    config = SMOKE if args.smoke else GPT2_SMALL
+    return torch.device("cpu" if args.smoke else "cuda")
+
+
+def worker(args) -> None:
+    """Run one precision's rounds (or the fp8 comparison) in this process and write the results as JSON."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = _device(args)
+    config = SIZES[args.size]
     torch.manual_seed(0)
-    init = {k: v.clone() for k, v in _gpt(config).state_dict().items()}
+    model = _gpt(config)  # built once: the 1.8B model of the fp8 comparison takes seconds to initialise
+    init = {k: v.clone() for k, v in model.state_dict().items()}
+    params = sum(p.numel() for p in model.parameters())
+    del model
+    gpu = "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(device)
+    if args.precision == "fp8":
+        results = _fp8_comparison(init, config, args, device)
+    else:
+        results = _throughput_rounds(init, config, args, device)
+    Path(args.output).write_text(json.dumps({"results": results, "params": params, "device": gpu, "config": config}))
+
+
+def _throughput_rounds(init, config, args, device) -> dict:
     contestants = [Raw(args.precision, device), Framework("hasten", "hasten", args.precision, device)]
+    contestants.append(Framework("hasten-keep", "hasten", args.precision, device, keep=True))
     if has_module("accelerate"):
         contestants.append(Framework("accelerate", "accelerate", args.precision, device))
     names = [c.name for c in contestants]
@@ -224,48 +320,115 @@ def worker(args) -> None:
     results = {name: {"tokens_per_s": [], "peak_gib": [], "loss": []} for name in names}
     for round_index in range(-1, args.rounds):  # round -1 warms every contestant up (kernels, allocator), untimed
         for name in round_order(names, max(round_index, 0)):
-            seconds, peak, loss = by_name[name].run(init, config, args)
+            outcome = by_name[name].run(init, config, args)
             if round_index >= 0:
-                results[name]["tokens_per_s"].append(tokens / seconds)
-                results[name]["peak_gib"].append(peak)
-                results[name]["loss"].append(loss)
+                results[name]["tokens_per_s"].append(tokens / outcome["seconds"])
+                results[name]["peak_gib"].append(outcome["peak_gib"])
+                results[name]["loss"].append(outcome["losses"][-1])
         if round_index >= 0:
-            print(f"[{args.precision}] round {round_index + 1}: " + "  ".join(f"{n} {results[n]['tokens_per_s'][-1]:,.0f} tok/s" for n in names), flush=True)
-    params = sum(p.numel() for p in _gpt(config).parameters())
-    gpu = "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(device)
-    Path(args.output).write_text(json.dumps({"results": results, "params": params, "device": gpu}))
+            line = "  ".join(f"{n} {results[n]['tokens_per_s'][-1]:,.0f} tok/s" for n in names)
+            print(f"[{args.precision}] round {round_index + 1}: {line}", flush=True)
+    return results
+
+
+def _fp8_comparison(init, config, args, device) -> dict:
+    """bf16 then fp8 through hasten (regionally compiled on a GPU, loss under autocast), one run each."""
+    import torch
+
+    results = {}
+    tokens = args.steps * args.batch * config["sequence"]
+    for precision in ("bf16", "fp8"):
+        from hasten.state import reset_state
+
+        reset_state()
+        contestant = Framework(
+            f"hasten-{precision}", "hasten", precision, device, keep=True, compile_regions=device.type == "cuda"
+        )
+        outcome = contestant.run(init, config, args, learnable=True)
+        results[contestant.name] = {
+            "tokens_per_s": [tokens / outcome["seconds"]],
+            "peak_gib": [outcome["peak_gib"]],
+            "curve": outcome["losses"],
+        }
+        print(
+            f"[fp8] {contestant.name}: {tokens / outcome['seconds']:,.0f} tok/s, peak {outcome['peak_gib']:.3f} GiB",
+            flush=True,
+        )
+        del contestant
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return results
 
 
 def _report(precision: str, data: dict) -> tuple[list[str], list[str]]:
     results, lines, ratios = data["results"], [], []
+    where = (
+        "peak memory"
+        if "cuda" in data["device"] or "cpu" not in data["device"]
+        else "step memory above its start (CPU)"
+    )
     lines.append(f"{precision}: {data['params'] / 1e6:.1f}M parameters on {data['device']}")
     for name, values in results.items():
-        lines.append(describe(f"{precision} {name:10s} throughput", values["tokens_per_s"], "tokens/s", 1.0, 0))
-        lines.append(f"{precision} {name:10s} peak memory: {max(values['peak_gib']):.2f} GiB; final loss {values['loss'][-1]:.4f}")
+        lines.append(describe(f"{precision} {name:11s} throughput", values["tokens_per_s"], "tokens/s", 1.0, 0))
+        lines.append(
+            f"{precision} {name:11s} {where}: {max(values['peak_gib']):.3f} GiB; final loss {values['loss'][-1]:.4f}"
+        )
     for name, values in results.items():
         if name == "raw":
             continue
         difference = max(abs(a - b) for a, b in zip(values["loss"], results["raw"]["loss"]))
-        lines.append(f"{precision} {name:10s} final loss vs raw: max |diff| {difference:.2e}")
+        lines.append(f"{precision} {name:11s} final loss vs raw: max |diff| {difference:.2e}")
         if not math.isfinite(difference) or difference > 0.05:
             raise SystemExit(f"{name} and raw PyTorch disagree on {precision}: the loops do not do the same math.")
         median, low, high = paired_ratio_range(values["tokens_per_s"], results["raw"]["tokens_per_s"])
+        ratio = ratio_of_medians(values["tokens_per_s"], results["raw"]["tokens_per_s"])
+        memory = max(values["peak_gib"]) / max(max(results["raw"]["peak_gib"]), 1e-12)
         ratios.append(
-            f"ratio {name}/raw {precision} tokens/s: {ratio_of_medians(values['tokens_per_s'], results['raw']['tokens_per_s']):.3f} "
-            f"(per-round median {median:.3f}, min-max {low:.3f}-{high:.3f}; target >= 0.99)"
+            f"ratio {name}/raw {precision} tokens/s: {ratio:.3f} "
+            f"(per-round median {median:.3f}, min-max {low:.3f}-{high:.3f}); "
+            f"memory {memory:.3f}x raw"
         )
     return lines, ratios
 
 
+def _report_fp8(data: dict) -> list[str]:
+    results = data["results"]
+    bf16, fp8 = results["hasten-bf16"], results["hasten-fp8"]
+    lines = [f"fp8 vs bf16: {data['params'] / 1e6:.1f}M parameters ({data['config']}) on {data['device']}"]
+    for name, values in results.items():
+        lines.append(f"{name}: {values['tokens_per_s'][0]:,.0f} tokens/s, peak {values['peak_gib'][0]:.3f} GiB")
+    lines.append(f"ratio fp8/bf16 tokens/s: {fp8['tokens_per_s'][0] / bf16['tokens_per_s'][0]:.3f}")
+    shown = sorted(set(range(0, len(bf16["curve"]), max(1, len(bf16["curve"]) // 10))) | {len(bf16["curve"]) - 1})
+    lines.append(
+        "loss curves (step: bf16 fp8): "
+        + ", ".join(f"{i}: {bf16['curve'][i]:.3f} {fp8['curve'][i]:.3f}" for i in shown)
+    )
+    return lines
+
+
 def main() -> None:
-    """Launch one worker per precision and print throughput, memory and the ratios to raw last."""
+    """Launch one worker per precision (and the fp8 comparison) and print throughput, memory and the ratios last."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--precisions", nargs="+", default=["bf16", "fp16"], choices=["bf16", "fp16"])
+    parser.add_argument("--precisions", nargs="*", default=["bf16", "fp16"], choices=["bf16", "fp16"])
+    parser.add_argument("--fp8", action="store_true", help="also compare fp8 with bf16 (torchao float8 layers)")
+    parser.add_argument(
+        "--size", choices=sorted(SIZES), help="model of the throughput runs (default: gpt2; smoke with --smoke)"
+    )
+    parser.add_argument(
+        "--fp8-size", choices=sorted(SIZES), help="model of the fp8 comparison (default: wide; smoke with --smoke)"
+    )
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per contestant (after one warm-up round)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per round")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps at the start of each round")
-    parser.add_argument("--batch", type=int, default=8, help="sequences of 1024 tokens per step")
-    parser.add_argument("--smoke", action="store_true", help="tiny model on the CPU: checks the script, measures nothing")
+    parser.add_argument("--batch", type=int, default=8, help="sequences per step")
+    parser.add_argument("--fp8-steps", type=int, default=40, help="timed steps of the fp8 comparison")
+    parser.add_argument("--fp8-batch", type=int, default=4, help="sequences per step in the fp8 comparison")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
+    parser.add_argument("--hold-logits", action="store_true", help="every loop keeps the logits until after backward")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny model on the CPU: checks the script, measures nothing"
+    )
+    parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--precision", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
@@ -273,23 +436,57 @@ def main() -> None:
     if args.worker:
         worker(args)
         return
+    args.size = args.size or ("smoke" if args.smoke else "gpt2")
+    args.fp8_size = args.fp8_size or ("smoke" if args.smoke else "wide")
     import torch
 
     if not args.smoke and not torch.cuda.is_available():
-        print("bench_gpu_lm: no CUDA device on this machine; the GPU benchmark needs one (run it on an H100/H200 host). Skipped.")
+        print(
+            "bench_gpu_lm: no CUDA device on this machine; the GPU benchmark needs one "
+            "(run it on an H100/H200 host). Skipped."
+        )
         return
-    lines, ratios = [], []
+    lines, ratios, figures = [], [], {}
     with tempfile.TemporaryDirectory() as folder:
-        for precision in args.precisions:
+        for precision in args.precisions + (["fp8"] if args.fp8 else []):
             output = Path(folder) / f"{precision}.json"
-            command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--precision", precision, "--output", str(output)]
-            command += ["--rounds", str(args.rounds), "--steps", str(args.steps), "--warmup", str(args.warmup), "--batch", str(args.batch)]
-            subprocess.run(command + (["--smoke"] if args.smoke else []), check=True, env=os.environ.copy())
-            more_lines, more_ratios = _report(precision, json.loads(output.read_text()))
-            lines += more_lines
-            ratios += more_ratios
+            fp8 = precision == "fp8"
+            steps, batch, size = (
+                (args.fp8_steps, args.fp8_batch, args.fp8_size) if fp8 else (args.steps, args.batch, args.size)
+            )
+            command = [
+                sys.executable,
+                str(Path(__file__).resolve()),
+                "--worker",
+                "--precision",
+                precision,
+                "--output",
+                str(output),
+            ]
+            command += [
+                "--rounds",
+                str(args.rounds),
+                "--steps",
+                str(steps),
+                "--warmup",
+                str(args.warmup),
+                "--batch",
+                str(batch),
+            ]
+            command += ["--size", size, "--threads", str(args.threads)] + (["--smoke"] if args.smoke else [])
+            command += ["--hold-logits"] if args.hold_logits else []
+            subprocess.run(command, check=True, env=os.environ.copy())
+            figures[precision] = json.loads(output.read_text())
+            if fp8:
+                lines += _report_fp8(figures[precision])
+            else:
+                more_lines, more_ratios = _report(precision, figures[precision])
+                lines += more_lines
+                ratios += more_ratios
     print()
     print("\n".join(lines + ratios))
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=1))
 
 
 if __name__ == "__main__":

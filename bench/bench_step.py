@@ -17,7 +17,9 @@ last batch's loss averaged over processes; eval: the metric) and final weights a
 differences. It prints per-step medians with min-max over rounds and the ratios to raw PyTorch last:
 of the medians, the spread of the per-round ratios (the noise), and of the fastest rounds (interference
 from other jobs only slows a round down). Wall time is what counts; the CPU time of the process (all
-its threads) is printed beside it because it varies less on a shared machine.
+its threads) is printed beside it because it varies less on a shared machine. For hasten it also prints
+how many of its own collectives (each one a header exchange plus its data, see
+``hasten.runtime.collective_check``) a timed step ran: none in training, where only DDP communicates.
 
 With ``--width 4 --hidden 4`` the model costs almost nothing and the per-step difference is the
 framework's own cost in microseconds.
@@ -80,20 +82,32 @@ def _same_batches_as_distributed_sampler(dataset, world: int):
 
 
 class _Round:
-    """What one contestant's round returns: timed (wall, CPU) seconds, final loss (or metric), final weights."""
+    """What one contestant's round returns: timed (wall, CPU) seconds, final loss (or metric), final weights,
+    and for hasten the number of its own collectives in the timed steps."""
 
-    def __init__(self, seconds: tuple[float, float], loss: float, weights):
-        self.seconds, self.loss, self.weights = seconds, loss, weights
+    def __init__(self, seconds: tuple[float, float], loss: float, weights, collectives: int | None = None):
+        self.seconds, self.loss, self.weights, self.collectives = seconds, loss, weights, collectives
 
 
 class _Clock:
-    """Wall and CPU time (all threads of this process) since :meth:`start`."""
+    """Wall and CPU time (all threads of this process) since :meth:`start`, and hasten's collectives meanwhile."""
 
     def start(self) -> None:
         self.wall, self.cpu = time.perf_counter(), time.process_time()
+        self.collectives = _hasten_collectives()
 
     def stop(self) -> tuple[float, float]:
         return time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+    def collectives_since_start(self) -> int | None:
+        now = _hasten_collectives()
+        return None if now is None else now - self.collectives
+
+
+def _hasten_collectives() -> int | None:
+    """How many hasten collectives this process ran so far (None when hasten is not loaded)."""
+    watchdog = sys.modules.get("hasten.runtime.hang_watchdog")
+    return watchdog.sequence() if watchdog is not None else None
 
 
 def _mean_over_processes(value):
@@ -241,9 +255,12 @@ class FrameworkLoop:
                 optimizer.step()
                 optimizer.zero_grad()
         seconds = clock.stop()
-        result = _Round(seconds, _mean_over_processes(loss), _flat_weights(model))
+        result = _Round(seconds, _mean_over_processes(loss), _flat_weights(model), self._collectives(clock))
         accelerator.free_memory()
         return result
+
+    def _collectives(self, clock: _Clock) -> int | None:
+        return clock.collectives_since_start() if self.module == "hasten" else None
 
     def evaluate(self, init, dataset, warmup: int) -> _Round:
         import torch
@@ -266,7 +283,7 @@ class FrameworkLoop:
                 labels.append(targets)
             metric = F.mse_loss(torch.cat(predictions), torch.cat(labels))
         seconds = clock.stop()
-        result = _Round(seconds, float(metric), _flat_weights(model))
+        result = _Round(seconds, float(metric), _flat_weights(model), self._collectives(clock))
         accelerator.free_memory()
         return result
 
@@ -292,6 +309,7 @@ def _run_variant(variant: str, contestants: list, args, world: int, rank: int) -
     cpu_times: dict[str, list[float]] = {name: [] for name in names}
     losses: dict[str, list[float]] = {name: [] for name in names}
     weight_diffs: dict[str, float] = {name: 0.0 for name in names}
+    collectives: list[float] = []
     for round_index in range(-1, args.rounds):  # round -1 warms every contestant up, untimed
         reference = None
         for name in round_order(names, max(round_index, 0)):
@@ -305,6 +323,8 @@ def _run_variant(variant: str, contestants: list, args, world: int, rank: int) -
             times[name].append(result.seconds[0] / args.steps)
             cpu_times[name].append(result.seconds[1] / args.steps)
             losses[name].append(result.loss)
+            if result.collectives is not None:
+                collectives.append(result.collectives / args.steps)
             if name == "raw":
                 reference = result.weights
             elif reference is not None:
@@ -312,7 +332,7 @@ def _run_variant(variant: str, contestants: list, args, world: int, rank: int) -
         if rank == 0 and round_index >= 0:
             line = "  ".join(f"{name} {times[name][-1] * 1e6:8.1f} us/step (CPU {cpu_times[name][-1] * 1e6:8.1f})" for name in names)
             print(f"[{world}p {variant}] round {round_index + 1}: {line}", flush=True)
-    return {"wall": times, "cpu": cpu_times, "losses": losses, "weight_diffs": weight_diffs}
+    return {"wall": times, "cpu": cpu_times, "losses": losses, "weight_diffs": weight_diffs, "collectives": collectives}
 
 
 def worker(args) -> None:
@@ -377,6 +397,9 @@ def _report(results: dict[int, dict]) -> list[str]:
             for name in data["wall"]:
                 lines.append(describe(f"{processes}p {variant:5s} {name:10s} wall", data["wall"][name], "us/step", 1e6, 1))
                 lines.append(describe(f"{processes}p {variant:5s} {name:10s} CPU ", data["cpu"][name], "us/step", 1e6, 1))
+            if data.get("collectives"):
+                per_step = max(data["collectives"])
+                lines.append(f"{processes}p {variant:5s} hasten collectives per timed step: {per_step:.2f}")
             for name in data["wall"]:
                 if name == "raw":
                     continue

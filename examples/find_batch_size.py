@@ -1,4 +1,4 @@
-"""Start with a large batch size and let ``find_executable_batch_size`` halve it until the run fits.
+"""Start with a large batch size and let ``find_executable_batch_size`` shrink it until the run fits.
 
 Everything that depends on the batch size (the dataloaders) or takes device memory (the model and
 the optimizer) is built inside the decorated function, which starts with ``accelerator.free_memory()``
@@ -6,7 +6,9 @@ so that a retry begins from scratch. On a GPU the out-of-memory error is real; o
 rarely one to see, so the model here simulates it: its forward raises the error PyTorch raises
 (``torch.OutOfMemoryError``) when a batch holds more than ``--oom_above`` samples.
 
-``hasten launch --num_processes 2 examples/find_batch_size.py`` tries 256, 128, 64 and 32 samples
+By default each out-of-memory error multiplies the batch size by 0.9 (as Accelerate 1.15 does); this
+example halves it instead, with ``reduce_batch_size_fn`` (called with no argument, it returns the next
+size). ``hasten launch --num_processes 2 examples/find_batch_size.py`` tries 256, 128, 64 and 32 samples
 per process, runs out of (simulated) memory at each, and trains at 16. All processes agree on every
 attempt, so they always train with the same batch size.
 """
@@ -60,7 +62,14 @@ def main() -> None:
     accelerator = Accelerator()
     train_set, eval_set = datasets(args.seed)
 
-    @find_executable_batch_size(starting_batch_size=args.batch_size)
+    tried = [args.batch_size]
+
+    def halve() -> int:
+        """The next batch size to try after an out-of-memory error: half of the last one."""
+        tried.append(tried[-1] // 2)
+        return tried[-1]
+
+    @find_executable_batch_size(starting_batch_size=args.batch_size, reduce_batch_size_fn=halve)
     def inner_training_loop(batch_size: int):
         """One complete attempt at ``batch_size``: build, prepare, train, evaluate."""
         accelerator.free_memory()  # drop what the failed attempt left behind

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -11,6 +12,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 FIXTURES_ROOT = Path(__file__).resolve().parent / "fixtures"
+
+
+def requires(package: str, extra: str | None = None):
+    """Skip marker for a test that needs an optional ``package``, saying how to install it."""
+    import pytest
+
+    hint = f"pip install 'hasten[{extra}]'" if extra else f"pip install {package}"
+    return pytest.mark.skipif(importlib.util.find_spec(package) is None, reason=f"{package} is not installed ({hint})")
 
 
 def free_port() -> int:
@@ -64,3 +73,29 @@ def read_scalars(run_dir) -> list[tuple[str, int, float]]:
                     tag = value.tag if run == "." else f"{run}:{value.tag}"
                     found.append((tag, event.step, float(tensor_util.make_ndarray(value.tensor))))
     return found
+
+
+def assert_numbers_match(actual, expected, dtype, where: str = "result") -> None:
+    """``actual`` equals ``expected`` (nested dicts/lists of numbers and strings), floats within ``dtype``'s tolerance.
+
+    For numbers recorded on another machine: the same float32 computation can differ in the last bits between CPUs
+    (vectorised reductions sum in another order), so floats are compared with torch's default tolerances for
+    ``dtype``; everything else must be equal.
+    """
+    import math
+
+    import torch
+
+    rtol, atol = {torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5), torch.float32: (1.3e-6, 1e-5)}.get(dtype, (1e-7, 1e-7))
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict) and actual.keys() == expected.keys(), f"{where}: keys {sorted(actual)} != {sorted(expected)}"
+        for key in expected:
+            assert_numbers_match(actual[key], expected[key], dtype, f"{where}[{key!r}]")
+    elif isinstance(expected, (list, tuple)):
+        assert isinstance(actual, (list, tuple)) and len(actual) == len(expected), f"{where}: {actual!r} != {expected!r}"
+        for index, (a, e) in enumerate(zip(actual, expected)):
+            assert_numbers_match(a, e, dtype, f"{where}[{index}]")
+    elif isinstance(expected, float) and not isinstance(actual, bool) and isinstance(actual, (int, float)):
+        assert math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol), f"{where}: {actual!r} != {expected!r} (rtol {rtol}, atol {atol})"
+    else:
+        assert actual == expected, f"{where}: {actual!r} != {expected!r}"

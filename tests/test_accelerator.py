@@ -63,11 +63,6 @@ def test_mixed_precision_from_environment_and_validation(monkeypatch):
         Accelerator(mixed_precision="fp32")
 
 
-def test_fp8_is_refused_clearly_on_cpu():
-    with pytest.raises(ConfigError, match="fp8.*needs a GPU with fp8 units"):
-        Accelerator(mixed_precision="fp8")
-
-
 def test_handler_and_plugin_conflicts():
     with pytest.raises(ConfigError, match="two DistributedDataParallelKwargs"):
         Accelerator(kwargs_handlers=[DistributedDataParallelKwargs(), DistributedDataParallelKwargs()])

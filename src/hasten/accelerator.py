@@ -33,9 +33,11 @@ from .errors import ConfigError
 from .runtime.memory import release_memory
 from .optimizer import AcceleratedOptimizer
 from .plugins import (
+    AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
+    FP8RecipeKwargs,
     GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
@@ -59,6 +61,8 @@ _HANDLERS = {
     InitProcessGroupKwargs: "init_handler",
     AutocastKwargs: "autocast_handler",
     ProfileKwargs: "profile_handler",
+    FP8RecipeKwargs: "fp8_recipe_handler",
+    AORecipeKwargs: "ao_recipe_handler",
 }
 
 
@@ -90,7 +94,7 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         project_config: a :class:`~hasten.utils.ProjectConfiguration`.
         gradient_accumulation_plugin: a :class:`~hasten.utils.GradientAccumulationPlugin`.
         step_scheduler_with_optimizer: step prepared schedulers only with real optimizer steps.
-        kwargs_handlers: handlers customising DDP, the fp16 scaler, the process group, autocast, the profiler.
+        kwargs_handlers: handlers customising DDP, the fp16 scaler, the process group, autocast, the profiler, fp8.
         deepspeed_plugin, fsdp_plugin, dynamo_backend, dynamo_plugin: strategy settings.
     """
 
@@ -142,7 +146,10 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.rng_types = rng_types if rng_types is not None else ["generator"]
-        self.precision = Precision(self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler)
+        fp8_recipe = self.ao_recipe_handler or self.fp8_recipe_handler
+        self.precision = Precision(
+            self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler, fp8_recipe
+        )
         self._strategy = plan.build(self.state, self.precision, ddp_kwargs=self.ddp_handler)
         self.step = 0
         self._models: list = []
@@ -263,7 +270,7 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         for i, model in zip(model_idx, models):
             model = compile_model(model, self.state.dynamo_plugin)
             result[i] = model
-            self._models.append(model)
+            self._models.append(self._strategy.tracked_model(model))
         for i, raw, optimizer in zip(opt_idx, [args[i] for i in opt_idx], optimizers):
             result[i] = self._wrap_optimizer(optimizer, device_placement[i], raw)
         for i, scheduler in zip(sched_idx, schedulers):
@@ -294,7 +301,7 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         elif isinstance(prepared, DataLoaderStateMixin):
             registry = self._dataloaders
         elif isinstance(prepared, torch.nn.Module):
-            registry = self._models
+            registry, prepared = self._models, self._strategy.tracked_model(prepared)
         else:
             return
         if not any(prepared is known for known in registry):
@@ -332,7 +339,7 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         self._check_model(model)
         place = self.device_placement if device_placement is None else device_placement
         prepared = compile_model(self._strategy.setup_model(model, place, evaluation_mode=evaluation_mode), self.state.dynamo_plugin)
-        self._models.append(prepared)
+        self._models.append(self._strategy.tracked_model(prepared))
         return _mark_prepared(prepared)
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:

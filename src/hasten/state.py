@@ -112,6 +112,7 @@ class PartialState(ProcessControl):
             getattr(torch, self.device.type).set_device(self.device)
         if launch.world_size > 1 or dist.is_initialized():
             self._init_process_group(dict(kwargs))
+            hang_watchdog.start()  # every process can then answer for its stacks, even before its first collective
         self.distributed_type = self._distributed_type()
         if self.distributed_type == DistributedType.MULTI_CPU:
             self._set_cpu_threads()

@@ -1,6 +1,7 @@
 """load_state of checkpoints written by Accelerate 1.15 (tests/fixtures/accelerate_checkpoints/, made by
-tests/fixtures/make_accelerate_checkpoints.py with the real Accelerate): the run continues exactly as
-Accelerate's own continuation did, no pickled code runs, and the next save writes hasten's format."""
+tests/fixtures/make_accelerate_checkpoints.py with the real Accelerate): the run continues as Accelerate's own
+continuation did (the same random draws; floats within float32's tolerance, since the fixture's numbers were recorded
+on another machine), no pickled code runs, and the next save writes hasten's format."""
 
 import json
 import os
@@ -16,7 +17,7 @@ from hasten.checkpointing.accelerate_format import AccelerateCheckpointReader, l
 from hasten.errors import CheckpointError
 
 from accelerate_fixture_models import Counter, build_bin, build_two_models, continue_bin, continue_two_models
-from helpers import FIXTURES_ROOT
+from helpers import FIXTURES_ROOT, assert_numbers_match
 
 FIXTURES = FIXTURES_ROOT / "accelerate_checkpoints"
 
@@ -34,7 +35,7 @@ def test_two_models_resume_like_accelerate(tmp_path):
     acc.load_state(str(FIXTURES / "safetensors_two_models"))
     assert acc.step == 0
     assert (counter.value, counter.history, counter.weights.tolist()) == (3, [1.5, (2, "x")], [0.0, 0.0, 0.0])
-    assert continue_two_models(objects, acc.backward) == expected("safetensors_two_models")
+    assert_numbers_match(continue_two_models(objects, acc.backward), expected("safetensors_two_models"), torch.float32)
 
 
 def test_bin_weights_resume_like_accelerate_and_next_save_is_hasten_format(tmp_path):
@@ -43,7 +44,7 @@ def test_bin_weights_resume_like_accelerate_and_next_save_is_hasten_format(tmp_p
     acc.load_state(str(FIXTURES / "bin_single"))
     assert objects[2].scheduler.last_epoch == 2
     want = expected("bin_single")
-    assert continue_bin(objects, acc.backward) == {k: v for k, v in want.items() if k != "scaler"}
+    assert_numbers_match(continue_bin(objects, acc.backward), {k: v for k, v in want.items() if k != "scaler"}, torch.float32)
     saved = Path(acc.save_state(str(tmp_path / "next")))
     assert (saved / MANIFEST).is_file() and not list(saved.glob("*.pkl")) and not list(saved.glob("*.bin"))
 

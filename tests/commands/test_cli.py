@@ -22,7 +22,7 @@ from hasten.commands import runners
 from hasten.commands.main import build_parser, main
 from hasten.config import Hardware
 from hasten.errors import ConfigError, NotSupportedError
-from helpers import FIXTURES_ROOT, ROOT, SCRIPTS
+from helpers import FIXTURES_ROOT, ROOT, SCRIPTS, requires
 
 FIXTURES = FIXTURES_ROOT / "configs"
 HASTEN = Path(sys.executable).with_name("hasten")
@@ -163,7 +163,7 @@ def test_missing_script_and_programs(tmp_path, script, monkeypatch):
         (["--tpu"], NotSupportedError, r"distributed_type XLA \(from flag --tpu\) is not supported by hasten"),
         (["--use_fsdp", "--use_deepspeed"], ConfigError, r"Pass at most one of --cpu/--multi_gpu/--tpu/--use_deepspeed/--use_fsdp; got --use_deepspeed, --use_fsdp"),
         (["--zero_stage", "5"], ConfigError, r"flag --zero_stage: deepspeed_config\.zero_stage='5' is not valid; expected one of: 0, 1, 2, 3"),
-        (["--mixed_precision", "fp8"], ConfigError, r"mixed_precision fp8 \(from flag --mixed_precision\) needs CUDA GPUs with FP8 support"),
+        (["--mixed_precision", "fp8", "--fp8_backend", "msamp"], NotSupportedError, r"fp8_config\.backend \(from flag --fp8_backend\) selects the fp8 backend 'MSAMP' \(MS-AMP\), which is not supported by hasten"),
         (["--monitor_interval", "0"], ConfigError, r"--monitor_interval must be a positive number of seconds, got 0\.0"),
         (["--rdzv_conf", "timeout"], ConfigError, r"--rdzv_conf item 'timeout' must look like key=value"),
         (["--tee", "5"], ConfigError, r"--tee '5' must be 0, 1, 2 or 3"),
@@ -252,6 +252,7 @@ def test_summary_says_where_each_value_came_from(tmp_path, script, monkeypatch):
     assert plan.env["HASTEN_HANG_REPORT_DIR"] == str(plan.hang_dir) and plan.owns_hang_dir
 
 
+@requires("deepspeed", "deepspeed")
 def test_unused_deepspeed_launcher_is_a_warning(tmp_path, script):
     config_file = tmp_path / "ds.yaml"
     config_file.write_text("distributed_type: DEEPSPEED\nnum_machines: 2\nnum_processes: 2\nmain_process_ip: 127.0.0.1\ndeepspeed_config:\n  deepspeed_multinode_launcher: pdsh\n")

@@ -3,8 +3,10 @@ documented environment variables, the `hasten config` dialogue and the plugin fi
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -31,7 +33,23 @@ KEYED = [(table, row) for table, row in ROWS if row.key]
 FLAGGED = [(table, row) for table, row in KEYED if row.flag_name]
 DOCUMENTED = [(table, row) for table, row in ROWS if row.env_name]
 EXPORTED = [(table, row) for table, row in KEYED if row.env_name]
-PLUGINS = {DYNAMO.name: TorchDynamoPlugin, DEEPSPEED.name: DeepSpeedPlugin, FSDP.name: FullyShardedDataParallelPlugin, PARALLELISM.name: ParallelismConfig}
+
+
+def _fp8_recipes():
+    """The fp8 rows fill two recipes: ``backend`` FP8RecipeKwargs', the torchao settings AORecipeKwargs' (needs torchao)."""
+    pytest.importorskip("torchao", reason="AORecipeKwargs needs torchao (pip install 'hasten[fp8]')")
+    from hasten.utils import AORecipeKwargs, FP8RecipeKwargs
+
+    with pytest.warns(FutureWarning):
+        backend = FP8RecipeKwargs().backend
+    recipe = AORecipeKwargs()
+    return SimpleNamespace(backend=backend, pad_inner_dim=recipe.pad_inner_dim, enable_fsdp_float8_all_gather=recipe.enable_fsdp_float8_all_gather)
+
+
+PLUGINS = {
+    DYNAMO.name: TorchDynamoPlugin, DEEPSPEED.name: DeepSpeedPlugin, FSDP.name: FullyShardedDataParallelPlugin,
+    PARALLELISM.name: ParallelismConfig, FP8.name: _fp8_recipes,
+}
 
 # plugin field -> (variable's text, the field's value after the plugin read it); every row with a field needs one.
 ENV_SAMPLES = {
@@ -72,6 +90,8 @@ ENV_SAMPLES = {
     "zero3_save_16bit_model": ("true", True),
     "transformer_moe_cls_names": ("MoEBlock", "MoEBlock"),
 }
+# (table, field) -> sample, where two tables fill a field of the same name
+TABLE_SAMPLES = {(FP8.name, "backend"): ("ao", "AO"), (FP8.name, "pad_inner_dim"): ("false", False), (FP8.name, "enable_fsdp_float8_all_gather"): ("0", False)}
 # plugin field -> other variables its sample needs to be valid
 COMPANIONS = {"offload_param_device": {"DEEPSPEED_ZERO_STAGE": "3"}}
 # config key -> (text given as flag or in the environment, value in the config file)
@@ -155,7 +175,9 @@ FIELDED = [(table, row) for table, row in ROWS if row.field]
 @pytest.mark.parametrize(("table", "row"), FIELDED, ids=_ids(FIELDED))
 @pytest.mark.parametrize("prefix", ["HASTEN_", "ACCELERATE_"])
 def test_the_plugin_reads_the_variable(table, row, prefix, monkeypatch):
-    text, expected = ENV_SAMPLES[row.field]
+    if table.name == "deepspeed_config" and importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (pip install 'hasten[deepspeed]'): DeepSpeedPlugin cannot be built")
+    text, expected = TABLE_SAMPLES.get((table.name, row.field)) or ENV_SAMPLES[row.field]
     monkeypatch.setenv(f"{prefix}{row.env_name}", text)
     for name, value in COMPANIONS.get(row.field, {}).items():
         monkeypatch.setenv(f"{prefix}{name}", value)

@@ -9,6 +9,7 @@ as they are is what "change the imports and it runs" means.
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -17,6 +18,8 @@ from helpers import ROOT, clean_env, torchrun
 from hasten.accelerate_alias import SHIM_DIR
 
 SCRIPTS_DIR = ROOT / ".reference" / "accelerate-1.15.0" / "accelerate" / "test_utils" / "scripts"
+# The shim answers `import accelerate`; this repository's src answers `import hasten` (not the venv's install).
+SCRIPT_PATH = os.pathsep.join([str(SHIM_DIR), str(ROOT / "src")])
 
 
 @pytest.mark.slow
@@ -27,7 +30,7 @@ def test_accelerates_own_check_script_passes_on_two_processes(script, tmp_path):
         pytest.skip(f"no reference copy of accelerate 1.15 in {SCRIPTS_DIR.parents[2]} (`make reference` installs it; pip was offline?)")
     copy = tmp_path / script  # run from outside the reference package: only the shim answers `import accelerate`
     shutil.copy(source, copy)
-    env = clean_env(PYTHONPATH=str(SHIM_DIR))
+    env = clean_env(PYTHONPATH=SCRIPT_PATH)
     proc = torchrun(copy, env=env, timeout=600)
     assert "Traceback" not in proc.stderr, proc.stderr[-4000:]
 
@@ -53,5 +56,5 @@ def test_accelerates_data_loop_script_passes_except_per_process_save_folders(tmp
     shutil.copy(source, tmp_path / source.name)
     driver = tmp_path / "driver.py"
     driver.write_text(_DATA_LOOP_DRIVER)
-    proc = torchrun(driver, str(tmp_path / source.name), env=clean_env(PYTHONPATH=str(SHIM_DIR)), timeout=600)
+    proc = torchrun(driver, str(tmp_path / source.name), env=clean_env(PYTHONPATH=SCRIPT_PATH), timeout=600)
     assert proc.stdout.count("data loop checks passed") == 2 and "Traceback" not in proc.stderr, proc.stderr[-4000:]

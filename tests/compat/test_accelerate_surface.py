@@ -51,9 +51,13 @@ ALLOWED = [
             ("accelerate.accelerator", "Accelerator.save_state"),
             ("accelerate.utils", "ProjectConfiguration"),
             ("accelerate.utils.dataclasses", "ProjectConfiguration"),
+            ("accelerate", "AutocastKwargs"),
+            ("accelerate.utils", "AutocastKwargs"),
+            ("accelerate.utils.dataclasses", "AutocastKwargs"),
         ],
         "difference": "extra_params",
-        "reason": "hasten additions after Accelerate's parameters (start_method, strategy, tracking_uri, async_save); "
+        "reason": "hasten additions after Accelerate's parameters (start_method, strategy, tracking_uri, async_save, "
+        "convert_outputs_to_fp32); "
         "every call written for Accelerate works unchanged",
     },
     {

@@ -138,3 +138,29 @@ def test_assert_exception_and_same_tensors():
 
     PartialState(cpu=True)
     assert testing.are_the_same_tensors(torch.tensor([1.0, 2.0]))
+
+
+@pytest.mark.slow
+def test_the_operations_script_checks_every_process():
+    from hasten.launchers import debug_launcher
+
+    test_utils.test_ops.main()  # one process: every operation gives the process's own values back
+    with mock.patch.object(test_utils.test_ops, "reduce", lambda tensor, reduction="mean", scale=1.0: tensor * 0):
+        with pytest.raises(AssertionError, match=r"reduce\(sum\) gave \[0.0, 0.0\]"):
+            test_utils.test_ops.check_reduce(test_utils.test_ops.PartialState())
+    from hasten.state import reset_state
+
+    reset_state()
+    debug_launcher(test_utils.test_ops.main)  # two processes, as Accelerate's test_cpu.py runs it
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("processes", [1, 2])
+def test_the_gradient_sync_script_checks_every_process(processes):
+    from hasten.launchers import debug_launcher
+
+    with mock.patch.object(test_utils.test_sync, "_agree", lambda model: True):
+        if processes > 1:  # gradients that agree inside no_sync mean no_sync did nothing: the check must say so
+            with pytest.raises(Exception, match="gradients agree across processes"):
+                debug_launcher(test_utils.test_sync.main, num_processes=processes)
+    debug_launcher(test_utils.test_sync.main, num_processes=processes)

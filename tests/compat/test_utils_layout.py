@@ -19,7 +19,7 @@ import hasten.utils
 import hasten.errors
 from hasten.errors import NotSupportedError
 
-from helpers import ROOT, clean_env, free_port
+from helpers import ROOT, clean_env, free_port, requires
 
 
 class Block(nn.Module):
@@ -155,6 +155,19 @@ def test_prepare_multi_gpu_env_refuses_a_missing_script():
 
     with pytest.raises(HastenError, match="no_such_script.py"):
         prepare_multi_gpu_env(launch_command_parser().parse_args(["--cpu", "--num_processes", "2", "no_such_script.py"]))
+
+
+def test_prepare_multi_gpu_env_takes_a_partial_namespace_written_for_accelerate():
+    import argparse
+
+    from hasten.utils.launch import prepare_multi_gpu_env
+
+    # what a library builds by hand: no config_file, no script, switches left out as False, gpu_ids "all", port 0
+    args = argparse.Namespace(num_processes=1, num_machines=1, machine_rank=0, main_process_ip="127.0.0.1", main_process_port=0,
+                              gpu_ids="all", mixed_precision="no", use_fsdp=False, use_megatron_lm=False, module=False, no_python=False)
+    prepare_multi_gpu_env(args)
+    assert args.master_port.isdigit() and args.master_port != "0", "port 0 picks a free port, as in Accelerate"
+    assert args.nproc_per_node == "1" and args.nnodes == "1"
 
 
 def test_is_peft_model_without_and_with_peft_imported(monkeypatch):
@@ -354,6 +367,7 @@ def test_ddp_kwargs_to_dict_leaves_out_the_hook_settings():
     assert handler.to_kwargs() == {"find_unused_parameters": True}
 
 
+@requires("deepspeed", "deepspeed")
 def test_accelerator_state_names_its_deepspeed_plugins():
     from hasten.state import AcceleratorState
     from hasten.utils import DeepSpeedPlugin
@@ -378,8 +392,9 @@ def test_parallelism_config_mesh_and_json():
         config.get_device_mesh()
 
 
+@requires("deepspeed", "deepspeed")
+@requires("transformers")
 def test_set_deepspeed_weakref_points_transformers_at_the_zero3_config():
-    pytest.importorskip("transformers")
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config
 
     from hasten.utils import DeepSpeedPlugin

@@ -21,17 +21,30 @@ def test_oom_recognition():
     assert not should_reduce_batch_size(ValueError("out of memory"))
 
 
-def test_find_executable_batch_size_halves_on_oom():
+def test_find_executable_batch_size_multiplies_by_0_9_on_oom():
     tried = []
 
     @find_executable_batch_size(starting_batch_size=16)
     def run(batch_size, scale):
         tried.append(batch_size)
-        if batch_size > 4:
+        if batch_size > 10:
             raise torch.OutOfMemoryError("CUDA out of memory.")
         return batch_size * scale
 
-    assert run(10) == 40 and tried == [16, 8, 4]
+    assert run(10) == 100 and tried == [16, 14, 12, 10], "int(size * 0.9) after each OOM, as Accelerate 1.15"
+    assert run(1) == 10 and tried[-1] == 10, "the size reached is kept for the next call"
+
+
+def test_a_custom_reduction_is_called_without_argument():
+    sizes = iter([5, 3])
+
+    @find_executable_batch_size(starting_batch_size=8, reduce_batch_size_fn=lambda: next(sizes))
+    def run(batch_size):
+        if batch_size > 3:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 1 GiB")
+        return batch_size
+
+    assert run() == 3
 
 
 def test_batch_size_one_failing_keeps_the_cause():
@@ -39,9 +52,11 @@ def test_batch_size_one_failing_keeps_the_cause():
     def run(batch_size):
         raise RuntimeError("CUDA out of memory. Tried to allocate 8 GiB")
 
-    with pytest.raises(BatchSizeExhaustedError, match="even at batch size 1") as info:
+    with pytest.raises(BatchSizeExhaustedError, match="No executable batch size found, reached zero") as info:
         run()
     assert "Tried to allocate 8 GiB" in str(info.value.__cause__)
+    with pytest.raises(RuntimeError, match="must be at least 1"):
+        find_executable_batch_size(lambda batch_size: batch_size, starting_batch_size=0)()
 
 
 def test_other_errors_are_not_retried_and_batch_size_argument_is_rejected():
@@ -108,6 +123,6 @@ def test_find_executable_batch_size_accepts_callables_without_a_name():
             raise RuntimeError("CUDA out of memory. Tried to allocate 1 GiB")
         return batch_size * scale
 
-    assert find_executable_batch_size(functools.partial(train, scale=2), starting_batch_size=32)() == 16
+    assert find_executable_batch_size(functools.partial(train, scale=2), starting_batch_size=32)() == 16  # 32, 28, 25, 22, 19, 17, 15, 13, 11, 9, then 8 fits
     with pytest.raises(TypeError, match="Batch size was passed into `train`"):
         find_executable_batch_size(functools.partial(train), starting_batch_size=32)(4, 2)

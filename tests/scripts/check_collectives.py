@@ -27,7 +27,8 @@ def check_gather():
     assert out["items"][0].tolist() == [0, 1], "0-dim tensors become 1-dim when gathered"
     assert isinstance(out["items"][1], Pair) and out["items"][1].a.tolist() == [0, 1]
     assert gather_object([RANK, RANK * 10]) == [0, 0, 1, 10]
-    assert gather_object({"r": RANK}) == [{"r": 0}, {"r": 1}], "non-list objects come back one per rank"
+    assert gather_object([{"r": RANK}]) == [{"r": 0}, {"r": 1}], "a list of one object gives one object per rank"
+    assert gather_object({"r": RANK}) == ["r", "r"], "as in Accelerate, each rank's object is iterated (a dict: its keys)"
     assert accelerator.gather(torch.tensor([RANK + 1.0])).tolist() == [1.0, 2.0]
 
 

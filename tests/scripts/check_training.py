@@ -148,7 +148,7 @@ def check_oom_agreement():
     acc = Accelerator()
     tried = []
 
-    @find_executable_batch_size(starting_batch_size=64)
+    @find_executable_batch_size(starting_batch_size=64, reduce_batch_size_fn=lambda: tried[-1] // 2)
     def train(batch_size):
         tried.append(batch_size)
         if acc.process_index == 0 and batch_size == 64:

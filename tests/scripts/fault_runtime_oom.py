@@ -21,7 +21,7 @@ X, Y = torch.randn(64, 8), torch.randn(64, 1)
 tried = []
 
 
-@find_executable_batch_size(starting_batch_size=16)
+@find_executable_batch_size(starting_batch_size=16, reduce_batch_size_fn=lambda: tried[-1] // 2)
 def train(batch_size):
     accelerator.free_memory()
     tried.append(batch_size)

@@ -35,6 +35,39 @@ def _launch_timeout() -> float:
     return 240 if built else 900
 
 
+# ------------------------------------------------------------------------------- 1 process
+
+ONE_PROCESS_SCRIPT = """
+import torch
+from hasten import Accelerator
+
+accelerator = Accelerator()
+model = torch.nn.Linear(4, 2)
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(8, 4)), batch_size=2)
+model, optimizer, data = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), data)
+for (x,) in data:
+    accelerator.backward(model(x).sum())
+    optimizer.step()
+    optimizer.zero_grad()
+print("trained", accelerator.distributed_type.value, accelerator.num_processes)
+"""
+
+
+@pytest.mark.slow
+def test_one_process_without_a_launcher_trains(tmp_path):
+    """DeepSpeed asserts LOCAL_RANK is set; `python train.py` and a 1-process `hasten launch` set none."""
+    import subprocess
+
+    from helpers import clean_env
+
+    script = tmp_path / "train.py"
+    script.write_text(ONE_PROCESS_SCRIPT)
+    plain = subprocess.run([sys.executable, str(script)], env=clean_env(HASTEN_USE_DEEPSPEED="1"), capture_output=True, text=True, timeout=_launch_timeout())
+    assert plain.returncode == 0 and "trained DEEPSPEED 1" in plain.stdout, plain.stderr[-3000:]
+    launched = hasten_launch(script, launch_args=("--num_processes", "1", "--use_deepspeed"), timeout=_launch_timeout())
+    assert "trained DEEPSPEED 1" in launched.stdout
+
+
 # ------------------------------------------------------------------------------- 2 processes
 
 

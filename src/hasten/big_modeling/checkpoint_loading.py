@@ -40,11 +40,16 @@ SAVE_ID_KEY = "hasten_save_id"
 _CPU = torch.device("cpu")
 
 
+class RefusedPickleError(CheckpointError, pickle.UnpicklingError):
+    """A torch file holds pickled objects that ``torch.load(weights_only=True)`` refuses (Accelerate's ``load`` raises
+    the ``UnpicklingError`` itself)."""
+
+
 def refused_pickle_error(path, error: Exception) -> CheckpointError:
     """The error for a torch file that ``torch.load(weights_only=True)`` rejected."""
     text = str(error).strip()
     reason = text.splitlines()[-1] if text else type(error).__name__
-    return CheckpointError(
+    return RefusedPickleError(
         f"Refused to load {path}: it contains pickled Python objects other than tensors, and loading it would run "
         f"the code they name ({reason}). hasten only loads such files with torch.load(weights_only=True). If you "
         "trust the file, convert it once: sd = torch.load(path, weights_only=False); "

@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import io
 import json
+import logging
 import os
 import pickle
 import re
@@ -166,6 +167,8 @@ def save_model_weights(
         raise ConfigError(f"save_directory {directory} is a file; pass the folder to write the model's weights into.")
     directory.mkdir(parents=True, exist_ok=True)
     tensors, aliases = dedupe_tensors(state_dict)
+    if safe_serialization:
+        _log_shared(aliases)
     shards = _plan_shards(tensors, parse_size(max_shard_size))
     names = _shard_names(len(shards), safe_serialization)
     save_id = uuid.uuid4().hex if len(shards) > 1 else None
@@ -188,6 +191,16 @@ def save_model_weights(
         written.append(atomic_write(index_path, lambda temporary: temporary.write_text(text, encoding="utf-8")))
     _remove_stale(directory, safe_serialization, {path.name for path in written})
     return written
+
+
+def _log_shared(aliases: dict[str, str]) -> None:
+    """Log, as Accelerate does, the names of tensors a safetensors file stores once for several names."""
+    if aliases:
+        logging.getLogger(__name__).warning(
+            f"Removed shared tensor {set(aliases)} while saving: each shares memory with another tensor "
+            f"({', '.join(f'{a} -> {t}' for a, t in sorted(aliases.items()))}), which is stored once; hasten's loaders "
+            "tie them again, other safetensors readers see only the names kept."
+        )
 
 
 def _should_write(save_on_each_node: bool) -> bool:
@@ -228,6 +241,7 @@ def save(obj, f, save_on_each_node: bool = False, safe_serialization: bool = Fal
     if not isinstance(f, (str, os.PathLike)):
         raise ConfigError("safe_serialization=True needs a file path to write to, not a file object.")
     tensors, aliases = dedupe_tensors(obj)
+    _log_shared(aliases)
     metadata = {"format": "pt", **({ALIASES_KEY: json.dumps(aliases, sort_keys=True)} if aliases else {})}
     atomic_write(f, lambda temporary: _write_safetensors_file(temporary, tensors, metadata))
 

@@ -5,8 +5,8 @@ A checkpoint holds, besides the manifest:
 * what the strategy writes for the models and optimizers (``model.safetensors``, ``optimizer.*``,
   ``model_1.safetensors``, ... or an engine's sharded files);
 * ``scheduler.*``, ``scaler.*`` and ``custom_checkpoint_<i>.*`` (JSON structure + safetensors tensors);
-* ``dataloaders.json``: each prepared dataloader's epoch, batches consumed and the random states its epoch
-  started from (``load_state`` restores the position only with
+* ``dataloaders.json``: each prepared dataloader's epoch, position in samples of the epoch's global order and
+  the random states its epoch started from (``load_state`` restores the position only with
   ``DataLoaderConfiguration(use_stateful_dataloader=True)``, as Accelerate does; otherwise the epoch and
   those states, so that a loop skipping its first batches resumes exactly);
 * ``random_states_<rank>.*``: every process's python / numpy / torch / CUDA generator states.
@@ -34,6 +34,7 @@ from .accelerate_format import open_checkpoint
 from .files import CheckpointReader, CheckpointWriter
 from .integrity import corrupt_message
 from .naming import _NAME, checkpoint_path, latest_checkpoint, rotate
+from .world_change import random_state_for
 
 
 @dataclass
@@ -379,8 +380,7 @@ def _read_small_states(reader: CheckpointReader, contents: CheckpointContents, s
     """Read (not apply) schedulers, scaler, dataloader positions, custom objects and RNG states."""
     if contents.scaler is not None and not reader.exists("scaler.json"):
         raise CheckpointError(f"Checkpoint {reader.directory} has no fp16 scaler state, but this run uses fp16: it was saved with another mixed precision setting.")
-    rng_name = f"random_states_{state.process_index}"
-    rng = reader.load_state(rng_name) if reader.exists(f"{rng_name}.json") else None
+    rng = random_state_for(reader, state.process_index, state.num_processes)
     if rng is None:
         warnings.warn(
             f"Checkpoint {reader.directory} was saved by {reader.manifest.get('world_size')} process(es) and has no random "

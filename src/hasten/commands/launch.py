@@ -28,6 +28,7 @@ from ..config import launch_environment, read_config_file, resolve_settings
 from ..enums import DistributedType
 from ..errors import ConfigError, HastenError, NotSupportedError, did_you_mean, require
 from ..launchers import check_port_free
+from ..settings.fp8 import unsupported_backend
 from .launch_args import add_launch_arguments, flag_settings
 from .launch_plan import LaunchPlan, parse_rdzv_conf
 
@@ -94,7 +95,8 @@ def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -
     _check_supported(settings)
     nproc = _check_machines(settings)
     _check_devices(settings, nproc, hardware_once)
-    _check_script(args)
+    if args.training_script is not None:  # the accelerate.utils.launch helpers plan an environment without a script
+        _check_script(args)
     _check_launch_options(args)
     if config.machine_rank == 0 and config.main_process_port is not None and not config.mpirun_config.mpirun_hostfile:
         port_source = settings.sources["main_process_port"]
@@ -102,7 +104,8 @@ def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -
         fix += ", or leave it out on a single machine to get a free one." if config.num_machines == 1 else "."
         check_port_free(config.main_process_ip or "127.0.0.1", config.main_process_port, fix)
     env = launch_environment(settings)
-    plan = LaunchPlan(args=args, settings=settings, loaded=loaded, nproc_per_node=nproc, command=_command(args), env=env)
+    command = _command(args) if args.training_script is not None else []
+    plan = LaunchPlan(args=args, settings=settings, loaded=loaded, nproc_per_node=nproc, command=command, env=env)
     plan.warnings += settings.overridden + _unused_settings(settings)
     _add_process_environment(plan, hardware_once)
     _add_accelerate_alias(plan)
@@ -221,16 +224,18 @@ def _check_devices(settings: ResolvedSettings, nproc: int, hardware) -> None:
     if kind == DistributedType.DEEPSPEED.value:
         require("deepspeed", "DeepSpeed (distributed_type DEEPSPEED)", "deepspeed")
     on_cpu = config.use_cpu or kind == DistributedType.MULTI_CPU.value
-    if config.mixed_precision == "fp8" and (on_cpu or hardware().kind != "cuda"):
-        raise ConfigError(f"mixed_precision fp8 (from {sources['mixed_precision']}) needs CUDA GPUs with FP8 support; use bf16 or fp16 here.")
+    backend = str(config.fp8_config.backend or "AO").upper()
+    if config.mixed_precision == "fp8" and backend != "AO":
+        raise unsupported_backend(backend, f"fp8_config.backend (from {sources['fp8_config.backend']})")
     if on_cpu:
         return
     gpu_kind = kind in (DistributedType.MULTI_GPU.value, DistributedType.MULTI_XPU.value)
-    if not gpu_kind and config.gpu_ids is None and nproc == 1:
+    chosen_gpus = config.gpu_ids not in (None, "all")  # "all" (Accelerate's default) asks for no GPU in particular
+    if not gpu_kind and not chosen_gpus and nproc == 1:
         return
     found = hardware()
     if found.gpus == 0:
-        if gpu_kind or config.gpu_ids is not None:
+        if gpu_kind or chosen_gpus:
             raise ConfigError(
                 f"distributed_type {kind} (from {sources['distributed_type']}) needs GPUs but none was found on this machine. "
                 "Pass --cpu to run on the CPU, or check the drivers and CUDA_VISIBLE_DEVICES."

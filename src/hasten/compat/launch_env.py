@@ -16,9 +16,15 @@ from ..errors import NotSupportedError
 
 
 def _plan(args: argparse.Namespace):
-    from ..commands.launch import prepare_launch
+    """``hasten launch``'s plan for ``args``, a namespace that may hold only some of the launch flags (the others
+    take their defaults, as if left out on the command line; a namespace without a script plans no command)."""
+    from ..commands.launch import launch_command_parser, prepare_launch
 
-    return prepare_launch(args)
+    complete = vars(launch_command_parser().parse_args(["-"]))
+    complete["training_script"] = None
+    for name, value in vars(args).items():  # Accelerate's namespaces say False for a switch left out, hasten's None
+        complete[name] = None if value is False and complete.get(name, False) is None else value
+    return prepare_launch(argparse.Namespace(**complete))
 
 
 def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
@@ -31,8 +37,13 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
     """The environment of the processes of a multi-process launch (for ``torch.distributed.run``).
 
     Like Accelerate, also fills the ``torch.distributed.run`` fields of ``args`` (``nproc_per_node``, ``nnodes``,
-    ``node_rank``, ``master_addr``, ``master_port``) from the resolved settings.
+    ``node_rank``, ``master_addr``, ``master_port``) from the resolved settings; ``main_process_port=0`` picks a
+    free port.
     """
+    if getattr(args, "main_process_port", None) == 0:
+        from .misc import get_free_port
+
+        args.main_process_port = get_free_port()
     plan = _plan(args)
     config = plan.settings.config
     args.nproc_per_node = str(plan.nproc_per_node)

@@ -115,7 +115,8 @@ def get_grad_scaler(distributed_type=None, **kwargs) -> torch.amp.GradScaler:
 
 
 def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwargs=None):
-    """``torch.autocast`` for the mixed precision in force (fp16/bf16) when ``native_amp``, else a no-op context.
+    """``torch.autocast`` for the mixed precision in force (fp16/bf16; bf16 under fp8) when ``native_amp``, else a
+    no-op context.
 
     ``autocast_kwargs`` is an ``AutocastKwargs``; the state must exist (an ``Accelerator`` was created).
     """
@@ -124,10 +125,10 @@ def get_mixed_precision_context_manager(native_amp: bool = False, autocast_kwarg
     from ..state import AcceleratorState
 
     state = AcceleratorState()
-    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(str(state.mixed_precision))
+    dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}.get(str(state.mixed_precision))
     if dtype is None:
         return contextlib.nullcontext()
-    extra = autocast_kwargs.to_kwargs() if autocast_kwargs is not None else {}
+    extra = autocast_kwargs.autocast_kwargs() if autocast_kwargs is not None else {}
     return torch.autocast(device_type=state.device.type, dtype=dtype, **extra)
 
 

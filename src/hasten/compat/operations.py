@@ -1,4 +1,4 @@
-"""The less used tensor helpers of ``accelerate.utils.operations``: shape records, dtype codes, sending a tensor
+"""The less used tensor helpers of ``accelerate.utils.operations``: dtype codes, sending a tensor
 that only one process has, the debug-check decorators and DeepSpeed's parameter gathering.
 
 hasten's own collectives (:mod:`hasten.runtime.operations`) already verify themselves in debug mode; these helpers exist
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -21,19 +20,6 @@ TENSOR_TYPE_TO_INT = {
     torch.int32: 8, torch.int64: 9, torch.bool: 10,
 }  # fmt: skip
 TENSOR_INT_TO_DTYPE = {code: dtype for dtype, code in TENSOR_TYPE_TO_INT.items()}
-
-
-@dataclass
-class TensorInformation:
-    """The shape and dtype of a tensor, without its data."""
-
-    shape: torch.Size
-    dtype: torch.dtype
-
-
-def is_tensor_information(tensor_info) -> bool:
-    """Whether ``tensor_info`` is a :class:`TensorInformation`."""
-    return isinstance(tensor_info, TensorInformation)
 
 
 def is_torch_xpu_tensor(tensor) -> bool:

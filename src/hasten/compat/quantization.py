@@ -1,10 +1,11 @@
-"""Quantized and FP8 training back ends of Accelerate that hasten does not drive: torchao, Transformer Engine, MS-AMP,
-bitsandbytes (``accelerate.utils.ao``, ``.transformer_engine``, ``.bnb`` and their recipe dataclasses).
+"""Accelerate's names of its quantized and FP8 training back ends (``accelerate.utils.ao``, ``.transformer_engine``,
+``.bnb`` and their recipe dataclasses).
 
-hasten's FP8 path is ``FP8RecipeKwargs`` with ``mixed_precision="fp8"``. The names below exist with Accelerate's
-signatures so that ported code imports; the ``has_*_layers`` probes answer truthfully (a model built without the
-package has none of its layers) and the FP8 layer filters work, everything else raises
-:class:`~hasten.errors.NotSupportedError`.
+hasten trains in fp8 through torchao: ``Accelerator(mixed_precision="fp8")``, with ``AORecipeKwargs`` for its settings
+(:mod:`hasten.runtime.float8`). The torchao helpers below work (``convert_model_to_fp8_ao``, the layer filters, the
+``has_*_layers`` probes, which answer truthfully: a model built without the package has none of its layers); the
+Transformer Engine, MS-AMP and bitsandbytes names exist with Accelerate's signatures so that ported code imports,
+and raise :class:`~hasten.errors.NotSupportedError`.
 """
 
 from __future__ import annotations
@@ -16,15 +17,17 @@ import torch
 
 from ..errors import NotSupportedError
 from ..plugins import KwargsHandler
+from ..plugins.fp8 import require_torchao
+from ..runtime.float8 import default_module_filter, first_and_last_linear, fp8_eligible
 
-_BACKENDS = {"ao": "torchao FP8", "te": "Transformer Engine FP8", "msamp": "MS-AMP", "bnb": "bitsandbytes quantization"}
+_BACKENDS = {"te": "Transformer Engine FP8", "msamp": "MS-AMP", "bnb": "bitsandbytes quantization"}
 
 
 def _refuse(name: str, backend: str = "bnb") -> NotSupportedError:
     return NotSupportedError(
-        f"{name} belongs to Accelerate's {_BACKENDS[backend]} integration, which hasten does not support. For FP8 "
-        "training use Accelerator(mixed_precision='fp8') with FP8RecipeKwargs; for quantized models load them with "
-        "their library (e.g. transformers' quantization_config) and prepare the result."
+        f"{name} belongs to Accelerate's {_BACKENDS[backend]} integration, which is not supported by hasten. For FP8 "
+        "training use torchao (AO): Accelerator(mixed_precision='fp8'), with AORecipeKwargs for its settings; for "
+        "quantized models load them with their library (e.g. transformers' quantization_config) and prepare the result."
     )
 
 
@@ -56,23 +59,30 @@ def get_parameter_device(parameter: torch.nn.Module) -> torch.device:
     return next(parameter.parameters()).device
 
 
-def convert_model_to_fp8_ao(model, config=None, module_filter_func=None):
-    """Not supported by hasten (torchao FP8); raises NotSupportedError."""
-    raise _refuse("convert_model_to_fp8_ao", "ao")
+def convert_model_to_fp8_ao(model: torch.nn.Module, config=None, module_filter_func=None) -> None:
+    """Swap ``model``'s linear layers for torchao's ``Float8Linear`` in place (Accelerate's helper).
+
+    Args:
+        config: a ``torchao.float8.Float8LinearConfig`` (None: torchao's default).
+        module_filter_func: ``(module, fqn) -> bool``; None keeps the first and last linear layers and those whose
+            sizes are not multiples of 16 in high precision.
+    """
+    require_torchao("convert_model_to_fp8_ao")
+    from torchao.float8 import convert_to_float8_training
+
+    module_filter = module_filter_func or default_module_filter(model)
+    convert_to_float8_training(model, module_filter_fn=module_filter, config=config)
 
 
 def find_first_last_linear_layers(model: torch.nn.Module) -> tuple[str | None, str | None]:
     """The names of the first and the last ``nn.Linear`` of ``model`` (None when it has none)."""
-    names = [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
-    return (names[0], names[-1]) if names else (None, None)
+    return first_and_last_linear(model)
 
 
 def filter_linear_layers(module: torch.nn.Module, fqn: str, layers_to_filter: list[str]) -> bool:
     """FP8 conversion filter: False for a linear layer whose sizes are not multiples of 16 (FP8 kernels need that)
     and for the layers named in ``layers_to_filter``; True otherwise."""
-    if isinstance(module, torch.nn.Linear) and (module.in_features % 16 or module.out_features % 16):
-        return False
-    return fqn not in layers_to_filter
+    return fp8_eligible(module, fqn, layers_to_filter)
 
 
 def filter_first_and_last_linear_layers(module: torch.nn.Module, fqn: str) -> bool:
@@ -122,19 +132,6 @@ def convert_model(model, to_transformer_engine=True, _convert_linear=True, _conv
 
 
 @dataclass
-class AORecipeKwargs(KwargsHandler):
-    """torchao FP8 recipe; not supported by hasten (creating one raises NotSupportedError)."""
-
-    config: Any = None
-    module_filter_func: Any = None
-    pad_inner_dim: Any = None
-    enable_fsdp_float8_all_gather: Any = None
-
-    def __post_init__(self):
-        raise _refuse("AORecipeKwargs", "ao")
-
-
-@dataclass
 class TERecipeKwargs(KwargsHandler):
     """Transformer Engine FP8 recipe; not supported by hasten (creating one raises NotSupportedError)."""
 
@@ -161,19 +158,4 @@ class MSAMPRecipeKwargs(KwargsHandler):
         raise _refuse("MSAMPRecipeKwargs", "msamp")
 
 
-@dataclass
-class BnbQuantizationConfig:
-    """bitsandbytes quantization settings; not supported by hasten (creating one raises NotSupportedError)."""
-
-    load_in_8bit: Any = False
-    llm_int8_threshold: Any = 6.0
-    load_in_4bit: Any = False
-    bnb_4bit_quant_type: Any = 'fp4'
-    bnb_4bit_use_double_quant: Any = False
-    bnb_4bit_compute_dtype: Any = 'fp16'
-    torch_dtype: Any = None
-    skip_modules: Any = None
-    keep_in_fp32_modules: Any = None
-
-    def __post_init__(self):
-        raise _refuse("BnbQuantizationConfig")
+from .bnb_config import BnbQuantizationConfig  # noqa: E402,F401  (built and checked there; quantizing with it is refused here)

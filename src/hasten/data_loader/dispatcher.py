@@ -16,8 +16,9 @@ from ..runtime import preemption
 from ..runtime.operations import broadcast, broadcast_object_list
 from ..runtime.tree import send_to_device
 from ..state import PartialState
-from .epoch_rng import draw_iterator_seed, epoch_randomness
+from .epoch_rng import draw_iterator_seed
 from .loaders import DataLoaderStateMixin
+from .position import rows_in, skip_samples
 from .sharding import FinalRound
 
 
@@ -49,10 +50,24 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         self._non_blocking = _non_blocking
         self._final: FinalRound | None = None
         self._slice_fn = slice_fn
+        self._samples = 0
 
     @property
     def final_round(self) -> FinalRound | None:
         return self._final
+
+    def _process_count(self) -> int:
+        return self._world
+
+    @property
+    def _counts_samples(self) -> bool:
+        return True
+
+    def _samples_consumed(self) -> int:
+        return self._samples
+
+    def _per_round(self) -> int | None:
+        return self.total_batch_size
 
     @property
     def total_batch_size(self) -> int:
@@ -81,68 +96,87 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
     def _layout(self, batch, first, is_last: bool):
         """Accelerate's cut: ``rows // N`` rows per process; a last batch whose rows do not divide is completed,
         unless ``drop_last``, with the first rows of the epoch's first batch up to the next multiple of ``N``."""
-        rows, world = _rows(batch), self._world
+        rows, world = rows_in(batch), self._world
         per = rows // world
         if not (is_last and not self._drop_last and rows % world):
             sizes = (per,) * world
             return batch, sizes, FinalRound(sum(sizes), sizes, False) if is_last else None
-        padded = _pad_rows(batch, first, min(world, _rows(first)))
-        total, per = _rows(padded), per + 1
+        padded = _pad_rows(batch, first, min(world, rows_in(first)))
+        total, per = rows_in(padded), per + 1
         sizes = tuple(max(0, min(per, total - rank * per)) for rank in range(world))
         return padded, sizes, FinalRound(rows, sizes, True)
 
-    def _main_process_batches(self, skip: int):
-        iterator = super().__iter__()
+    def _main_process_batches(self, skip: int, samples: int | None):
+        """(batch, sizes, final round, is last, samples consumed after it) for each step, on the main process.
+
+        The epoch's first global batch is read even when skipped: the last one is completed from it.
+        """
+        source = super().__iter__()
+        head = list(itertools.islice(source, 1 if self.split_batches else self._world))
+        first = _concat_rows(head) if len(head) > 1 else (head[0] if head else None)
+        consumed = 0
+
+        def started(count: int) -> None:
+            nonlocal consumed
+            consumed = count
+
+        batches = itertools.chain(head, source)
+        if samples:
+            batches = skip_samples(batches, samples, rows_in, lambda batch: None, started, is_main=True)
         for _ in range(skip):
-            if self._fetch(iterator) is None:
+            skipped = self._fetch(batches)
+            if skipped is None:
                 break
-        first = current = self._fetch(iterator)
+            consumed += rows_in(skipped)
+        current = self._fetch(batches)
         while current is not None:
-            upcoming = self._fetch(iterator)
+            upcoming = self._fetch(batches)
             batch, sizes, final = self._layout(current, first, upcoming is None)
-            yield batch, sizes, final, upcoming is None
+            consumed += rows_in(current)
+            yield batch, sizes, final, upcoming is None, consumed
             current = upcoming
 
     def _exchange(self, item):
-        """Broadcast one (batch, sizes, final, is_last) from the main process; None means the data ended."""
+        """Broadcast one (batch, sizes, final, is_last, samples) from the main process; None means the data ended."""
         if self._rank == 0:
             if item is None:
-                broadcast_object_list([None])
+                broadcast_object_list.agreed([None])
                 return None
-            batch, sizes, final, is_last = item
+            batch, *layout = item
             batch = send_to_device(batch, self.device)
-            spec = _describe(batch)
-            broadcast_object_list([(spec, sizes, final, is_last)])
+            broadcast_object_list.agreed([(_describe(batch), *layout)])
             _broadcast_leaves(batch)
-            return batch, sizes, final, is_last
-        (payload,) = broadcast_object_list([None])
+            return batch, *layout
+        (payload,) = broadcast_object_list.agreed([None])
         if payload is None:
             return None
-        spec, sizes, final, is_last = payload
+        spec, *layout = payload
         batch = _materialise(spec, self.device)
         _broadcast_leaves(batch)
-        return batch, sizes, final, is_last
+        return batch, *layout
 
     def __iter__(self):
         if preemption.save_due:
             preemption.batch_requested(self)
-        self._propagate_epoch()
-        skip, self._resume_at = self._resume_at, 0
-        self._yielded = skip
+        resume = self._take_resume()
         source = None
-        with epoch_randomness(self):  # every rank draws what creating the iterator draws, as in Accelerate
-            if self._rank == 0:
-                batches = self._main_process_batches(skip)
-                source = itertools.chain(list(itertools.islice(batches, 1)), batches)
-            else:
-                draw_iterator_seed(self)
+        if resume is not None:  # None: the epoch resumed with zero batches left, nothing to draw
+            skip, samples = resume
+            self._samples = samples or 0
+            self._propagate_epoch()
+            with self._epoch_randomness():  # every rank draws what creating the iterator draws, as in Accelerate
+                if self._rank == 0:
+                    batches = self._main_process_batches(skip, samples)
+                    source = itertools.chain(list(itertools.islice(batches, 1)), batches)
+                else:
+                    draw_iterator_seed(self)
         self.begin()
         try:
             while True:
                 item = self._exchange(next(source, None) if source is not None else None)
                 if item is None:
                     break
-                batch, sizes, final, is_last = item
+                batch, sizes, final, is_last, self._samples = item
                 start = sum(sizes[: self._rank])
                 rows = slice(start, start + sizes[self._rank])
                 local = self._slice_fn(batch, rows, self._rank, self._world) if self._slice_fn else _slice_rows(batch, rows.start, rows.stop)
@@ -150,24 +184,13 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
                     self._final, self.end_of_dataloader, self.remainder = final, True, final.real
                 self._yielded += 1
                 yield local
+                if preemption.save_due:  # also after the last batch: the position then says "epoch done"
+                    preemption.batch_requested(self)
                 if is_last:
                     break
-                if preemption.save_due:
-                    preemption.batch_requested(self)
-            self.iteration += 1
-            self._yielded = 0
+            self._finish_epoch()
         finally:
             self.end()
-
-
-def _rows(batch) -> int:
-    if isinstance(batch, torch.Tensor):
-        return batch.shape[0] if batch.ndim else 1
-    if isinstance(batch, Mapping):
-        return _rows(next(iter(batch.values())))
-    if isinstance(batch, (list, tuple)) and batch and isinstance(batch[0], (torch.Tensor, Mapping, list, tuple)):
-        return _rows(batch[0])
-    return len(batch) if isinstance(batch, (list, tuple)) else 1
 
 
 def _map_rows(batch, fn):
@@ -263,7 +286,7 @@ def _materialise(spec, device):
 
 def _broadcast_leaves(batch) -> None:
     if isinstance(batch, torch.Tensor):
-        broadcast(batch)
+        broadcast.agreed(batch)  # the receivers allocated it from the sender's description: no input check per step
     elif isinstance(batch, Mapping):
         for value in batch.values():
             _broadcast_leaves(value)

@@ -6,12 +6,18 @@ sampler draws its order (a plain ``RandomSampler`` seeds itself from the global 
 their ``generator``). hasten draws exactly what Accelerate draws. To resume an epoch in the middle with
 the same order, and without moving the global generator away from the state the checkpoint restored, a
 prepared loader copies those generators' states when an epoch starts (no draw), saves them with its
-position, and a resumed epoch starts from them: the global generator's state is put back once the first
-batch is fetched, the loader's and the sampler's generators go on from where the replay leaves them.
+position (``rng`` in its state), and a resumed epoch starts from them: the global generator's state is put
+back once the first batch is fetched, the loader's and the sampler's generators go on from where the
+replay leaves them.
 
 Saved between two epochs, a loader keeps its own generators' current states (not the global one's: the
 checkpoint restores that, and the next epoch draws from it as the uninterrupted run does), so that the
 epochs after a resume shuffle as the uninterrupted run's do.
+
+An epoch resumed on another number of processes is drawn as the saving run drew it: Accelerate gives a
+shuffling sampler without a generator one of its own only on several processes, so the replay lends the
+sampler the saved generator state (saved on several, resumed on one) or has it draw from the global
+generator (saved on one, resumed on several) for that epoch's start.
 """
 
 from __future__ import annotations
@@ -23,10 +29,10 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
+from .sharding import SeedableRandomSampler, get_sampler
+
 
 def _sampler_generator(loader) -> torch.Generator | None:
-    from .sharding import get_sampler
-
     generator = getattr(get_sampler(loader), "generator", None)
     return generator if isinstance(generator, torch.Generator) else None
 
@@ -79,30 +85,33 @@ class EpochStart:
         if self.torch_state is not None:
             current = torch.get_rng_state()
             torch.set_rng_state(self.torch_state)
-        generator, sampler_generator = getattr(loader, "generator", None), _sampler_generator(loader)
+        generator = getattr(loader, "generator", None)
         if self.loader_state is not None and isinstance(generator, torch.Generator):
             generator.set_state(self.loader_state)
-        if self.sampler_state is not None and sampler_generator is not None:
-            sampler_generator.set_state(self.sampler_state)
+        sampler = get_sampler(loader)
+        own = getattr(sampler, "generator", None)
+        drawing = self._order_generator(sampler, own)
+        if drawing is not own:
+            sampler.generator = drawing
         try:
             yield
         finally:
+            if drawing is not own:
+                sampler.generator = own
             if current is not None:
                 torch.set_rng_state(current)
 
-
-@contextlib.contextmanager
-def epoch_randomness(loader) -> Iterator[None]:
-    """Wrap the start of an epoch (creating the iterator and fetching the first batch): record where the
-    generators start, or replay the states a resumed epoch was given (``loader._replay``)."""
-    replay, loader._replay = getattr(loader, "_replay", None), None
-    if replay is None:
-        loader._epoch_start = EpochStart.capture(loader)
-        yield
-        return
-    loader._epoch_start = replay
-    with replay.replayed(loader):
-        yield
+    def _order_generator(self, sampler, own) -> torch.Generator | None:
+        """The generator the sampler draws the replayed epoch's order from: its own (or, when it has none, a loan)
+        at the saved state; or none, so that it draws from the global generator as the saving run's sampler did
+        (an epoch saved in its middle whose sampler had no generator)."""
+        if self.sampler_state is not None and hasattr(sampler, "generator"):
+            drawing = own if isinstance(own, torch.Generator) else torch.Generator()
+            drawing.set_state(self.sampler_state)
+            return drawing
+        if self.torch_state is not None and isinstance(own, torch.Generator):
+            return own if isinstance(sampler, SeedableRandomSampler) else None
+        return own
 
 
 def draw_iterator_seed(loader) -> None:

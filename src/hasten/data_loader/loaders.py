@@ -2,16 +2,16 @@
 
 Both look one batch ahead so that ``end_of_dataloader`` is known while the last batch is processed
 (gradient accumulation forces a sync there; ``gather_for_metrics`` drops padded samples there), both
-know their position (epoch, batches consumed) so ``save_state``/``load_state`` can resume mid-epoch,
-and both place batches on the process's device.
+know their position (epoch, samples of the epoch's global order consumed, and how the epoch's random
+draws started) so ``save_state``/``load_state`` can resume mid-epoch, also on another number of
+processes, and both place batches on the process's device.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -21,9 +21,12 @@ from ..runtime import preemption
 from ..errors import ConfigError
 from ..runtime.tree import send_to_device
 from ..runtime.rng import synchronize_rng_state, synchronize_rng_states
-from ..state import GradientState
-from .epoch_rng import EpochStart, epoch_randomness
+from ..state import GradientState, warn_once
+from .epoch_rng import EpochStart
+from .position import rows_in, skip_samples
 from .sharding import BatchSamplerShard, FinalRound, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler, get_sampler
+
+_END = object()  # what next() returns when an iterator is exhausted (a batch may itself be None)
 
 # DataLoader arguments copied from the user's loader to the prepared one.
 _LOADER_ARGS = (
@@ -53,17 +56,27 @@ def _loader_kwargs(dataloader: DataLoader) -> dict[str, Any]:
 
 
 class DataLoaderStateMixin:
-    """Tracks the epoch, the position inside it and the end of the data, and registers with :class:`GradientState`."""
+    """Tracks the epoch, the position inside it and the end of the data, and registers with :class:`GradientState`.
+
+    The position is kept in samples of the epoch's global order (see :mod:`.position`), so a state saved
+    on N processes resumes on M. A state saved inside the loop after the epoch's last batch resumes with
+    that epoch's remaining zero batches: the next iteration yields nothing and ends the epoch, as the
+    uninterrupted run's loop would have seen. A state saved after the iteration ended resumes with the
+    next epoch. The state also holds how the epoch's random draws started (:mod:`.epoch_rng`): a resumed
+    epoch replays them instead of drawing again, so it runs in the uninterrupted epoch's order.
+    """
 
     def _init_state(self) -> None:
         self.gradient_state = GradientState()
         self.end_of_dataloader = False
         self.iteration = 0
-        self._yielded = 0
-        self._resume_at = 0
-        self._epoch_start: EpochStart | None = None
-        self._replay: EpochStart | None = None
         self.remainder = -1
+        self._yielded = 0  # batches handed out by the running iteration, after its skip
+        self._skipped = 0  # this process's batches that the running iteration's skip stood for
+        self._active = False
+        self._resume: dict[str, Any] | None = None  # where the next iteration starts: {"batches"} or {"samples"}
+        self._epoch_start: EpochStart | None = None  # the generators' states the running epoch started from
+        self._replay: tuple[int, EpochStart] | None = None  # (epoch, states) that epoch starts from when resumed
 
     @property
     def final_round(self) -> FinalRound | None:
@@ -88,7 +101,12 @@ class DataLoaderStateMixin:
         self.gradient_state._remove_dataloader(self)
 
     def set_epoch(self, epoch: int) -> None:
-        """Start the next iteration at epoch ``epoch``; tells the batch sampler, sampler and dataset that have ``set_epoch``."""
+        """Start the next iteration at epoch ``epoch``; tells the batch sampler, sampler and dataset that have ``set_epoch``.
+
+        A position restored by ``load_state_dict`` for another epoch is dropped: the loop has moved on.
+        """
+        if self._resume is not None and epoch != self.iteration:
+            self._resume = None
         self.iteration = epoch
         self._propagate_epoch()
 
@@ -101,46 +119,140 @@ class DataLoaderStateMixin:
                 seen.add(id(target))
                 target.set_epoch(self.iteration)
 
+    def _process_count(self) -> int:
+        """Processes sharing this loader's data."""
+        return 1
+
+    @property
+    def _counts_samples(self) -> bool:
+        """True when the loader knows its position in samples of the global order (not when the user's own
+        sampler or dataset shards the data)."""
+        return False
+
+    def _samples_consumed(self) -> int:
+        """Samples of the global order the running iteration has consumed (meaningful when :attr:`_counts_samples`)."""
+        return 0
+
+    def _per_round(self) -> int | None:
+        """Samples of the global order a full round consumes (None: unknown, e.g. no fixed batch size)."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
-        """Position of this loader: ``{"epoch", "batches_yielded"}``, the seedable sampler's ``"seed"``, and ``"rng"``:
-        inside an epoch the generators' states it started from, between epochs the loader's own generators'
-        current states (``epoch_rng.py``)."""
-        epoch, yielded = self.iteration, self._yielded
-        if yielded and yielded >= _safe_len(self):
-            epoch, yielded = epoch + 1, 0
-        state = {"epoch": epoch, "batches_yielded": yielded}
+        """Position of this loader (JSON-compatible).
+
+        ``epoch``; ``samples``: samples of the epoch's global order consumed by every process together
+        (absent when the loader is sharded by the user's own sampler); ``batches_yielded``: this process's
+        batches of the epoch; ``end_of_epoch``: the epoch's last batch was handed out; ``num_processes``;
+        ``seed``, the seedable sampler's seed; ``rng``: inside an epoch, the generators' states it started
+        from; between epochs, the states the next epoch starts its own generators from (:mod:`.epoch_rng`).
+        """
+        if self._resume is not None and "state" in self._resume:
+            return dict(self._resume["state"])
+        batches, samples, end = 0, 0, False
+        if self._resume is not None:  # skip_first_batches, before the iteration started
+            batches = self._resume["batches"]
+            per_round = self._per_round()
+            samples = batches * per_round if per_round else None
+        elif self._active:
+            batches, samples, end = self._skipped + self._yielded, self._samples_consumed(), self.end_of_dataloader
+        state: dict[str, Any] = {"epoch": self.iteration, "batches_yielded": batches, "end_of_epoch": end}
+        state["num_processes"] = self._process_count()
+        if samples is not None and self._counts_samples:
+            state["samples"] = samples
         sampler = get_sampler(self)
         if isinstance(sampler, SeedableRandomSampler):
             state["seed"] = sampler.initial_seed
-        if yielded and self._epoch_start is not None:  # inside an epoch: how it started, to replay its order
-            state["rng"] = self._epoch_start.to_json()
-        else:  # between epochs: where the loader's own generators stand, for the epochs that follow
-            state["rng"] = EpochStart.capture(self, with_global=False).to_json()
+        state["rng"] = self._random_start(mid_epoch=self._active and not end).to_json()
         return state
 
+    def _random_start(self, mid_epoch: bool) -> EpochStart:
+        """The generators' states a resume starts from: inside an epoch, those the epoch started from; otherwise
+        those the next epoch was given by a resume, or else the loader's own generators' current states (the
+        checkpoint restores the global one, which the next epoch then draws from as the uninterrupted run does)."""
+        if mid_epoch and self._epoch_start is not None:
+            return self._epoch_start
+        if self._replay is not None and self._replay[0] == self.iteration:
+            return self._replay[1]
+        return EpochStart.capture(self, with_global=False)
+
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Resume at the position saved by :meth:`state_dict`: the next iteration continues that epoch."""
-        self.restore_epoch(state)
-        self._resume_at = int(state.get("batches_yielded", 0))
+        """Resume at the position saved by :meth:`state_dict`, also on another number of processes: the next
+        iteration continues that epoch (with zero batches when the save followed the epoch's last batch)."""
+        self._restore_epoch_and_random_start(state, int(state["epoch"]))
+        samples, batches = state.get("samples"), int(state.get("batches_yielded", 0))
+        world = self._process_count()
+        saved_world = state.get("num_processes", world)
+        if samples is not None and self._counts_samples:
+            per_round = self._per_round()
+            skipped = batches if saved_world == world else (int(samples) // per_round if per_round else 0)
+            self._resume = {"samples": int(samples), "skipped": skipped, "state": dict(state)}
+        elif saved_world == world:
+            self._resume = {"batches": batches, "state": dict(state)}
+        else:
+            warn_once(
+                "unmappable-position",
+                f"A dataloader was saved on {saved_world} processes at batch {batches} of epoch {state['epoch']} and "
+                f"is resumed on {world}; it is sharded by its own sampler or dataset, so its position cannot be mapped to "
+                "the new number of processes: it restarts that epoch from its first batch (samples already trained on "
+                "are seen again).",
+            )
+            self._resume = None
 
     def restore_epoch(self, state: Mapping[str, Any]) -> None:
         """Restore the epoch, the seed and how the epoch started, saved by :meth:`state_dict`, not the position in it.
 
-        The next iteration runs the saved epoch from its first batch, in the saved order, so a loop that
-        skips the batches it already trained on (``if step < resume_step: continue``, or
-        :func:`skip_first_batches`) sees the same data as the interrupted run. This is what ``load_state``
-        does unless ``DataLoaderConfiguration(use_stateful_dataloader=True)``.
+        The next iteration runs the saved epoch from its first batch, in the saved order (the next epoch when
+        the save followed the epoch's last batch), so a loop that skips the batches it already trained on
+        (``resume_step = step % len(loader)``, then ``skip_first_batches`` or ``if step < resume_step: continue``)
+        sees the same data as the interrupted run. This is what ``load_state`` does unless
+        ``DataLoaderConfiguration(use_stateful_dataloader=True)``.
         """
-        self.iteration = int(state["epoch"])
-        self._resume_at = 0
-        self._replay = EpochStart.from_json(state["rng"]) if state.get("rng") else None
+        self._restore_epoch_and_random_start(state, int(state["epoch"]) + (1 if state.get("end_of_epoch") else 0))
+        self._resume = None
+
+    def _restore_epoch_and_random_start(self, state: Mapping[str, Any], epoch: int) -> None:
+        self.iteration = epoch
         sampler = get_sampler(self)
         if "seed" in state and isinstance(sampler, SeedableRandomSampler):
             sampler.initial_seed = int(state["seed"])
+        start_of = int(state["epoch"]) + (1 if state.get("end_of_epoch") else 0)  # the epoch the saved states start
+        self._replay = (start_of, EpochStart.from_json(state["rng"])) if state.get("rng") else None
 
     def skip_batches_next_epoch(self, num_batches: int) -> None:
         """Start the next iteration at batch ``num_batches`` of the current epoch (absolute, not cumulative)."""
-        self._resume_at = int(num_batches)
+        self._resume = {"batches": int(num_batches)}
+
+    def _take_resume(self) -> tuple[int, int | None] | None:
+        """Begin an iteration: (batches to skip, samples to skip or None), or None when the epoch has zero batches
+        left (the iteration ends without drawing anything); resets the iteration's counters."""
+        resume, self._resume = self._resume, None
+        self._yielded, self._active = 0, True
+        if resume is None:
+            self._skipped = 0
+            return 0, None
+        if resume.get("state", {}).get("end_of_epoch"):
+            self._skipped = int(resume["state"].get("batches_yielded", 0))
+            return None
+        if "samples" in resume:
+            self._skipped = resume["skipped"]
+            return 0, resume["samples"]
+        self._skipped = resume["batches"]
+        return resume["batches"], None
+
+    @contextlib.contextmanager
+    def _epoch_randomness(self) -> Iterator[None]:
+        """Wrap the start of an epoch (creating the iterator, fetching the first batch): the generators start from
+        the states a resume gave this epoch, if any, and the states it starts from are recorded (a copy, no draw)."""
+        replay, self._replay = self._replay, None
+        replayed = replay[1].replayed(self) if replay is not None and replay[0] == self.iteration else None
+        with replayed or contextlib.nullcontext():
+            self._epoch_start = EpochStart.capture(self)
+            yield
+
+    def _finish_epoch(self) -> None:
+        self.iteration += 1
+        self._yielded = self._skipped = 0
+        self._active = False
 
 
 @contextlib.contextmanager
@@ -174,13 +286,6 @@ def _accelerate_total_batch_size(loader) -> int:
     return batch_sampler.batch_size * getattr(batch_sampler, "num_processes", 1)
 
 
-def _safe_len(loader) -> float:
-    try:
-        return len(loader)
-    except TypeError:
-        return math.inf
-
-
 class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     """A ``DataLoader`` whose batches are this process's share, placed on ``device``.
 
@@ -191,6 +296,7 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         rng_types: generators synchronised from rank 0 at the start of each epoch.
         synchronized_generator: the generator every rank shuffles with (the sampler's, or an iterable dataset's),
             given rank 0's state at the start of each epoch.
+        skip_batches: batches of the first iteration to skip.
         non_blocking: asynchronous host-to-device copies.
     """
 
@@ -219,7 +325,9 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         self.synchronized_generator = synchronized_generator
         self._non_blocking = _non_blocking
         self._sharder = _sharder
-        self._resume_at = skip_batches
+        self._samples = 0  # without a sharder: samples of the running iteration, counted from its batches
+        if skip_batches:
+            self.skip_batches_next_epoch(skip_batches)
 
     @property
     def final_round(self) -> FinalRound | None:
@@ -232,6 +340,23 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
             return _dataset_length(self.dataset) % _accelerate_total_batch_size(self)
         except Exception:  # noqa: BLE001 - Accelerate's rule: any failure (no length, no batch size) means unknown
             return -1
+
+    def _process_count(self) -> int:
+        return self._num_processes
+
+    @property
+    def _counts_samples(self) -> bool:
+        return self._sharder is not None or self._num_processes == 1
+
+    def _samples_consumed(self) -> int:
+        return self._samples if self._sharder is None else self._sharder.samples_after(self._yielded)
+
+    def _per_round(self) -> int | None:
+        return self.total_batch_size
+
+    def _samples_in(self, batch) -> int:
+        """Samples of the order in one batch of a loader without a sharder (one element each without batching)."""
+        return 1 if self.batch_size is None else rows_in(batch)
 
     @property
     def split_batches(self) -> bool:
@@ -273,23 +398,40 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         if self.synchronized_generator is not None:
             synchronize_rng_state("generator", generator=self.synchronized_generator)
 
-    def _start(self):
-        """Start an epoch: synchronise, set the epoch, create the iterator and fetch the first batch (the draws of an
-        epoch's start happen there; a resumed epoch replays them, see ``epoch_rng.py``). Returns the iterator."""
+    def _start(self) -> Iterator:
+        """Start an epoch: synchronise, set the epoch, then create the iterator, skip to a resumed position and fetch
+        the first batch under :meth:`_epoch_randomness` (an epoch's start draws there). An epoch resumed with zero
+        batches left draws nothing. Returns the iterator."""
+        resume = self._take_resume()
+        if resume is None:
+            return iter(())
+        batches, samples = resume
         self._sync_rngs()
         self._propagate_epoch()
-        skip, self._resume_at = self._resume_at, 0
-        sharded = isinstance(self.batch_sampler, BatchSamplerShard)
-        with epoch_randomness(self):
-            if sharded:
-                self.batch_sampler.skip_next_iteration(skip)
-            iterator = super().__iter__()
-            for _ in range(0 if sharded else skip):
-                if next(iterator, None) is None:
-                    break
+        with self._epoch_randomness():
+            if self._sharder is not None:  # skips index lists: nothing is loaded
+                self._sharder.skip_next_iteration(batches, samples or 0)
+                iterator = super().__iter__()
+            else:
+                iterator = self._skip_loaded(super().__iter__(), batches, samples)
             head = list(itertools.islice(iterator, 1))
-        self._yielded = skip
         return itertools.chain(head, iterator)
+
+    def _skip_loaded(self, iterator: Iterator, batches: int, samples: int | None) -> Iterator:
+        """Without a sharder, skip to the resumed position by loading the batches before it."""
+        self._samples = 0
+        if samples:
+
+            def started(count: int) -> None:
+                self._samples = count
+
+            return skip_samples(iterator, samples, self._samples_in, lambda batch: None, started, is_main=True)
+        for _ in range(batches):
+            batch = next(iterator, _END)
+            if batch is _END:
+                break
+            self._samples += self._samples_in(batch)
+        return iterator
 
     def __iter__(self):
         if preemption.save_due:
@@ -297,28 +439,21 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         iterator = self._start()
         self.begin()
         try:
-            try:
-                current = next(iterator)
-            except StopIteration:
-                self.end_of_dataloader = True
-                return
-            while True:
+            upcoming = next(iterator, _END)
+            self.end_of_dataloader = upcoming is _END
+            while upcoming is not _END:
+                current = upcoming
                 if self._place:
                     current = send_to_device(current, self.device, non_blocking=self._non_blocking)
-                try:
-                    upcoming = next(iterator)
-                except StopIteration:
-                    self.end_of_dataloader = True
-                    self._yielded += 1
-                    yield current
-                    break
+                upcoming = next(iterator, _END)
+                self.end_of_dataloader = upcoming is _END
                 self._yielded += 1
+                if self._sharder is None:
+                    self._samples += self._samples_in(current)
                 yield current
-                if preemption.save_due:
+                if preemption.save_due:  # also after the last batch: the position then says "epoch done"
                     preemption.batch_requested(self)
-                current = upcoming
-            self.iteration += 1
-            self._yielded = 0
+            self._finish_epoch()
         finally:
             self.end()
 

@@ -17,6 +17,10 @@ A ``drop_last=True`` loader drops an incomplete last round. A batch sampler whos
 is sharded as Accelerate shards it, quirks included (with a ``batch_size``, a round whose last batch is
 short is not given out; a batch sampler without one deals whole batches), so that a script gets the
 same batches on every process as under Accelerate.
+
+Each shard can start an iteration after the first samples of the epoch's global order (a resumed position,
+see :mod:`.position`) and counts the samples its rounds consume; a resumed last round is completed from the
+epoch's first samples, skipped ones included, as the uninterrupted epoch's is.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import torch
 from torch.utils.data import BatchSampler, IterableDataset, RandomSampler, Sampler
 
 from ..errors import ConfigError
+from .position import SampleLedger, skip_samples
 
 
 @dataclass(frozen=True)
@@ -98,10 +103,20 @@ class BatchSamplerShard(BatchSampler):
             )
         self.final_round: FinalRound | None = None
         self._skip = 0
+        self._skip_samples = 0
+        self._skipped_rounds = 0
+        self._ledger = SampleLedger()
 
-    def skip_next_iteration(self, num_batches: int) -> None:
-        """Make the next iteration start at this process's batch ``num_batches`` (index lists only: no data is loaded)."""
+    def skip_next_iteration(self, num_batches: int = 0, samples: int = 0) -> None:
+        """Make the next iteration start at this process's batch ``num_batches``, or after the first ``samples``
+        samples of the epoch's global order (index lists only: no data is loaded)."""
         self._skip = int(num_batches)
+        self._skip_samples = int(samples)
+
+    def samples_after(self, batches: int) -> int:
+        """Samples of the epoch's global order consumed once this process has had ``batches`` batches of this
+        iteration (counted after the skip): the loader's position, the same number on every process."""
+        return self._ledger.after(self._skipped_rounds + batches)
 
     @property
     def sampler(self):
@@ -135,17 +150,36 @@ class BatchSamplerShard(BatchSampler):
     def __iter__(self) -> Iterator[list[int]]:
         self.final_round = None
         skip, self._skip = self._skip, 0
-        yield from itertools.islice(self._own_batches(), skip, None)
+        samples, self._skip_samples = self._skip_samples, 0
+        self._skipped_rounds = skip
+        self._ledger.reset(0)
+        head: list = []  # the epoch's first batches among the skipped ones: what completes the last round
+        keep = 1 if self.split_batches else self.num_processes
 
-    def _own_batches(self) -> Iterator[list[int]]:
+        def seen(batch) -> None:
+            if len(head) < keep:
+                head.append(batch)
+
+        batches = iter(self.batch_sampler)
+        if samples:  # skip now: the layouts read ``head`` when they start
+            batches = skip_samples(batches, samples, len, seen, self._ledger.reset, self.process_index == 0)
+            batches = itertools.chain(list(itertools.islice(batches, 1)), batches)
+        yield from itertools.islice(self._own_batches(_Drawn(batches), head), skip, None)
+
+    def _own_batches(self, source: _Drawn, head: list) -> Iterator[list[int]]:
+        """This rank's batches of the rounds laid out from ``source`` (``head``: the epoch's skipped first batches),
+        each round's samples recorded in the ledger."""
         rank = self.process_index
-        layout = _split_layout(self) if self.split_batches else _round_robin_layout(self)
+        layout = _split_layout(self, source, head) if self.split_batches else _round_robin_layout(self, source, head)
         last: tuple[list[int], ...] = ()
         for pieces in layout:
             if isinstance(pieces, _Tail):
                 self.final_round = pieces.final_round(last)
+                for depth in range(max(len(b) for b in pieces.batches)):  # a rank may get 2 batches (varying sizes)
+                    self._ledger.add(source.take() if depth == 0 else 0)
                 yield from pieces.batches[rank]
                 return
+            self._ledger.add(source.take())
             last = pieces
             yield pieces[rank]
         if last:
@@ -173,13 +207,36 @@ class PassThroughBatchSampler(BatchSamplerShard):
         """Batches in an epoch."""
         return len(self.batch_sampler)
 
-    def _own_batches(self) -> Iterator[list[int]]:
+    def _own_batches(self, source: _Drawn, head: list) -> Iterator[list[int]]:
         last = None
-        for batch in self.batch_sampler:
+        for batch in source:
+            self._ledger.add(source.take())
             last = batch
             yield batch
         if last is not None:
             self.final_round = FinalRound(len(last), (len(last),), padded=False)
+
+
+class _Drawn:
+    """An iterator of batches that counts the samples drawn from it, so that a layout's rounds can be counted in
+    samples of the order (a round a layout does not give out is counted with the next one)."""
+
+    def __init__(self, batches: Iterator) -> None:
+        self._batches = batches
+        self._drawn = 0
+
+    def __iter__(self) -> _Drawn:
+        return self
+
+    def __next__(self):
+        batch = next(self._batches)
+        self._drawn += len(batch)
+        return batch
+
+    def take(self) -> int:
+        """Samples drawn since the last call."""
+        drawn, self._drawn = self._drawn, 0
+        return drawn
 
 
 @dataclass
@@ -215,26 +272,26 @@ class _Tail:
         return FinalRound(total, sizes, padded=total != sum(sizes))
 
 
-def _round_robin_layout(shard: BatchSamplerShard):
-    """Accelerate's round-robin layout: batch ``i`` to rank ``i % N``, one tuple per complete round, then a
-    :class:`_Tail`. A round whose last batch is short (with a fixed ``batch_size``) is not given out."""
+def _round_robin_layout(shard: BatchSamplerShard, source: Iterator, head: list):
+    """Accelerate's round-robin layout of ``source``: batch ``i`` to rank ``i % N``, one tuple per complete round,
+    then a :class:`_Tail` completed from the epoch's first ``N`` batches (``head``: the skipped ones among them). A
+    round whose last batch is short (with a fixed ``batch_size``) is not given out."""
     world, size, drop_last = shard.num_processes, shard.batch_size, shard.drop_last
     pending: list = [None] * world
     first: list = []
+    for batch in head if not drop_last else ():
+        _add_first(first, batch, size)
     last, count = None, 0
-    for index, batch in enumerate(shard.batch_sampler):
+    for index, batch in enumerate(source):
         count = index + 1
-        if not drop_last and index < world:
-            if size is None:
-                first.append(batch)
-            else:
-                first.extend(batch)
+        if not drop_last and len(head) + index < world:
+            _add_first(first, batch, size)
         pending[index % world] = batch
         if index % world == world - 1 and (size is None or len(batch) == size):
             yield tuple(pending)
             pending = [None] * world
         last = batch
-    if drop_last or not first:
+    if drop_last or last is None:
         return
     tail = _Tail.empty(world)
     for rank, batch in enumerate(pending):
@@ -243,6 +300,14 @@ def _round_robin_layout(shard: BatchSamplerShard):
     if shard.even_batches:
         _complete_last_round(tail, first, last, count - 1, world, size)
     yield tail
+
+
+def _add_first(first: list, batch, size: int | None) -> None:
+    """Keep ``batch`` among the epoch's first ones: whole without a fixed batch size, else its samples."""
+    if size is None:
+        first.append(batch)
+    else:
+        first.extend(batch)
 
 
 def _complete_last_round(tail: _Tail, first: list, last, index: int, world: int, size: int | None) -> None:
@@ -265,19 +330,20 @@ def _complete_last_round(tail: _Tail, first: list, last, index: int, world: int,
         batch, index = [], index + 1
 
 
-def _split_layout(shard: BatchSamplerShard):
-    """Accelerate's ``split_batches`` layout: every full batch cut into ``N`` pieces, then a :class:`_Tail` for a
-    short last batch. A short batch before the last is not given out."""
+def _split_layout(shard: BatchSamplerShard, source: Iterator, head: list):
+    """Accelerate's ``split_batches`` layout of ``source``: every full batch cut into ``N`` pieces, then a
+    :class:`_Tail` for a short last batch, completed from the epoch's first batch (``head[0]`` when it was
+    skipped). A short batch before the last is not given out."""
     world, size = shard.num_processes, shard.batch_size
     piece = size // world
-    first, last = None, None
-    for index, batch in enumerate(shard.batch_sampler):
-        if index == 0:
+    first, last = (head[0] if head else None), None
+    for batch in source:
+        if first is None:
             first = batch
         if len(batch) == size:
             yield tuple(batch[piece * r : piece * (r + 1)] for r in range(world))
         last = batch
-    if shard.drop_last or not first or len(last) >= size:
+    if shard.drop_last or last is None or len(last) >= size:
         return
     tail = _Tail.empty(world)
     if shard.even_batches:
@@ -331,12 +397,25 @@ class IterableDatasetShard(IterableDataset):
         self.split_batches = split_batches
         self.epoch = 0
         self.final_round: FinalRound | None = None
+        self._skip_samples = 0
+        self._ledger = SampleLedger()
 
     def set_epoch(self, epoch: int) -> None:
         """Record the epoch and forward it to the wrapped dataset when it supports it."""
         self.epoch = epoch
         if hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
+
+    def skip_next_iteration(self, num_batches: int = 0, samples: int = 0) -> None:
+        """Make the next iteration start at this process's batch ``num_batches``, or after the first ``samples``
+        samples of the dataset (read and dropped: a stream cannot seek)."""
+        per_round = self._size if self.split_batches else self._size * self.num_processes
+        self._skip_samples = int(samples) + int(num_batches) * per_round
+
+    def samples_after(self, batches: int) -> int:
+        """Samples of the dataset consumed once this process has had ``batches`` batches of this iteration (counted
+        after the skip): the loader's position, the same number on every process."""
+        return self._ledger.after(batches)
 
     @property
     def _size(self) -> int:
@@ -358,19 +437,26 @@ class IterableDatasetShard(IterableDataset):
         per_round = self._size if self.split_batches else self._size * n
         local = per_round // n
         mine = slice(rank * local, (rank + 1) * local)
-        first: list | None = None
+        skip, self._skip_samples = self._skip_samples, 0
+        self._ledger.reset(skip)
+        first: list = []  # the epoch's first buffer (skipped samples too): what completes the last one
         buffer: list = []
         for sample in self.dataset:
+            if len(first) < per_round:
+                first.append(sample)
+            if skip:
+                skip -= 1
+                continue
             buffer.append(sample)
             if len(buffer) == per_round:
+                self._ledger.add(per_round)
                 yield from buffer[mine]
-                first = buffer if first is None else first
                 buffer = []
         if self.drop_last or not buffer:
-            self.final_round = FinalRound(per_round, (local,) * n, padded=False) if first is not None else None
+            self.final_round = FinalRound(per_round, (local,) * n, padded=False) if len(first) == per_round else None
             return
+        self._ledger.add(len(buffer))
         real = len(buffer)
-        first = buffer.copy() if first is None else first
         while len(buffer) < per_round:
             buffer += first
         self.final_round = FinalRound(real, (local,) * n, padded=True)

@@ -1,9 +1,9 @@
 """Configuration objects passed to ``Accelerator`` (kwargs handlers and plugins), one file per concern."""
 
+from .fp8 import AORecipeKwargs, FP8RecipeKwargs
 from .kwargs import (
     AutocastKwargs,
     DistributedDataParallelKwargs,
-    FP8RecipeKwargs,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
@@ -12,6 +12,7 @@ from .kwargs import (
 from .training import DataLoaderConfiguration, GradientAccumulationPlugin, ProjectConfiguration
 
 __all__ = [
+    "AORecipeKwargs",
     "AutocastKwargs",
     "DataLoaderConfiguration",
     "DistributedDataParallelKwargs",

@@ -5,7 +5,7 @@ Pass instances in ``Accelerator(kwargs_handlers=[...])``; at most one of each cl
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable
@@ -18,8 +18,8 @@ class KwargsHandler:
     """Base of the handlers: ``to_dict()`` gives every field, ``to_kwargs()`` only those changed from the defaults."""
 
     def to_dict(self) -> dict[str, Any]:
-        """All fields as a dict."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        """Every attribute as a dict (a deep copy: changing it leaves the handler as it is)."""
+        return copy.deepcopy(self.__dict__)
 
     def to_kwargs(self) -> dict[str, Any]:
         """The fields whose value differs from the class default."""
@@ -86,7 +86,9 @@ class InitProcessGroupKwargs(KwargsHandler):
     """Arguments of ``torch.distributed.init_process_group``.
 
     ``backend`` defaults to nccl as in Accelerate; on CPU processes hasten uses gloo whatever is given
-    here. ``timeout`` bounds how long a collective may wait before the job fails.
+    here. ``timeout`` bounds how long a collective may wait before the job fails; left unset it becomes
+    torch's default for the backend, as in Accelerate (10 minutes for nccl, 30 for the others), so that
+    ``to_kwargs()`` holds it only when it differs from nccl's. A number is taken as seconds.
     """
 
     backend: str | None = "nccl"
@@ -94,18 +96,36 @@ class InitProcessGroupKwargs(KwargsHandler):
     timeout: timedelta | None = None
 
     def __post_init__(self):
+        if self.timeout is None:
+            self.timeout = timedelta(seconds=600 if self.backend == "nccl" else 1800)
         if isinstance(self.timeout, (int, float)):
             self.timeout = timedelta(seconds=self.timeout)
-        if self.timeout is not None and not isinstance(self.timeout, timedelta):
+        if not isinstance(self.timeout, timedelta):
             raise ConfigError(f"InitProcessGroupKwargs(timeout={self.timeout!r}): give a datetime.timedelta or seconds.")
 
 
 @dataclass
 class AutocastKwargs(KwargsHandler):
-    """Arguments of ``torch.autocast`` used by ``Accelerator.autocast()`` and prepared models."""
+    """Arguments of ``torch.autocast`` used by ``Accelerator.autocast()`` and prepared models.
+
+    Args:
+        enabled, cache_enabled: as ``torch.autocast``'s.
+        convert_outputs_to_fp32: True (Accelerate's behaviour): a prepared model's fp16/bf16 outputs come back
+            converted to fp32. False (hasten only): they stay in the autocast dtype, which saves the fp32 copy of
+            every output (for a language model, the logits: batch x sequence x vocabulary x 4 bytes) and the two
+            conversion passes per step. The loss is then computed from half-precision values: compute it under
+            ``with accelerator.autocast():``, where torch runs the loss functions (``cross_entropy``,
+            ``log_softmax``, ``mse_loss``, ...) in fp32 as a raw autocast loop does; computed outside autocast it
+            runs in fp16/bf16 (less precise; fp16 may overflow).
+    """
 
     enabled: bool = True
     cache_enabled: bool | None = None
+    convert_outputs_to_fp32: bool = True
+
+    def autocast_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments ``torch.autocast`` takes: the changed fields, without ``convert_outputs_to_fp32``."""
+        return {k: v for k, v in self.to_kwargs().items() if k != "convert_outputs_to_fp32"}
 
 
 @dataclass
@@ -151,21 +171,3 @@ class ProfileKwargs(KwargsHandler):
             with_flops=self.with_flops,
             with_modules=self.with_modules,
         )
-
-
-@dataclass
-class FP8RecipeKwargs(KwargsHandler):
-    """FP8 recipe settings (Transformer Engine / torchao / MS-AMP), with Accelerate 1.15's fields, all unset by
-    default. Accepted for compatibility; fp8 training needs an fp8 backend and hardware, which
-    ``mixed_precision="fp8"`` checks when it is asked for."""
-
-    opt_level: str | None = None
-    use_autocast_during_eval: bool | None = None
-    margin: int | None = None
-    interval: int | None = None
-    fp8_format: str | None = None
-    amax_history_len: int | None = None
-    amax_compute_algo: str | None = None
-    override_linear_precision: tuple | None = None
-    use_mxfp8_block_scaling: bool | None = None
-    backend: str | None = None

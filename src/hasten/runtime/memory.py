@@ -105,47 +105,59 @@ def _without_frames(error: BaseException) -> BaseException:
     return error
 
 
-def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128, reduce_batch_size_fn: Callable[[int], int] | None = None):
+def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128, reduce_batch_size_fn: Callable[[], int] | None = None):
     """Decorator that retries ``function(batch_size, ...)`` with a smaller batch size after each out-of-memory error.
 
     The decorated function takes the batch size as its first argument; call it without that argument.
-    Each OOM halves the batch size (``reduce_batch_size_fn`` changes the rule). In a multi-process run,
-    all ranks agree after every attempt, through the rendezvous store: if any rank ran out of memory,
-    every rank retries at the smaller size, so ranks never diverge. This holds when the OOM strikes on
-    one rank while the others wait in a collective of the attempt (DDP's gradient all-reduce): the
-    process group is then aborted and rebuilt (see :mod:`hasten.runtime.oom_recovery`), so objects holding it
-    must be prepared inside the decorated function. When batch size 1 fails, the error says so and
-    keeps the original OOM as its cause. ``function`` may be any callable (``functools.partial`` too).
+    As in Accelerate 1.15, each OOM multiplies the batch size by 0.9 (rounded down: 128, 115, 103, ...);
+    ``reduce_batch_size_fn``, called with no argument, returns the next size instead. The size reached is
+    kept: a second call of the decorated function starts from it. A size of 0 ends the search with a
+    ``RuntimeError`` (the last OOM as its cause). In a multi-process run, all ranks agree after every
+    attempt, through the rendezvous store: if any rank ran out of memory, every rank retries at the smaller
+    size, so ranks never diverge. This holds when the OOM strikes on one rank while the others wait in a
+    collective of the attempt (DDP's gradient all-reduce): the process group is then aborted and rebuilt
+    (see :mod:`hasten.runtime.oom_recovery`), so objects holding it must be prepared inside the decorated
+    function. ``function`` may be any callable (``functools.partial`` too).
     """
     if function is None:
         return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size, reduce_batch_size_fn=reduce_batch_size_fn)
-    reduce = reduce_batch_size_fn or (lambda size: size // 2)
+    batch_size = starting_batch_size
+
+    def reduce() -> int:
+        if reduce_batch_size_fn is not None:
+            return reduce_batch_size_fn()
+        return int(batch_size * 0.9)
 
     @functools.wraps(function)
     def decorator(*args, **kwargs):
-        params = list(inspect.signature(function).parameters)
-        if len(params) < len(args) + 1:
-            name = _name(function)
-            raise TypeError(
-                f"Batch size was passed into `{name}` as the first argument when called. Remove it "
-                f"and call `{name}({', '.join(repr(a) for a in args[1:]) if args else ''})` instead: the "
-                "decorator passes the batch size itself."
-            )
-        batch_size = starting_batch_size
+        nonlocal batch_size
         clear_device_cache(garbage_collection=True)
+        _check_call(function, args)
+        error = None
         while True:
-            if batch_size <= 0:
-                raise BatchSizeExhaustedError("find_executable_batch_size: no batch size fits, not even 1; reduce the model or sequence size.")
+            if batch_size == 0:
+                raise BatchSizeExhaustedError(
+                    "No executable batch size found, reached zero. "
+                    + (f"Every batch size from {starting_batch_size} down ran out of memory: the model does not fit. Reduce "
+                       "its size, use mixed precision, or shard it (FSDP/DeepSpeed)." if starting_batch_size > 0 else
+                       "find_executable_batch_size(starting_batch_size=...) must be at least 1.")
+                ) from error
             outcome, result, error = _run_attempt(function, batch_size, args, kwargs)
             if outcome == "ok":
                 return result
             clear_device_cache(garbage_collection=True)
-            if batch_size == 1:
-                raise BatchSizeExhaustedError(
-                    "find_executable_batch_size: out of memory even at batch size 1"
-                    + ("" if error is not None else " on another process")
-                    + "; the model does not fit. Reduce its size, use mixed precision, or shard it (FSDP/DeepSpeed)."
-                ) from error
-            batch_size = max(reduce(batch_size), 1)
+            batch_size = reduce()
 
     return decorator
+
+
+def _check_call(function, args: tuple) -> None:
+    """Refuse a call that passes the batch size itself (the decorator passes it)."""
+    params = list(inspect.signature(function).parameters)
+    if len(params) < len(args) + 1:
+        name = _name(function)
+        raise TypeError(
+            f"Batch size was passed into `{name}` as the first argument when called. Remove it "
+            f"and call `{name}({', '.join(repr(a) for a in args[1:]) if args else ''})` instead: the "
+            "decorator passes the batch size itself."
+        )

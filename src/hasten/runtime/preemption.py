@@ -14,7 +14,7 @@ before they take a machine. ``hasten launch`` forwards the signal to every worke
    proposer enters it only after every rank acknowledged, so no rank can finish step n + 1 without
    knowing the target, and no rank has finished it yet.
 3. After the agreed step, the next batch the loader that fed it is asked for (mid-epoch, or the
-   first of the next epoch) is not drawn: instead every rank calls ``save_state()`` (one complete
+   request after the epoch's last batch) is not drawn: instead every rank calls ``save_state()`` (one complete
    checkpoint) and the process exits with :data:`PREEMPTED_EXIT_CODE`. ``hasten launch`` reports it
    and exits with the same code.
 
@@ -206,11 +206,12 @@ def _propose(accelerator) -> int:
 
 
 def batch_requested(loader) -> None:
-    """Called by a prepared dataloader while :data:`save_due`, before it hands out a batch mid-epoch or starts
-    an epoch: saves and exits if ``loader`` fed the agreed step (an evaluation loader in between does not).
+    """Called by a prepared dataloader while :data:`save_due`, when it is asked for its next batch (mid-epoch,
+    after the epoch's last batch, or at an epoch's start): saves and exits if ``loader`` fed the agreed step
+    (an evaluation loader in between does not).
 
-    Not after the last batch of an epoch: the loop's own epoch counter has not moved on yet there, while
-    the loader's position already has; at the start of the next epoch both agree.
+    After the epoch's last batch the loader's position is "that epoch, zero batches left", which a resumed
+    loop ends at once, so the loop's epoch counter (not yet moved on there) and the loader agree.
     """
     feeder = _feeder() if _feeder is not None else None
     if feeder is None or feeder is loader:

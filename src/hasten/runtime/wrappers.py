@@ -88,6 +88,21 @@ def extract_model_from_parallel(model, keep_fp32_wrapper: bool = True, keep_torc
                 setattr(model, name, unwrapped)
     if not keep_fp32_wrapper:
         Precision.unwrap_forward(model)
+        _restore_original_forward(model)
     if keep_torch_compile and compiled is not None:
         return compiled if compiled._orig_mod is model else _compiled_view(compiled, model)
     return model
+
+
+def _restore_original_forward(model) -> None:
+    """Undo a forward wrapped the way Accelerate's ``prepare_model`` does it: ``model._original_forward`` saved, then
+    ``model.forward`` replaced by a wrapper (``convert_outputs_to_fp32``, autocast) whose ``__wrapped__`` chain leads
+    back to it."""
+    original = model.__dict__.pop("_original_forward", None)
+    if original is None:
+        return
+    if getattr(original, "__self__", None) is model and getattr(original, "__func__", None) is type(model).forward:
+        model.__dict__.pop("forward", None)  # the class's own forward again
+    else:
+        model.forward = original
+

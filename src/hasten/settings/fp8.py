@@ -1,9 +1,14 @@
 """The ``fp8_config`` table: the FP8 recipe settings, in the order of the ``hasten launch`` options
 (which are named ``--fp8_<...>``). ``override_linear_precision`` travels to the processes as three
-variables, ``FP8_OVERRIDE_FPROP``/``DGRAD``/``WGRAD`` (the rows without a config key)."""
+variables, ``FP8_OVERRIDE_FPROP``/``DGRAD``/``WGRAD`` (the rows without a config key).
+
+hasten trains fp8 through torchao (backend ``AO``): ``backend``, ``enable_fsdp_float8_all_gather`` and
+``pad_inner_dim`` fill ``AORecipeKwargs``/``FP8RecipeKwargs``. The Transformer Engine and MS-AMP rows are kept so
+that Accelerate's config files load; a launch or an ``Accelerator`` that would train with those backends is refused."""
 
 from __future__ import annotations
 
+from ..errors import NotSupportedError
 from . import Question, Section, Setting
 
 FP8_BACKENDS = ("TE", "MSAMP", "AO")
@@ -17,8 +22,11 @@ FP8 = Section(
     doc="``fp8_config``: FP8 recipe settings.",
     rows=(
         Setting(
-            "backend", "choice", FP8_BACKENDS, env="FP8_BACKEND", env_help="fp8 backend (te, msamp, ao)", flag="fp8_backend",
-            flag_help="FP8 backend: te, msamp or ao.", lower=True, question=Question("Which FP8 backend do you want to use?", "TE"),
+            "backend", "choice", FP8_BACKENDS, env="FP8_BACKEND",
+            env_help="fp8 backend: ao (torchao; te and msamp are refused)", flag="fp8_backend",
+            flag_help="FP8 backend: ao (torchao). te and msamp are not supported by hasten.", lower=True,
+            field="backend", fallback="AO",
+            question=Question("Which FP8 backend do you want to use?", "AO", fixed=True),
         ),
         Setting(
             "use_autocast_during_eval", "bool", env="FP8_USE_AUTOCAST_DURING_EVAL", env_help="keep fp8 autocast in evaluation",
@@ -49,13 +57,34 @@ FP8 = Section(
         Setting(
             "enable_fsdp_float8_all_gather", "bool", env="FP8_ENABLE_FSDP_FLOAT8_ALL_GATHER", env_help="all-gather FSDP parameters in fp8",
             flag="fp8_enable_fsdp_float8_all_gather", flag_help="All-gather in float8 under FSDP (torchao).", switch=True,
+            field="enable_fsdp_float8_all_gather", fallback=True,
+            question=Question(
+                "Under FSDP, all-gather the fp8 layers' weights in float8 (half the bytes of bf16)?", True, step=1,
+                when=("backend", ("AO",)),
+            ),
         ),
         Setting(
             "pad_inner_dim", "bool", env="FP8_PAD_INNER_DIM", env_help="pad inner dimensions for fp8 matmuls", flag="fp8_pad_inner_dim",
-            flag_help="Pad inner dimensions for float8 matmuls (torchao).", switch=True,
+            flag_help="Pad inner dimensions for float8 matmuls (torchao).", switch=True, field="pad_inner_dim",
+            fallback=True,
+            question=Question(
+                "Pad matrix dimensions to multiples of 16 for the float8 matmuls?", True, step=2,
+                when=("backend", ("AO",)),
+            ),
         ),
         Setting(None, "bool", env="FP8_OVERRIDE_FPROP", env_help="Transformer Engine override of the forward precision", flag=None),
         Setting(None, "bool", env="FP8_OVERRIDE_DGRAD", env_help="Transformer Engine override of the data-gradient precision", flag=None),
         Setting(None, "bool", env="FP8_OVERRIDE_WGRAD", env_help="Transformer Engine override of the weight-gradient precision", flag=None),
     ),
 )
+
+
+def unsupported_backend(backend: str, where: str) -> NotSupportedError:
+    """The error for an fp8 backend other than torchao; ``where`` names the setting that chose it."""
+    names = {"TE": "Transformer Engine", "MSAMP": "MS-AMP"}
+    return NotSupportedError(
+        f"{where} selects the fp8 backend {backend!r} ({names.get(backend, backend)}), which is not supported by "
+        "hasten. "
+        "hasten trains in fp8 through torchao (AO): set the backend to 'AO' (fp8_config.backend: AO, "
+        "--fp8_backend ao) or pass AORecipeKwargs() in kwargs_handlers."
+    )

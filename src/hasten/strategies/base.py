@@ -158,6 +158,15 @@ class Strategy(ABC):
 
         return extract_model_from_parallel(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
 
+    def tracked_model(self, prepared: torch.nn.Module) -> torch.nn.Module:
+        """What ``Accelerator._models`` holds for a model this engine prepared (what save/load-state hooks get).
+
+        As in Accelerate: the user's module itself (without DDP's and compile's wrappers; a mixed precision
+        forward stays), which hooks can call ``save_pretrained`` on. Engines whose wrapper is what Accelerate
+        keeps (DeepSpeed's engine, FSDP) return ``prepared``.
+        """
+        return self.unwrap_model(prepared, keep_fp32_wrapper=True, keep_torch_compile=False)
+
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full state dict of ``model`` (gathered when sharded), on the CPU where the engine allows.
 

@@ -55,6 +55,7 @@ from .testing import (  # noqa: F401 (Accelerate's names at its path)
     torch_device,
 )
 from .training import RegressionDataset, RegressionModel  # noqa: F401
+from .scripts import test_ops, test_script, test_sync  # noqa: F401 (Accelerate's test_utils holds its scripts too)
 
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
 

@@ -45,8 +45,9 @@ LAYOUT: dict[str, dict[str, str]] = {
     "dataclasses": {
         **_names(
             "plugins",
-            "AutocastKwargs DataLoaderConfiguration DistributedDataParallelKwargs FP8RecipeKwargs GradScalerKwargs "
-            "GradientAccumulationPlugin InitProcessGroupKwargs KwargsHandler ProfileKwargs ProjectConfiguration",
+            "AORecipeKwargs AutocastKwargs DataLoaderConfiguration DistributedDataParallelKwargs FP8RecipeKwargs "
+            "GradScalerKwargs GradientAccumulationPlugin InitProcessGroupKwargs KwargsHandler ProfileKwargs "
+            "ProjectConfiguration",
         ),
         **_names(
             "enums",
@@ -58,10 +59,10 @@ LAYOUT: dict[str, dict[str, str]] = {
         "FullyShardedDataParallelPlugin": "strategies.fsdp.plugin",
         "TorchDynamoPlugin": "plugins.dynamo",
         "get_module_class_from_name": "compat.modeling",
-        "TensorInformation": "compat.operations",
+        "TensorInformation": "runtime.tree",
         **_names(
             "compat.quantization",
-            "AORecipeKwargs TERecipeKwargs MSAMPRecipeKwargs BnbQuantizationConfig",
+            "TERecipeKwargs MSAMPRecipeKwargs BnbQuantizationConfig",
         ),
         "TorchTensorParallelConfig": "runtime.parallelism",
         **_names(
@@ -176,11 +177,11 @@ LAYOUT: dict[str, dict[str, str]] = {
             "CannotPadNestedTensorWarning ConvertOutputsToFp32 concatenate convert_outputs_to_fp32 "
             "convert_to_fp32 find_batch_size find_device get_data_structure honor_type ignorant_find_batch_size "
             "initialize_tensors is_namedtuple is_torch_tensor listify pad_input_tensors recursively_apply "
-            "send_to_device slice_tensors get_shape",
+            "send_to_device slice_tensors get_shape is_tensor_information",
         ),
         **_names(
             "compat.operations",
-            "TENSOR_INT_TO_DTYPE TENSOR_TYPE_TO_INT verify_operation chained_operation gather_tensor_shape copy_tensor_to_devices is_tensor_information "
+            "TENSOR_INT_TO_DTYPE TENSOR_TYPE_TO_INT verify_operation chained_operation gather_tensor_shape copy_tensor_to_devices "
             "is_torch_xpu_tensor GatheredParameters",
         ),
     },

@@ -105,6 +105,35 @@ def _files(folder: Path, pattern: str) -> list[Path]:
     return files
 
 
+# ------------------------------------------------------------------------------------ world size
+
+_OPTIMIZER_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt")
+
+
+def check_world_size(file_names, directory, world_size: int) -> None:
+    """Refuse, before anything is loaded, a ZeRO checkpoint partitioned over another number of processes.
+
+    DeepSpeed splits the optimizer state (and under ZeRO-3 the weights) into one file per data-parallel
+    process and cannot load them on another number: it raises only after it has loaded the weights.
+
+    Args:
+        file_names: the checkpoint's file names (relative paths; those of the engine's ``*_optim_states.pt``
+            files are looked at).
+        directory: the checkpoint folder, for the message.
+        world_size: the data-parallel processes of this run.
+    """
+    saved = {int(m.group(1)) for name in file_names if (m := _OPTIMIZER_SHARD.fullmatch(Path(name).name))}
+    if not saved or len(saved) == world_size:
+        return
+    raise CheckpointError(
+        f"Checkpoint {directory} holds DeepSpeed ZeRO state partitioned over {len(saved)} processes; this run has "
+        f"{world_size}, and DeepSpeed cannot split its optimizer state (or, under ZeRO-3, its weights) again. "
+        f"Resume on {len(saved)} processes; or merge the weights with `hasten merge-weights {directory} MERGED_DIR` "
+        "and start this run from them (the optimizer state then starts afresh). Nothing was loaded. (DeepSpeed's "
+        "universal checkpoints, made by deepspeed.checkpoint.ds_to_universal, are not read by load_state.)"
+    )
+
+
 # ------------------------------------------------------------------------------------ merging
 
 
@@ -197,4 +226,11 @@ def merge_deepspeed_weights(checkpoint_dir: str | os.PathLike, output_path: str 
     return save_model_weights(load_fp32_state_dict(checkpoint_dir), output_path, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
 
 
-__all__ = ["deepspeed_classes", "find_deepspeed_checkpoint", "load_fp32_state_dict", "merge_deepspeed_weights", "safe_torch_load"]
+__all__ = [
+    "check_world_size",
+    "deepspeed_classes",
+    "find_deepspeed_checkpoint",
+    "load_fp32_state_dict",
+    "merge_deepspeed_weights",
+    "safe_torch_load",
+]

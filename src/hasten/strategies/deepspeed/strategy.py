@@ -13,6 +13,7 @@ import copy
 import dataclasses
 import io
 import math
+import os
 from pathlib import Path
 from typing import Iterable
 
@@ -27,7 +28,7 @@ from ...runtime.operations import barrier
 from ...scheduler import AcceleratedScheduler
 from ...state import GradientState, warn_once
 from ..base import EngineSettings, Strategy, _suffix
-from .checkpoint import deepspeed_classes, safe_torch_load
+from .checkpoint import check_world_size, deepspeed_classes, safe_torch_load
 from .dummies import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
 
 _CHECKPOINT_FOLDER = "deepspeed"
@@ -149,6 +150,7 @@ class DeepSpeedStrategy(Strategy):
         optimizer = optimizers[0] if optimizers else None
         scheduler = schedulers[0] if schedulers else None
         self.state.partial_state.ensure_process_group()
+        _give_launcher_variables(self.state)
         config = copy.deepcopy(self.plugin.deepspeed_config)
         kwargs = {"model": model, "config": config}
         optimizer, scheduler = self._engine_optimizer(config, optimizer, scheduler, kwargs)
@@ -318,6 +320,10 @@ class DeepSpeedStrategy(Strategy):
         """True: every process writes its shards (or takes part in gathering them), so all must call ``save_state``."""
         return True
 
+    def tracked_model(self, prepared: torch.nn.Module) -> torch.nn.Module:
+        """The prepared model itself, as Accelerate keeps it for this engine (hooks and checkpoints get it)."""
+        return prepared
+
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full state dict; under ZeRO-3 gathered on the main process (empty on the others)."""
         engine = self.engine if model is self.engine else None
@@ -349,6 +355,8 @@ class DeepSpeedStrategy(Strategy):
 
     def load_checkpoint(self, reader, models: list, optimizers: list) -> None:
         """Restore the engine (weights, optimizer, scheduler) and the other models."""
+        if any(model is self.engine for model in models):
+            check_world_size(reader.files, reader.directory, self.engine.dp_world_size)
         for i, model in enumerate(models):
             if model is not self.engine:
                 self.unwrap_model(model).load_state_dict(reader.load_tensors(f"model{_suffix(i)}.safetensors"))
@@ -374,6 +382,16 @@ class DeepSpeedStrategy(Strategy):
                 raise CheckpointError(f"{path} is not listed in the manifest of {reader.directory}: the checkpoint was changed after it was saved.")
             reader.check_bytes(name, data)
         return safe_torch_load(io.BytesIO(data), path, map_location, classes=deepspeed_classes())
+
+
+def _give_launcher_variables(state) -> None:
+    """Set ``LOCAL_RANK`` for DeepSpeed, which refuses to start without it, when no launcher did.
+
+    ``python train.py`` (and ``hasten launch --num_processes 1``, which starts the script directly) sets no
+    launcher variables; hasten knows this process's place anyway, so DeepSpeed gets it instead of an assertion.
+    """
+    if "LOCAL_RANK" not in os.environ and "OMPI_COMM_WORLD_LOCAL_RANK" not in os.environ:
+        os.environ["LOCAL_RANK"] = str(state.local_process_index)
 
 
 def _install_safe_loader(engine, strategy: DeepSpeedStrategy) -> None:

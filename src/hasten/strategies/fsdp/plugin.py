@@ -293,7 +293,8 @@ class FullyShardedDataParallelPlugin:
         self.mixed_precision_policy = MixedPrecisionPolicy(**kwargs)
 
     def set_mixed_precision(self, mixed_precision, buffer_autocast: bool = False, override: bool = False) -> None:
-        """Set the FSDP2 precision policy from ``mixed_precision`` (``"no"``, ``"fp16"``, ``"bf16"``).
+        """Set the FSDP2 precision policy from ``mixed_precision`` (``"no"``, ``"fp16"``, ``"bf16"``; ``"fp8"`` as
+        ``"bf16"``: its float8 layers cast their weights themselves).
 
         Parameters are all-gathered and used in half precision, while gradients are reduced, and
         accumulated between syncs, in fp32: half the all-gather traffic, no precision lost summing
@@ -304,7 +305,8 @@ class FullyShardedDataParallelPlugin:
 
         if buffer_autocast:
             raise _fsdp1_only("buffer_autocast", True, "FSDP2 keeps buffers in their own dtype.")
-        dtype = _DTYPES.get(str(mixed_precision).lower()) if str(mixed_precision).lower() in ("fp16", "bf16") else None
+        name = "bf16" if str(mixed_precision).lower() == "fp8" else str(mixed_precision).lower()
+        dtype = _DTYPES.get(name) if name in ("fp16", "bf16") else None
         if dtype is None or (self.mixed_precision_policy is not None and not override):
             return
         self.mixed_precision_policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)

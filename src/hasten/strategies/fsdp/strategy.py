@@ -156,11 +156,13 @@ class FSDPStrategy(Strategy):
             return model
         if device_placement and not _on_meta(inner):
             inner.to(self.device)
-        self.precision.wrap_forward(inner)
-        if evaluation_mode:
-            return model
+        # recorded before the precision policy runs: fp8's float8 all-gather replaces weights (names stay)
         for name, parameter in inner.named_parameters():
             self._origins[parameter] = (inner, name)
+        gathers = not evaluation_mode and self._shard_mesh is not None and self._shard_mesh.size(-1) > 1
+        self.precision.wrap_forward(inner, sharded=gathers)
+        if evaluation_mode:
+            return model
         source = self._weights_to_broadcast(inner)
         if self.parallelism_config is not None and self.parallelism_config.tp_enabled:
             from ..tensor_parallel import apply_tensor_parallel
@@ -253,6 +255,7 @@ class FSDPStrategy(Strategy):
         rebound = [[self._sharded_parameter(optimizer, p, g, i, live) for i, p in enumerate(group["params"])] for g, group in enumerate(optimizer.param_groups)]
         for group, params in zip(optimizer.param_groups, rebound):
             group["params"] = params
+        self.precision.attach_optimizer(optimizer, prepared)
         return optimizer
 
     def _sharded_parameter(self, optimizer, parameter, group_index: int, index: int, live: set[int]):
@@ -350,6 +353,10 @@ class FSDPStrategy(Strategy):
     def save_needs_every_process(self) -> bool:
         """True: every process writes its shards (or takes part in gathering them), so all must call ``save_state``."""
         return True
+
+    def tracked_model(self, prepared: torch.nn.Module) -> torch.nn.Module:
+        """The prepared model itself, as Accelerate keeps it for this engine (hooks and checkpoints get it)."""
+        return prepared
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict[str, torch.Tensor]:
         """The full state dict gathered on process 0, on the CPU (an empty dict on other processes).

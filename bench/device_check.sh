@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The GPU checks of hasten in one run of at most 8 minutes, for a lent GPU machine (see bench/README.md, "GPU"):
+#   1. the CUDA test group (pytest -m cuda: tests/test_cuda.py);
+#   2. LM throughput: raw PyTorch / hasten / hasten-keep (outputs kept in bf16/fp16) / Accelerate, bf16 and fp16;
+#   3. fp8 vs bf16 through hasten on a ~1.8B-parameter LM, regionally compiled, loss curves side by side;
+#   4. fp8 + FSDP2 (float8 all-gather) + torch.compile on one GPU, started by hasten launch;
+#   5. NCCL runs on 2 processes (only where the machine has 2 GPUs).
+# Each part has a time limit and the whole run a budget; a part that fails or runs out of time is reported, and the
+# others still run. Results: $OUT/device_check.json, $OUT/device_check.md (the table bench/README.md shows) and
+# $OUT/device_check.log.
+#
+# Usage: bench/device_check.sh [--dry-run]
+#   --dry-run: everything shrunk to run on a CPU in a few minutes (tiny models, emulated fp8), CUDA-only parts
+#              skipped with one line each. Checks the script, measures nothing.
+# Wheels: Python packages missing on the machine (torchao) are installed from .whl/ when that folder exists
+# (bench/README.md says how to fetch them); hasten itself runs from src/.
+set -uo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+DRY=0
+[[ "${1:-}" == "--dry-run" ]] && DRY=1
+OUT=${OUT:-$ROOT/outputs/device_check}
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/device_check.XXXXXX")
+mkdir -p "$OUT"
+LOG="$OUT/device_check.log"
+: >"$LOG"
+BUDGET=${DEVICE_CHECK_BUDGET:-470}  # seconds for all parts; the report needs a few more
+DEADLINE=$((SECONDS + BUDGET))
+if [[ -z "${PYTHON:-}" ]]; then
+    PYTHON=python3
+    [[ -x "$ROOT/.venv/bin/python" ]] && PYTHON="$ROOT/.venv/bin/python"
+fi
+export PYTHONUNBUFFERED=1 TORCHAO_FORCE_SKIP_LOADING_SO_FILES=${TORCHAO_FORCE_SKIP_LOADING_SO_FILES:-0}
+
+say() { echo "$*" | tee -a "$LOG"; }
+
+if compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
+    if "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$ROOT"/.whl/*.whl >>"$LOG" 2>&1; then
+        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+        say "wheels installed from .whl/: $(cd "$ROOT/.whl" && ls *.whl | tr '\n' ' ')"
+    else
+        say "wheels in .whl/ could not be installed (see the log); parts that need them will say so"
+    fi
+fi
+export PYTHONPATH="$ROOT/src:$ROOT/tests${PYTHONPATH:+:$PYTHONPATH}"
+
+# part NAME LIMIT COMMAND...: run COMMAND (output to $WORK/NAME.log and the log) within min(LIMIT, budget left).
+part() {
+    local name=$1 limit=$2
+    shift 2
+    local left=$((DEADLINE - SECONDS))
+    ((limit > left)) && limit=$left
+    if ((limit < 20)); then
+        say "== $name: skipped: the 8-minute budget is spent"
+        echo "{\"part\": \"$name\", \"status\": \"skipped\", \"reason\": \"budget spent\"}" >>"$WORK/parts.jsonl"
+        return
+    fi
+    say "== $name (limit ${limit}s): $*"
+    local start=$SECONDS
+    timeout --signal=TERM --kill-after=10 "$limit" "$@" >"$WORK/$name.log" 2>&1
+    local rc=$?
+    grep -v -e "^USDT" -e "Failed to load .*torchao" "$WORK/$name.log" | tee -a "$LOG" | tail -n 40
+    local status=ok
+    ((rc == 124 || rc == 137)) && status=timeout
+    ((rc != 0 && rc != 124 && rc != 137)) && status=failed
+    say "== $name: $status (exit $rc, $((SECONDS - start)) s)"
+    echo "{\"part\": \"$name\", \"status\": \"$status\", \"rc\": $rc, \"seconds\": $((SECONDS - start))}" >>"$WORK/parts.jsonl"
+}
+
+skip() {
+    say "== $1: skipped: $2"
+    echo "{\"part\": \"$1\", \"status\": \"skipped\", \"reason\": \"$2\"}" >>"$WORK/parts.jsonl"
+}
+
+part environment 60 "$PYTHON" "$ROOT/bench/device_report.py" --environment "$WORK/environment.json"
+GPUS=$("$PYTHON" -c "import json,sys; print(json.load(open(sys.argv[1]))['gpus'])" "$WORK/environment.json" 2>/dev/null || echo 0)
+FP8_GPU=$("$PYTHON" -c "import json,sys; print(int(json.load(open(sys.argv[1]))['fp8_gpu']))" "$WORK/environment.json" 2>/dev/null || echo 0)
+if ((DRY == 0 && GPUS == 0)); then
+    say "device_check: no CUDA GPU visible; run with --dry-run to check the script on a CPU"
+fi
+
+# 1. the CUDA test group (on a CPU every test skips, saying why)
+part cuda_tests 150 "$PYTHON" -m pytest -m cuda tests/test_cuda.py -q -rs -p no:cacheprovider --junitxml="$WORK/cuda_tests.xml"
+
+# 2. LM throughput, bf16 and fp16
+if ((DRY)); then
+    part lm_throughput 150 "$PYTHON" bench/bench_gpu_lm.py --smoke --precisions bf16 fp16 --rounds 1 --steps 3 --warmup 1 \
+        --batch 2 --threads 1 --json "$WORK/lm_throughput.json"
+elif ((GPUS > 0)); then
+    part lm_throughput 170 "$PYTHON" bench/bench_gpu_lm.py --precisions bf16 fp16 --rounds 3 --steps 25 --warmup 5 \
+        --json "$WORK/lm_throughput.json"
+else
+    skip lm_throughput "no CUDA GPU"
+fi
+
+# 3. fp8 vs bf16 (needs torchao; real fp8 needs compute capability 8.9+)
+if ((DRY)); then
+    part fp8_vs_bf16 120 "$PYTHON" bench/bench_gpu_lm.py --smoke --precisions --fp8 --fp8-steps 6 --warmup 2 --fp8-batch 2 \
+        --threads 1 --json "$WORK/fp8_vs_bf16.json"
+elif ((FP8_GPU)); then
+    part fp8_vs_bf16 170 "$PYTHON" bench/bench_gpu_lm.py --precisions --fp8 --fp8-steps 30 --warmup 10 --json "$WORK/fp8_vs_bf16.json"
+else
+    skip fp8_vs_bf16 "no GPU with fp8 units (compute capability 8.9+) or no torchao"
+fi
+
+# 4. fp8 + FSDP2 with float8 all-gather + torch.compile, one process
+FSDP_FP8=(--use_fsdp --mixed_precision fp8 --fp8_backend ao --fp8_enable_fsdp_float8_all_gather --fp8_pad_inner_dim)
+if ((DRY)); then
+    part fsdp_fp8_compile 120 "$PYTHON" -m hasten.commands.main launch "${FSDP_FP8[@]}" --cpu --num_processes 1 \
+        --dynamo_backend aot_eager tests/scripts/fp8_fsdp_training.py
+elif ((FP8_GPU)); then
+    part fsdp_fp8_compile 120 "$PYTHON" -m hasten.commands.main launch "${FSDP_FP8[@]}" --num_processes 1 \
+        --dynamo_backend inductor tests/scripts/fp8_fsdp_training.py
+else
+    skip fsdp_fp8_compile "no GPU with fp8 units (compute capability 8.9+) or no torchao"
+fi
+
+# 5. NCCL on 2 processes
+if ((GPUS >= 2 && DRY == 0)); then
+    part nccl_fsdp_fp8 120 "$PYTHON" -m hasten.commands.main launch "${FSDP_FP8[@]}" --num_processes 2 \
+        tests/scripts/fp8_fsdp_training.py
+    part nccl_self_check 90 "$PYTHON" -m hasten.commands.main launch --multi_gpu --num_processes 2 \
+        src/hasten/test_utils/scripts/test_script.py
+else
+    skip nccl "this machine has $GPUS GPU(s); the NCCL 2-process runs need 2"
+fi
+
+"$PYTHON" "$ROOT/bench/device_report.py" --report "$WORK" "$OUT" 2>&1 | tee -a "$LOG"
+say "device_check: done in $SECONDS s; results in $OUT"
+rm -rf "$WORK"
