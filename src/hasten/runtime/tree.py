@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
@@ -345,6 +346,11 @@ def split_for_process(inputs, num_processes: int, process_index: int, apply_padd
     per_process, extras = divmod(length, num_processes)
     start = process_index * per_process + min(process_index, extras)
     end = start + per_process + (1 if process_index < extras else 0)
+    if _is_hf_dataset(inputs):  # slicing one gives a dict of columns: select its rows instead, as Accelerate does
+        rows = list(range(start, end))
+        if apply_padding and extras and length:
+            rows += [length - 1] * (per_process + 1 - len(rows))
+        return inputs.select(rows)
     share = inputs[start:end]
     if not apply_padding or extras == 0 or length == 0:
         return share
@@ -355,3 +361,9 @@ def split_for_process(inputs, num_processes: int, process_index: int, apply_padd
     if isinstance(share, torch.Tensor):
         return torch.cat([share] + [filler] * missing, dim=0)
     return share + type(share)(filler) * missing
+
+
+def _is_hf_dataset(inputs) -> bool:
+    """A ``datasets.Dataset`` (checked only when the user's code imported ``datasets``)."""
+    datasets = sys.modules.get("datasets")
+    return datasets is not None and isinstance(inputs, getattr(datasets, "Dataset", ()))
