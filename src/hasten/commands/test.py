@@ -29,3 +29,15 @@ def self_check_command(args: argparse.Namespace) -> int:
     if code != 0:
         print(f"hasten test: the self-check failed (exit code {code}); the failing check is named above.", file=sys.stderr)
     return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``test`` with ``argv`` (default: this process's arguments): ``python -m hasten.commands.test``
+    and ``python -m accelerate.commands.test``."""
+    from .main import run_subcommand
+
+    return run_subcommand("test", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
