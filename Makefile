@@ -10,8 +10,8 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= demo,dev,deepspeed,tracking
 PY := $(VENV)/bin/python
-# No bytecode is compiled at install time: Python writes it for each module the first time it is imported, which
-# spares the thousands of torch and transformers files that a run never imports.
+# pip compiles no bytecode while installing (one file after another, torch's thousands included): make demo's three
+# processes compile only what they import, and make setup compiles the whole venv at the end, on every core.
 PIP_INSTALL := $(PY) -m pip --disable-pip-version-check -q install --no-compile
 TORCH_STAMP := $(VENV)/.torch-spec
 DEMO_STAMP := $(VENV)/.hasten-demo
@@ -19,6 +19,7 @@ PKG_STAMP := $(VENV)/.hasten-installed
 ALIAS_STAMP := $(VENV)/.accelerate-alias
 ECO_STAMP := $(VENV)/.ecosystem
 DS_OPS_STAMP := $(VENV)/.deepspeed-ops
+COMPILED_STAMP := $(VENV)/.compiled
 # What hasten's accelerate distribution is built from (its version comes from _version.py).
 ALIAS_SOURCES := alias/pyproject.toml alias/build_alias.py alias/entry_points.txt src/hasten/_version.py \
 	$(wildcard src/hasten/_accelerate_shim/*/*.py src/hasten/_accelerate_shim/*/METADATA)
@@ -33,7 +34,7 @@ REFERENCE_STAMP := $(REFERENCE_DIR)/.installed
 
 .PHONY: setup reference demo test test-fast bench torch-check clean
 
-setup: $(PKG_STAMP) $(ALIAS_STAMP) $(ECO_STAMP) $(DS_OPS_STAMP)
+setup: $(PKG_STAMP) $(ALIAS_STAMP) $(ECO_STAMP) $(DS_OPS_STAMP) $(COMPILED_STAMP)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -61,6 +62,13 @@ $(ALIAS_STAMP): $(PKG_STAMP) $(ALIAS_SOURCES)
 
 $(ECO_STAMP): $(ALIAS_STAMP) Makefile
 	$(PIP_INSTALL) $(ECOSYSTEM)
+	@touch $@
+
+# Bytecode for everything installed, so that the thousands of processes the tests start never compile torch again
+# (with PYTHONDONTWRITEBYTECODE set they would, in each process). A file that does not compile (torch ships one
+# written for a newer Python) is skipped, as pip skips it.
+$(COMPILED_STAMP): $(PKG_STAMP) $(ALIAS_STAMP) $(ECO_STAMP)
+	$(PY) -m compileall -qq -j 0 $$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") || true
 	@touch $@
 
 # DeepSpeed compiles its CPU Adam and shared-memory ops on first use (minutes); build them once here,

@@ -126,7 +126,7 @@ def _shim_metadata() -> Path:
 
 
 def _version() -> str:
-    api = re.search(r"^Version: (\S+)$", _shim_metadata().read_text(), re.M).group(1)
+    api = re.search(r"^Version: (\S+)$", _shim_metadata().read_text(), re.MULTILINE).group(1)
     local = re.sub(r"[^a-z0-9]+", ".", _hasten_version().lower()).strip(".")
     return f"{api}+hasten.{local}"
 
