@@ -60,8 +60,9 @@ class AliasConflictError(HastenError, ImportError):
 def install_as_accelerate() -> None:
     """Make ``import accelerate`` (and every ``accelerate.<submodule>``) give hasten in this process.
 
-    Also makes ``importlib.metadata.version("accelerate")`` report :data:`ACCELERATE_API_VERSION`,
-    so transformers, peft, diffusers and trl accept hasten as their Accelerate. Call it before
+    Also makes ``importlib.metadata.version("accelerate")`` report :data:`ACCELERATE_API_VERSION`
+    (where hasten's ``accelerate`` distribution is installed, that distribution's version, which it
+    extends), so transformers, peft, diffusers and trl accept hasten as their Accelerate. Call it before
     importing those libraries: some of them check for Accelerate once, at import time. Calling it
     again does nothing. An installed ``accelerate`` distribution that has not been imported yet is
     shadowed; one that is already imported cannot be replaced, and :class:`AliasConflictError` says so.
