@@ -10,7 +10,7 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= demo,dev,deepspeed,tracking
 PY := $(VENV)/bin/python
-# pip compiles no bytecode while installing (one file after another, torch's thousands included): make demo's three
+# pip compiles no bytecode while installing (one file after another, torch's thousands included): make demo's
 # processes compile only what they import, and make setup compiles the whole venv at the end, on every core.
 PIP_INSTALL := $(PY) -m pip --disable-pip-version-check -q install --no-compile
 TORCH_STAMP := $(VENV)/.torch-spec
@@ -85,8 +85,10 @@ $(REFERENCE_STAMP): | $(PY)
 	@if $(PIP_INSTALL) --no-deps --target $(REFERENCE_DIR) $(ACCELERATE_REFERENCE); then touch $@; \
 	else echo "warning: could not install $(ACCELERATE_REFERENCE) into $(REFERENCE_DIR); tests comparing with it will skip"; fi
 
+# pip wrote no bytecode: the demo writes that of what it imports (in .venv and src/), even where
+# PYTHONDONTWRITEBYTECODE is set, so that its processes do not each compile torch from source, run after run.
 demo: $(DEMO_STAMP)
-	$(VENV)/bin/hasten launch --num_processes 2 examples/digits_classifier.py
+	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/hasten launch --num_processes 2 examples/digits_classifier.py
 
 test: setup reference
 	$(PY) -m pytest -q
