@@ -65,8 +65,9 @@ class Venv:
 
 def _env(**extra) -> dict[str, str]:
     """No PYTHONPATH (the venv imports only what is installed in it), pip offline and without its cache."""
-    env = clean_env(PIP_NO_INDEX="1", PIP_NO_CACHE_DIR="1", **extra)
+    env = clean_env(PIP_NO_INDEX="1", PIP_NO_CACHE_DIR="1")
     env.pop("PYTHONPATH", None)
+    env.update(extra)
     return env
 
 
@@ -133,6 +134,7 @@ def venv(tmp_path_factory) -> Venv:
     in, and HuggingFace's Accelerate (the stand-in) installed."""
     scratch = tmp_path_factory.mktemp("install")
     checkout = scratch / "checkout"  # what pip builds from (setuptools writes build/ and *.egg-info beside it)
+    checkout.mkdir()
     for part in ("pyproject.toml", "README.md", "src", "alias"):
         copy = shutil.copytree if (ROOT / part).is_dir() else shutil.copy
         copy(ROOT / part, checkout / part, **({"ignore": shutil.ignore_patterns("__pycache__", "*.egg-info")} if copy is shutil.copytree else {}))
@@ -142,6 +144,8 @@ def venv(tmp_path_factory) -> Venv:
     links = env.root / "linked"
     _link_distributions(_closure(["hasten", "setuptools", "wheel", *ECOSYSTEM]), links)
     (env.site / "linked-from-the-test-run.pth").write_text(f"{links}\n")
+    if (env.site / "setuptools").is_dir():  # the venv's own (Python < 3.12), older than the one hasten builds with
+        env.pip("uninstall", "-y", "setuptools")
     env.pip("install", "--no-build-isolation", "--no-deps", checkout)  # hasten; its requirements are linked in
     env.pip("install", _real_accelerate_wheel(scratch))
     return env
