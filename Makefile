@@ -2,7 +2,8 @@
 # - make demo: torch (TORCH_SPEC) and hasten with its `demo` extra (scikit-learn, for the digits), then the demo;
 # - make (setup) and make test: also the dev, deepspeed and tracking extras; hasten's `accelerate` distribution
 #   (alias/), so that every library importing accelerate gets hasten; the libraries built on Accelerate (ECOSYSTEM,
-#   with their own dependencies); DeepSpeed's CPU ops; and, for make test, the reference copy of Accelerate.
+#   with their own dependencies); DeepSpeed's CPU ops; the venv's bytecode; and, for make test, the reference copy
+#   of Accelerate.
 # TORCH_SPEC is installed before the package so that pip never pulls a CUDA build we did not ask for;
 # on a CUDA machine: make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130"
 PYTHON ?= python3
@@ -12,7 +13,8 @@ EXTRAS ?= demo,dev,deepspeed,tracking
 PY := $(VENV)/bin/python
 # pip compiles no bytecode while installing (one file after another, torch's thousands included): make demo's
 # processes compile only what they import, and make setup compiles the whole venv at the end, on every core.
-PIP_INSTALL := $(PY) -m pip --disable-pip-version-check -q install --no-compile
+PIP := $(PY) -m pip --disable-pip-version-check -q
+PIP_INSTALL := $(PIP) install --no-compile
 TORCH_STAMP := $(VENV)/.torch-spec
 DEMO_STAMP := $(VENV)/.hasten-demo
 PKG_STAMP := $(VENV)/.hasten-installed
@@ -82,7 +84,7 @@ reference: $(REFERENCE_STAMP)
 
 $(REFERENCE_STAMP): | $(PY)
 	@rm -rf $(REFERENCE_DIR)
-	@if $(PIP_INSTALL) --no-deps --target $(REFERENCE_DIR) $(ACCELERATE_REFERENCE); then touch $@; \
+	@if $(PIP) install --no-deps --target $(REFERENCE_DIR) $(ACCELERATE_REFERENCE); then touch $@; \
 	else echo "warning: could not install $(ACCELERATE_REFERENCE) into $(REFERENCE_DIR); tests comparing with it will skip"; fi
 
 # pip wrote no bytecode: the demo writes that of what it imports (in .venv and src/), even where
