@@ -93,13 +93,14 @@ def refuse_to_replace_accelerate() -> None:
             continue
         where = found.locate_file("")
         raise SystemExit(
-            f"\nNot installing hasten's `accelerate` distribution: HuggingFace's Accelerate {found.version} is installed "
-            f"in {where}, and pip would replace it.\n"
+            "\nNot installing hasten's `accelerate` distribution: "
+            f"HuggingFace's Accelerate {found.version} is installed in {where}, and pip would replace it.\n"
             "  To replace it with hasten:      pip uninstall accelerate   then run this install again\n"
             f"                                 (or {REPLACE_VARIABLE}=1 pip install ./alias   to let pip replace it)\n"
-            "  To keep the real Accelerate:    do not install this; run hasten under Accelerate's name per process\n"
-            "                                 (hasten.install_as_accelerate()) or per job (hasten launch --as_accelerate).\n"
-            "  See hasten's docs/migration.md, \"Installing hasten as Accelerate\".\n"
+            "  To keep the real Accelerate:    do not install this; run hasten under Accelerate's name\n"
+            "                                 per process (hasten.install_as_accelerate())\n"
+            "                                 or per job (hasten launch --as_accelerate).\n"
+            '  See hasten\'s docs/migration.md, "Installing hasten as Accelerate".\n'
         )
 
 
@@ -111,7 +112,9 @@ def _is_hasten_distribution(distribution) -> bool:
 def _hasten_version() -> str:
     source = HASTEN_SRC / "_version.py"
     if not source.is_file():
-        raise UnsupportedOperation(f"{source} not found: build hasten's accelerate distribution from hasten's repository (alias/).")
+        raise UnsupportedOperation(
+            f"{source} not found: build hasten's accelerate distribution from hasten's repository (alias/)."
+        )
     for node in ast.parse(source.read_text()).body:
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__version__" for t in node.targets):
             return ast.literal_eval(node.value)

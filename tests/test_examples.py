@@ -30,7 +30,9 @@ def documented_commands() -> dict[str, list[str]]:
     for line in QUICK_TOUR.read_text().splitlines():
         match = re.match(r"\| \[`(\w+\.py)`\]", line)
         if match:
-            rows[match.group(1)] = [c for c in re.findall(r"`([^`]+)`", line.split(" | ")[-1]) if c.startswith(("hasten ", "accelerate "))]
+            rows[match.group(1)] = [
+                c for c in re.findall(r"`([^`]+)`", line.split(" | ")[-1]) if c.startswith(("hasten ", "accelerate "))
+            ]
     return rows
 
 
@@ -46,10 +48,17 @@ def run_documented(example: str, workdir: Path) -> list[subprocess.CompletedProc
         program, *args = shlex.split(command)
         executable = Path(sys.executable).parent / program
         if not executable.exists():
-            pytest.skip(f"`{program}` is not installed in this venv: `make setup` installs hasten's accelerate distribution")
-        proc = subprocess.run([str(executable), *args], env=env, cwd=workdir, capture_output=True, text=True, timeout=TIMEOUT, check=False)
+            pytest.skip(
+                f"`{program}` is not installed in this venv: `make setup` installs hasten's accelerate distribution"
+            )
+        proc = subprocess.run(
+            [str(executable), *args], env=env, cwd=workdir, capture_output=True, text=True, timeout=TIMEOUT, check=False
+        )
         if proc.returncode != 0:
-            raise AssertionError(f"`{command}` failed ({proc.returncode}):\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-8000:]}")
+            raise AssertionError(
+                f"`{command}` failed ({proc.returncode}):\n"
+                f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
+            )
         runs.append(proc)
     return runs
 
@@ -98,13 +107,19 @@ def test_language_model_reaches_its_loss_and_resumes_where_it_stopped(tmp_path):
     assert held_out[100] < 2.75, held_out  # the threshold stated in the example's docstring
     assert losses[100] < losses[10] - 1.5, losses
     # One progress bar per machine, not one per process.
-    assert _bar_starts(first.stderr, "training") == 1 and _bar_starts(first.stderr, "evaluating") == 2, first.stderr[-3000:]
+    assert _bar_starts(first.stderr, "training") == 1 and _bar_starts(first.stderr, "evaluating") == 2, first.stderr[
+        -3000:
+    ]
 
-    assert f"resumed from {Path('runs') / 'language_model' / 'checkpoints' / 'checkpoint_1'} at step 100" in second.stdout, second.stdout
+    assert (
+        f"resumed from {Path('runs') / 'language_model' / 'checkpoints' / 'checkpoint_1'} at step 100" in second.stdout
+    ), second.stdout
     resumed = _numbers(r"step (\d+): loss ([0-9.]+)", second.stdout)
     assert sorted(resumed) == [110, 120, 130, 140, 150], second.stdout
     assert abs(resumed[110] - losses[100]) < 0.25 and resumed[150] < losses[50], (losses, resumed)
-    assert _bar_starts(second.stderr, "training") == 0 and second.stderr.count("| 100/150 [") == 1, second.stderr[-3000:]
+    assert _bar_starts(second.stderr, "training") == 0 and second.stderr.count("| 100/150 [") == 1, second.stderr[
+        -3000:
+    ]
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint_1", "checkpoint_2"]
 
     scalars = read_scalars(run / "language_model")
@@ -117,7 +132,9 @@ def test_language_model_reaches_its_loss_and_resumes_where_it_stopped(tmp_path):
 def test_find_batch_size_halves_until_the_batch_fits(tmp_path):
     (proc,) = run_documented("find_batch_size.py", tmp_path)
     out = proc.stdout
-    assert [int(size) for size in re.findall(r"trying batch size (\d+) per process", out)] == [256, 128, 64, 32, 16], out
+    assert [int(size) for size in re.findall(r"trying batch size (\d+) per process", out)] == [256, 128, 64, 32, 16], (
+        out
+    )
     match = re.search(r"trained with batch size 16 per process: accuracy ([0-9.]+) on 500 held-out samples", out)
     assert match and float(match.group(1)) > 0.85, out
 
@@ -151,7 +168,9 @@ def test_deepspeed_config_with_auto_values(tmp_path):
 def test_transformers_script_differs_from_its_accelerate_version_only_in_imports():
     source = (EXAMPLES / "transformers_no_trainer.py").read_text()
     tree = ast.parse(source)
-    hasten_imports = [node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] == "hasten"]
+    hasten_imports = [
+        node for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module.split(".")[0] == "hasten"
+    ]
     assert sorted(node.module for node in hasten_imports) == ["hasten", "hasten.logging", "hasten.utils"]
     import_lines = {line for node in hasten_imports for line in range(node.lineno, node.end_lineno + 1)}
     docstring_lines = set(range(tree.body[0].lineno, tree.body[0].end_lineno + 1))
@@ -185,7 +204,9 @@ def test_transformers_trainer_runs_under_the_accelerate_command_and_resumes(tmp_
     assert losses[40] < losses[10] - 1.0 and evals[40] < 2.8, (losses, evals)  # from ln(256) = 5.5
     resumed = {int(s) for s in re.findall(r"^step (\d+): loss ", second.stdout, re.MULTILINE)}
     assert resumed == {50, 60} and "resumed, now at step 60" in second.stdout, second.stdout[-6000:]
-    assert sorted(p.name for p in (tmp_path / "runs" / "trainer").glob("checkpoint-*")) == ["checkpoint-60"]  # save_total_limit=1
+    assert sorted(p.name for p in (tmp_path / "runs" / "trainer").glob("checkpoint-*")) == [
+        "checkpoint-60"
+    ]  # save_total_limit=1
 
 
 @pytest.mark.slow

@@ -43,17 +43,33 @@ class Venv:
         self.root = root
         self.bin = root / "bin"
         self.python = self.bin / "python"
-        self.site = Path(self._run([str(self.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).stdout.strip())
+        self.site = Path(
+            self._run(
+                [str(self.python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]
+            ).stdout.strip()
+        )
 
     @staticmethod
     def _run(cmd, env=None, check=True, timeout=300, cwd=None) -> subprocess.CompletedProcess:
-        proc = subprocess.run(list(map(str, cmd)), check=False, env=env or _env(), capture_output=True, text=True, timeout=timeout, cwd=cwd)
+        proc = subprocess.run(
+            list(map(str, cmd)),
+            check=False,
+            env=env or _env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+        )
         if check and proc.returncode != 0:
-            raise AssertionError(f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}")
+            raise AssertionError(
+                f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+            )
         return proc
 
     def pip(self, *args, check=True, env=None) -> subprocess.CompletedProcess:
-        return self._run([self.python, "-m", "pip", "--disable-pip-version-check", "--no-input", *args], env=env, check=check)
+        return self._run(
+            [self.python, "-m", "pip", "--disable-pip-version-check", "--no-input", *args], env=env, check=check
+        )
 
     def python_json(self, code: str, env=None):
         out = self._run([self.python, "-c", textwrap.dedent(code)], env=env).stdout
@@ -92,7 +108,9 @@ def _closure(names) -> list[importlib.metadata.Distribution]:
             found[key] = dist
         for text in dist.requires or ():
             requirement = Requirement(text)
-            if requirement.marker is None or any(requirement.marker.evaluate({"extra": extra}) for extra in ("", *extras)):
+            if requirement.marker is None or any(
+                requirement.marker.evaluate({"extra": extra}) for extra in ("", *extras)
+            ):
                 todo.append((requirement.name, tuple(sorted(requirement.extras))))
     return list(found.values())
 
@@ -111,8 +129,15 @@ def _link_distributions(dists, folder: Path) -> None:
 def _wheel(folder: Path, files: dict[str, str], name: str, version: str) -> Path:
     """A wheel of ``files`` (plus its dist-info), as pip installs it."""
     info = f"{name}-{version}.dist-info"
-    files = {**files, f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
-    record = [f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},{len(text.encode())}" for path, text in files.items()]
+    files = {
+        **files,
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = [
+        f"{path},sha256={base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b'=').decode()},"
+        f"{len(text.encode())}"
+        for path, text in files.items()
+    ]
     files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
     path = folder / f"{name}-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as wheel:
@@ -123,8 +148,15 @@ def _wheel(folder: Path, files: dict[str, str], name: str, version: str) -> Path
 
 def _real_accelerate_wheel(folder: Path) -> Path:
     """A stand-in for HuggingFace's Accelerate 1.15.0: its name, version, home page, and a module hasten lacks."""
-    metadata = "Metadata-Version: 2.1\nName: accelerate\nVersion: 1.15.0\nSummary: Accelerate\nHome-page: https://github.com/huggingface/accelerate\n"
-    files = {"accelerate/__init__.py": "__version__ = '1.15.0'\nREAL = True\n", "accelerate/real_only.py": "", "accelerate-1.15.0.dist-info/METADATA": metadata}
+    metadata = (
+        "Metadata-Version: 2.1\nName: accelerate\nVersion: 1.15.0\nSummary: Accelerate\n"
+        "Home-page: https://github.com/huggingface/accelerate\n"
+    )
+    files = {
+        "accelerate/__init__.py": "__version__ = '1.15.0'\nREAL = True\n",
+        "accelerate/real_only.py": "",
+        "accelerate-1.15.0.dist-info/METADATA": metadata,
+    }
     return _wheel(folder, files, "accelerate", "1.15.0")
 
 
@@ -137,7 +169,11 @@ def venv(tmp_path_factory) -> Venv:
     checkout.mkdir()
     for part in ("pyproject.toml", "README.md", "src", "alias"):
         copy = shutil.copytree if (ROOT / part).is_dir() else shutil.copy
-        copy(ROOT / part, checkout / part, **({"ignore": shutil.ignore_patterns("__pycache__", "*.egg-info")} if copy is shutil.copytree else {}))
+        copy(
+            ROOT / part,
+            checkout / part,
+            **({"ignore": shutil.ignore_patterns("__pycache__", "*.egg-info")} if copy is shutil.copytree else {}),
+        )
     Venv._run([sys.executable, "-m", "venv", scratch / "venv"])
     env = Venv(scratch / "venv")
     env.checkout = checkout
@@ -199,7 +235,8 @@ def test_every_process_imports_hasten_as_accelerate_and_libraries_accept_it(venv
             except m.PackageNotFoundError:
                 continue
             accelerate_requirements = [Requirement(r) for r in requires if Requirement(r).name == "accelerate"]
-            out["requirements_met"][name] = all(r.specifier.contains(m.version("accelerate")) for r in accelerate_requirements)
+            met = [r.specifier.contains(m.version("accelerate")) for r in accelerate_requirements]
+            out["requirements_met"][name] = all(met)
         print(json.dumps(out))
         """
     )
@@ -228,9 +265,15 @@ def test_plain_imports_of_the_ecosystem_libraries_get_hasten(venv):
 
 def test_the_accelerate_command_is_hasten_with_accelerates_flags(venv, tmp_path):
     usage = venv.command("accelerate", "--help").stdout
-    assert usage.startswith("usage: accelerate ") and all(c in usage for c in ("launch", "config", "env", "test", "estimate-memory", "merge-weights"))
-    assert venv.command("accelerate", "launch", "--help").stdout.startswith("usage: accelerate launch [options] training_script")
-    assert venv.command("accelerate-launch", "--help").stdout.startswith("usage: accelerate launch [options] training_script")
+    assert usage.startswith("usage: accelerate ") and all(
+        c in usage for c in ("launch", "config", "env", "test", "estimate-memory", "merge-weights")
+    )
+    assert venv.command("accelerate", "launch", "--help").stdout.startswith(
+        "usage: accelerate launch [options] training_script"
+    )
+    assert venv.command("accelerate-launch", "--help").stdout.startswith(
+        "usage: accelerate launch [options] training_script"
+    )
     assert f"- hasten version: {HASTEN_VERSION}" in venv.command("accelerate", "env").stdout
     estimate = venv.command("accelerate-estimate-memory", "--num_params", "1e9").stdout
     assert "1000M total parameters" in estimate
@@ -245,12 +288,29 @@ def test_the_accelerate_command_is_hasten_with_accelerates_flags(venv, tmp_path)
 
 
 def test_accelerate_launch_runs_a_two_process_job_on_hasten(venv):
-    proc = venv.command("accelerate", "launch", "--cpu", "--num_processes", "2", "--main_process_port", str(free_port()), "-q", SCRIPTS / "eco_alias_probe.py")
-    reports = sorted((json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("ALIAS ")), key=lambda r: r["rank"])
+    proc = venv.command(
+        "accelerate",
+        "launch",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(free_port()),
+        "-q",
+        SCRIPTS / "eco_alias_probe.py",
+    )
+    reports = sorted(
+        (json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("ALIAS ")),
+        key=lambda r: r["rank"],
+    )
     assert [r["rank"] for r in reports] == [0, 1], proc.stdout + proc.stderr
     version = f"1.15.0+hasten.{HASTEN_VERSION}"
     for report in reports:
-        assert (report["version"], report["distribution"], report["accelerator"]) == ("1.15.0", version, "hasten.accelerator")
+        assert (report["version"], report["distribution"], report["accelerator"]) == (
+            "1.15.0",
+            version,
+            "hasten.accelerator",
+        )
         assert report["child"] == ["1.15.0", version, "hasten.accelerator"]  # a process the worker starts, too
 
 
@@ -265,7 +325,8 @@ def test_a_real_accelerate_elsewhere_on_the_path_is_never_mixed_in(venv, tmp_pat
             real_only = "imported"
         except ModuleNotFoundError as error:
             real_only = str(error)
-        print(json.dumps([getattr(accelerate, "REAL", False), accelerate.__version__, m.version("accelerate"), real_only]))
+        real = getattr(accelerate, "REAL", False)
+        print(json.dumps([real, accelerate.__version__, m.version("accelerate"), real_only]))
         """
     # First on the path (PYTHONPATH, as tests/differential.py puts its reference copy): the real one, whole.
     first = venv.python_json(code, env=_env(PYTHONPATH=str(tmp_path / "real")))
@@ -277,7 +338,9 @@ def test_a_real_accelerate_elsewhere_on_the_path_is_never_mixed_in(venv, tmp_pat
     finally:
         (venv.site / "zz-real-accelerate.pth").unlink()
     assert after[:3] == [False, "1.15.0", f"1.15.0+hasten.{HASTEN_VERSION}"]
-    assert "No module named 'accelerate.real_only'" in after[3] and "hasten has no module 'hasten.real_only'" in after[3]
+    assert (
+        "No module named 'accelerate.real_only'" in after[3] and "hasten has no module 'hasten.real_only'" in after[3]
+    )
 
 
 def test_uninstall_restores_the_environment(venv):

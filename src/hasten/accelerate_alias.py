@@ -189,8 +189,8 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
             return iter(())
         # When the first `accelerate` on sys.path is already hasten's (the shim folder on PYTHONPATH, or the
         # installed alias distribution), the path finder reports it: reporting the shim again would list it twice.
-        on_path = importlib.metadata.MetadataPathFinder.find_distributions(importlib.metadata.DistributionFinder.Context(name=_NAME))
-        first = next(iter(on_path), None)
+        context = importlib.metadata.DistributionFinder.Context(name=_NAME)
+        first = next(iter(importlib.metadata.MetadataPathFinder.find_distributions(context)), None)
         if first is not None and is_hasten_distribution(first):
             return iter(())
         return iter((importlib.metadata.PathDistribution(_DIST_INFO),))

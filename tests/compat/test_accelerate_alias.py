@@ -50,7 +50,8 @@ def _expected_distribution() -> str:
     accelerate distribution when it is installed (it is reported, once), else the shim's."""
     code = """
         import importlib.metadata as m, json
-        first = next(iter(m.MetadataPathFinder.find_distributions(m.DistributionFinder.Context(name="accelerate"))), None)
+        context = m.DistributionFinder.Context(name="accelerate")
+        first = next(iter(m.MetadataPathFinder.find_distributions(context)), None)
         print(json.dumps(first.version if first is not None else None))
         """
     installed = _json(code)
@@ -101,7 +102,8 @@ def test_install_maps_every_submodule_to_hasten_and_reports_the_api_version():
         """
     )
     assert result["finders"] == 1  # idempotent
-    assert result["version"] == ACCELERATE_API_VERSION == "1.15.0" and result["distribution"] == _expected_distribution()
+    assert result["version"] == ACCELERATE_API_VERSION == "1.15.0"
+    assert result["distribution"] == _expected_distribution()
     assert result["hasten_version"] == result["own"] != ACCELERATE_API_VERSION
     assert all(result["same"]) and result["dir"] and result["all"]
     assert result["specs"] == ["hasten.utils", "hasten.commands.launch"]  # hasten's modules keep their own spec
@@ -168,7 +170,8 @@ def test_shim_folder_on_the_path_answers_before_any_hasten_code_runs():
         import accelerate.utils
         import hasten.utils
         reported = [d._path.as_posix() for d in m.distributions() if d.metadata["Name"] == "accelerate"]
-        on_path = [d._path.as_posix() for d in m.MetadataPathFinder.find_distributions(m.DistributionFinder.Context(name="accelerate"))]
+        context = m.DistributionFinder.Context(name="accelerate")
+        on_path = [d._path.as_posix() for d in m.MetadataPathFinder.find_distributions(context)]
         print(json.dumps({"before": before, "version": accelerate.__version__, "alias": accelerate.__hasten_alias__,
                           "utils": accelerate.utils is hasten.utils, "reported": reported, "on_path": on_path}))
         """,
@@ -177,7 +180,8 @@ def test_shim_folder_on_the_path_answers_before_any_hasten_code_runs():
     assert result["before"] == [True, ACCELERATE_API_VERSION, False]
     assert result["version"] == ACCELERATE_API_VERSION and result["alias"] and result["utils"]
     # The finder adds nothing to what the path holds: the shim's dist-info first (an installed one after it, if any).
-    assert result["reported"] == result["on_path"] and result["on_path"][0] == (SHIM_DIR / f"accelerate-{ACCELERATE_API_VERSION}.dist-info").as_posix()
+    shim_info = SHIM_DIR / f"accelerate-{ACCELERATE_API_VERSION}.dist-info"
+    assert result["reported"] == result["on_path"] and result["on_path"][0] == shim_info.as_posix()
 
 
 def test_module_run_prints_the_shim_folder_whose_metadata_matches():
@@ -205,7 +209,8 @@ def test_python_m_runs_the_accelerate_command_modules_under_the_alias():
         check=False,
     )
     assert proc.returncode == 0 and "- hasten version: " in proc.stdout, proc.stderr[-2000:]
-    assert _python("import runpy; runpy.run_module('hasten.commands.launch', run_name='__main__')", check=False).stderr.startswith("usage: hasten launch")
+    proc = _python("import runpy; runpy.run_module('hasten.commands.launch', run_name='__main__')", check=False)
+    assert proc.stderr.startswith("usage: hasten launch")
 
 
 def test_alias_wheel_carries_the_shim_package_and_metadata_with_a_hasten_local_version(tmp_path):
@@ -215,17 +220,21 @@ def test_alias_wheel_carries_the_shim_package_and_metadata_with_a_hasten_local_v
         names = sorted(wheel.namelist())
         version = f"{ACCELERATE_API_VERSION}+hasten.{hasten.__version__}"
         info = f"accelerate-{version}.dist-info"
-        assert names == sorted(["accelerate/__init__.py", *(f"{info}/{n}" for n in ("METADATA", "WHEEL", "RECORD", "entry_points.txt", "top_level.txt"))])
+        info_files = ("METADATA", "WHEEL", "RECORD", "entry_points.txt", "top_level.txt")
+        assert names == sorted(["accelerate/__init__.py", *(f"{info}/{name}" for name in info_files)])
         assert wheel.read("accelerate/__init__.py") == (SHIM_DIR / "accelerate" / "__init__.py").read_bytes()
         metadata = wheel.read(f"{info}/METADATA").decode()
         scripts = wheel.read(f"{info}/entry_points.txt").decode()
     shim = (SHIM_DIR / f"accelerate-{ACCELERATE_API_VERSION}.dist-info" / "METADATA").read_text()
-    expected = shim.replace(f"Version: {ACCELERATE_API_VERSION}\n", f"Version: {version}\n").replace("Requires-Dist: hasten\n", f"Requires-Dist: hasten=={hasten.__version__}\n")
+    expected = shim.replace(f"Version: {ACCELERATE_API_VERSION}\n", f"Version: {version}\n")
+    expected = expected.replace("Requires-Dist: hasten\n", f"Requires-Dist: hasten=={hasten.__version__}\n")
     assert metadata == expected != shim
     from packaging.specifiers import SpecifierSet
 
-    assert all(version in SpecifierSet(spec) for spec in (">=1.1.0", "==1.15.0", "~=1.15", "<2"))  # what libraries require
-    assert "accelerate = accelerate.commands.accelerate_cli:main" in scripts and "accelerate-launch = accelerate.commands.launch:main" in scripts
+    # What libraries require of accelerate accepts it.
+    assert all(version in SpecifierSet(spec) for spec in (">=1.1.0", "==1.15.0", "~=1.15", "<2"))
+    assert "accelerate = accelerate.commands.accelerate_cli:main" in scripts
+    assert "accelerate-launch = accelerate.commands.launch:main" in scripts
     # sentence-transformers and setfit train only when accelerate's metadata names a huggingface home page.
     assert re.search(r"^Home-page: \S*huggingface", metadata, re.MULTILINE)
     assert re.search(r"^Summary: hasten, installed under Accelerate's name", metadata, re.MULTILINE)
@@ -239,7 +248,7 @@ def test_the_installed_alias_is_hasten_and_reported_once_and_a_path_first_real_a
         import accelerate, hasten
         on_path = m.MetadataPathFinder.find_distributions(m.DistributionFinder.Context(name="accelerate"))
         print(json.dumps({"hasten": accelerate.Accelerator is hasten.Accelerator, "module": accelerate.__version__,
-                          "reported": [d._path.as_posix() for d in m.distributions() if d.metadata["Name"] == "accelerate"],
+                          "reported": [d._path.as_posix() for d in m.distributions() if d.name == "accelerate"],
                           "on_path": [d._path.as_posix() for d in on_path],
                           "version": m.version("accelerate"), "home": m.metadata("accelerate")["Home-page"]}))
         """
@@ -250,7 +259,8 @@ def test_the_installed_alias_is_hasten_and_reported_once_and_a_path_first_real_a
     assert result["version"].startswith(f"{ACCELERATE_API_VERSION}+hasten.") and "huggingface" in result["home"]
     # A real Accelerate earlier on the path (the reference copy of tests/differential.py) is what imports, whole.
     real = _fake_accelerate(tmp_path / "real", version="1.15.0")
-    shadowed = _json("import accelerate, importlib.metadata as m, json; print(json.dumps([accelerate.REAL, m.version('accelerate')]))", real, tmp_path / "site")
+    code = "import accelerate, importlib.metadata as m, json; print(json.dumps([accelerate.REAL, m.version('accelerate')]))"
+    shadowed = _json(code, real, tmp_path / "site")
     assert shadowed == [True, "1.15.0"]
 
 
@@ -263,7 +273,8 @@ def test_is_hasten_distribution_tells_the_alias_from_huggingface_accelerate(tmp_
         (folder / "METADATA").write_text(f"Metadata-Version: 2.1\nName: accelerate\nVersion: 1.15.0\n{requires}")
         return importlib.metadata.PathDistribution(folder)
 
-    assert is_hasten_distribution(importlib.metadata.PathDistribution(SHIM_DIR / f"accelerate-{ACCELERATE_API_VERSION}.dist-info"))
+    shim_info = SHIM_DIR / f"accelerate-{ACCELERATE_API_VERSION}.dist-info"
+    assert is_hasten_distribution(importlib.metadata.PathDistribution(shim_info))
     assert is_hasten_distribution(distribution("Requires-Dist: hasten==0.1.0\n"))
     assert not is_hasten_distribution(distribution("Requires-Dist: numpy>=1.17\nRequires-Dist: torch>=2.0.0\n"))
     assert not is_hasten_distribution(distribution("Requires-Dist: hasten-tools\n"))
@@ -313,7 +324,8 @@ def test_launched_workers_and_the_processes_they_start_import_hasten_as_accelera
     # HuggingFace's Accelerate stays installed (a stand-in on the path): the job still runs on hasten.
     real = _fake_accelerate(tmp_path / "site")
     env = clean_env(PYTHONPATH=os.pathsep.join(map(str, [real, SRC])))
-    proc = hasten_launch(SCRIPTS / "eco_alias_probe.py", launch_args=("--as_accelerate", "--cpu", "--num_processes", "2", "-q"), env=env)
+    launch_args = ("--as_accelerate", "--cpu", "--num_processes", "2", "-q")
+    proc = hasten_launch(SCRIPTS / "eco_alias_probe.py", launch_args=launch_args, env=env)
     reports = sorted((json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("ALIAS ")), key=lambda r: r["rank"])
     assert [r["rank"] for r in reports] == [0, 1], proc.stdout
     for report in reports:

@@ -61,22 +61,23 @@ def _results(out, output: str, part: str) -> list[dict]:
 def _require_alias_distribution() -> str:
     """The version of hasten's accelerate distribution installed in this venv; skips when there is none."""
     code = "import importlib.metadata as m; print(m.version('accelerate'))"
-    proc = subprocess.run([sys.executable, "-c", code], env=_plain_env(), capture_output=True, text=True, timeout=60, check=False)
-    version = proc.stdout.strip()
+    version = _run_plain([sys.executable, "-c", code], timeout=60).stdout.strip()
     if "+hasten." not in version:
-        pytest.skip(f"hasten's accelerate distribution is not installed in this venv (found: {version or 'none'}; `make setup` installs it)")
+        found = version or "none"
+        pytest.skip(f"hasten's accelerate distribution is not installed in this venv (found: {found}; `make setup` installs it)")
     return version
 
 
-def _plain_env() -> dict[str, str]:
-    """This venv as a user has it: no PYTHONPATH but this checkout's src (the one under test)."""
-    return clean_env(PYTHONPATH=str(ROOT / "src"))
+def _run_plain(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """Run ``cmd`` in this venv as a user has it: no PYTHONPATH but this checkout's src (the one under test)."""
+    env = clean_env(PYTHONPATH=str(ROOT / "src"))
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
 def test_pip_finds_every_requirement_met():
     """peft, trl, sentence-transformers and setfit require the accelerate distribution: hasten's meets it."""
     _require_alias_distribution()
-    proc = subprocess.run([sys.executable, "-m", "pip", "check"], env=_plain_env(), capture_output=True, text=True, timeout=300, check=False)
+    proc = _run_plain([sys.executable, "-m", "pip", "check"], timeout=300)
     assert (proc.returncode, proc.stdout.strip()) == (0, "No broken requirements found."), proc.stdout + proc.stderr
 
 
@@ -89,14 +90,16 @@ import transformers, peft, trl, diffusers, sentence_transformers, setfit
 from transformers import Trainer
 from sentence_transformers.util import is_training_available
 import accelerate, hasten
-print(json.dumps({"alias": accelerate.Accelerator is hasten.Accelerator, "distribution": importlib.metadata.version("accelerate"),
+print(json.dumps({"alias": accelerate.Accelerator is hasten.Accelerator,
+                  "distribution": importlib.metadata.version("accelerate"),
                   "trainer_available": transformers.utils.is_accelerate_available(),
                   "sentence_transformers_trains": is_training_available()}))
 """
-    proc = subprocess.run([sys.executable, "-c", code], env=_plain_env(), capture_output=True, text=True, timeout=300, check=False)
+    proc = _run_plain([sys.executable, "-c", code], timeout=300)
     assert proc.returncode == 0, proc.stderr[-6000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result == {"alias": True, "distribution": version, "trainer_available": True, "sentence_transformers_trains": True}
+    expected = {"alias": True, "distribution": version, "trainer_available": True, "sentence_transformers_trains": True}
+    assert result == expected
 
 
 @pytest.fixture(scope="module")
