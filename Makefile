@@ -1,5 +1,5 @@
 # `make demo`, `make test` and plain `make` each set up .venv first, idempotently, with only what they need:
-# - make demo: torch (TORCH_SPEC) and hasten with its `demo` extra (scikit-learn, for the digits), then the demo;
+# - make demo: torch (TORCH_SPEC) and hasten with its core requirements, then the demo (it needs nothing else);
 # - make (setup) and make test: also the dev, deepspeed and tracking extras; hasten's `accelerate` distribution
 #   (alias/), so that every library importing accelerate gets hasten; the libraries built on Accelerate (ECOSYSTEM,
 #   with their own dependencies); DeepSpeed's CPU ops; the venv's bytecode; and, for make test, the reference copy
@@ -9,7 +9,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= demo,dev,deepspeed,tracking
+EXTRAS ?= dev,deepspeed,tracking
 PY := $(VENV)/bin/python
 # pip compiles no bytecode while installing (one file after another, torch's thousands included): make demo's
 # processes compile only what they import, and make setup compiles the whole venv at the end, on every core.
@@ -49,10 +49,10 @@ torch-check: | $(PY)
 	fi
 
 $(DEMO_STAMP): pyproject.toml | torch-check
-	$(PIP_INSTALL) -e ".[demo]"
+	$(PIP_INSTALL) -e .
 	@touch $@
 
-# EXTRAS include the demo's, so this install also serves make demo.
+# This install also serves make demo.
 $(PKG_STAMP): pyproject.toml | torch-check
 	$(PIP_INSTALL) -e ".[$(EXTRAS)]"
 	@touch $@ $(DEMO_STAMP)
