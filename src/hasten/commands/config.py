@@ -366,3 +366,15 @@ def _at_least(minimum: int) -> Callable[[int], str | None]:
 
 def _port(value: int) -> str | None:
     return None if 0 < value < 65536 else "Enter a port number between 1 and 65535."
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``config`` with ``argv`` (default: this process's arguments): the ``accelerate-config`` console script, ``python -m hasten.commands.config``
+    and ``python -m accelerate.commands.config``."""
+    from .main import run_subcommand
+
+    return run_subcommand("config", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

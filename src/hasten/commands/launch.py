@@ -44,13 +44,13 @@ def add_parser(subparsers, help_text: str) -> argparse.ArgumentParser:
         "launch",
         help=help_text,
         description=DESCRIPTION,
-        usage="hasten launch [options] training_script [script arguments]",
+        usage="%(prog)s [options] training_script [script arguments]",
         allow_abbrev=False,
     )
     # Read by hasten's own parser class; harmless on the plain parser of a caller's subparsers (trl's CLI).
     parser.missing_arguments_help = (
-        "hasten launch needs the training script to run, after the options: hasten launch [options] "
-        "train.py [script arguments], for example `hasten launch --num_processes 2 train.py --lr 1e-3`."
+        f"{parser.prog} needs the training script to run, after the options: {parser.prog} [options] "
+        f"train.py [script arguments], for example `{parser.prog} --num_processes 2 train.py --lr 1e-3`."
     )
     add_launch_arguments(parser)
     parser.set_defaults(func=launch_command)
@@ -382,3 +382,15 @@ def _show(config, path: str) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``launch`` with ``argv`` (default: this process's arguments): the ``accelerate-launch`` console script, ``python -m hasten.commands.launch``
+    and ``python -m accelerate.commands.launch``."""
+    from .main import run_subcommand
+
+    return run_subcommand("launch", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
