@@ -22,6 +22,7 @@ ALIAS_STAMP := $(VENV)/.accelerate-alias
 ECO_STAMP := $(VENV)/.ecosystem
 DS_OPS_STAMP := $(VENV)/.deepspeed-ops
 COMPILED_STAMP := $(VENV)/.compiled
+TORCH_EXT_DIR := $(abspath $(VENV))/torch_extensions
 # What hasten's accelerate distribution is built from (its version comes from _version.py).
 ALIAS_SOURCES := alias/pyproject.toml alias/build_alias.py alias/entry_points.txt src/hasten/_version.py \
 	$(wildcard src/hasten/_accelerate_shim/*/*.py src/hasten/_accelerate_shim/*/METADATA)
@@ -73,10 +74,14 @@ $(COMPILED_STAMP): $(PKG_STAMP) $(ALIAS_STAMP) $(ECO_STAMP)
 	$(PY) -m compileall -qq -j 0 $$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") || true
 	@touch $@
 
-# DeepSpeed compiles its CPU Adam and shared-memory ops on first use (minutes); build them once here,
-# into torch's extension cache, instead of inside the first test that needs them.
+# DeepSpeed compiles its CPU Adam and shared-memory ops on first use (minutes); build them once here instead of
+# inside the first test that needs them, into the venv's own extension folder (make test and make bench point
+# TORCH_EXTENSIONS_DIR there). Not torch's shared ~/.cache: a build killed there leaves a lock file that every
+# later build on the machine waits on for ever. Make is the only builder of this folder, so a lock in it is stale;
+# the time limit turns any other hang into a failed step.
 $(DS_OPS_STAMP): $(PKG_STAMP)
-	$(PY) -c "from deepspeed.ops.op_builder import CPUAdamBuilder; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; CPUAdamBuilder().load(); ShareMemCommBuilder().load()"
+	@mkdir -p $(TORCH_EXT_DIR) && find $(TORCH_EXT_DIR) -name lock -delete
+	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) timeout 1800 $(PY) -c "from deepspeed.ops.op_builder import CPUAdamBuilder; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; CPUAdamBuilder().load(); ShareMemCommBuilder().load()"
 	@touch $@
 
 # Offline, the install fails with a warning and the tests that compare with Accelerate skip, saying why.
@@ -93,13 +98,13 @@ demo: $(DEMO_STAMP)
 	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/hasten launch --num_processes 2 examples/digits_classifier.py
 
 test: setup reference
-	$(PY) -m pytest -q
+	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q
 
 test-fast: setup reference
-	$(PY) -m pytest -q -m "not slow"
+	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q -m "not slow"
 
 bench: setup
-	$(PY) bench/run_all.py
+	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) bench/run_all.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .reference

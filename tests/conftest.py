@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 
@@ -7,9 +8,11 @@ import hasten.state
 
 def pytest_configure(config):
     """The suite is written for CPU processes over gloo: on a GPU machine it hides the GPUs (before CUDA starts),
-    unless the run selects the GPU tests (``pytest -m cuda``)."""
+    unless the run selects the GPU tests (``pytest -m cuda``). DeepSpeed's compiled ops are looked up in the venv's
+    own folder, where ``make setup`` built them, also when pytest is started by hand."""
     if "cuda" not in (config.option.markexpr or ""):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
 @pytest.fixture(autouse=True)
