@@ -253,6 +253,11 @@ def _builtin_name(error: Exception) -> str:
     return next(cls.__name__ for cls in type(error).__mro__ if cls.__module__ == "builtins")
 
 
+def default_memory_cases(seed: int, count: int) -> list[dict]:
+    """get_max_memory() takes nothing: one case, whatever ``count``."""
+    return [{"seed": seed}]
+
+
 def scenario_max_memory_defaults(case: dict):
     """get_max_memory() with nothing given: which devices, and that the budgets are positive integers."""
     from accelerate.utils import get_max_memory

@@ -2,9 +2,10 @@
 
 A checkpoint is written by the scenario itself (plain torch and safetensors, never the library under test) from a
 seeded source model: one file or shards with an index (the index with or without its ``weight_map`` wrapper, found
-through the folder or given directly), safetensors or ``.bin``, in the model's dtype or another, with keys left
-out or added. What comes back is what a user sees: every tensor of the model (class, dtype, device, shape, values),
-which names share one tensor, and what the offload folder gives back through ``OffloadedWeightsLoader``.
+through the folder or given directly), safetensors (saved from PyTorch, from another framework, or without
+metadata) or ``.bin``, in the model's dtype or another, with keys left out or added. What comes back is what a
+user sees: every tensor of the model (class, dtype, device, shape, values), which names share one tensor, and
+what the offload folder gives back through ``OffloadedWeightsLoader``.
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ def _source_state(case: dict) -> dict:
     return state
 
 
-def _save(state: dict, path: str, fmt: str) -> None:
+def _save(state: dict, path: str, fmt: str, framework: str | None = "pt") -> None:
     if fmt == "safetensors":
         from safetensors.torch import save_file
 
-        save_file(state, path, metadata={"format": "pt"})
+        save_file(state, path, metadata=None if framework is None else {"format": framework})
     else:
         torch.save(state, path)
 
@@ -61,7 +62,7 @@ def write_checkpoint(folder: str, case: dict) -> str:
     fmt, layout = case["format"], case["layout"]
     single = "model.safetensors" if fmt == "safetensors" else "pytorch_model.bin"
     if layout in ("file", "folder"):
-        _save(state, os.path.join(folder, single), fmt)
+        _save(state, os.path.join(folder, single), fmt, case.get("framework", "pt"))
         return os.path.join(folder, single) if layout == "file" else folder
     names = list(state)
     shards = max(1, min(case["shards"], len(names)))
@@ -69,7 +70,7 @@ def write_checkpoint(folder: str, case: dict) -> str:
     for index in range(shards):
         part = names[index::shards]
         file = f"{single.rsplit('.', 1)[0]}-{index + 1:05d}-of-{shards:05d}.{fmt if fmt == 'safetensors' else 'bin'}"
-        _save({name: state[name] for name in part}, os.path.join(folder, file), fmt)
+        _save({name: state[name] for name in part}, os.path.join(folder, file), fmt, case.get("framework", "pt"))
         weight_map.update(dict.fromkeys(part, file))
     index_name = f"{single}.index.json"
     index = weight_map if layout == "bare_index_file" else {"metadata": {"total_size": 0}, "weight_map": weight_map}
@@ -175,7 +176,7 @@ def load_cases(seed: int, count: int) -> list[dict]:
                 "model_dtype": rng.choice((None, None, None, "float16")),
                 "missing": rng.sample(keys, min(len(keys), rng.choice((0, 0, 0, 1, 2)))),
                 "extra": rng.choice((0, 0, 0, 1, 2)),
-                "meta": rng.random() < 0.6,
+                "meta": rng.random() < (0.15 if device_map is None else 0.7),
                 "device_map": device_map,
                 "offload_folder": device_map is not None
                 and (rng.random() < 0.9 or not any(d == "disk" for _, d in device_map)),
@@ -210,7 +211,8 @@ def scenario_set_module_tensor(case: dict):
 
 
 def tensor_cases(seed: int, count: int) -> list[dict]:
-    """Cases for set_module_tensor_to_device: a tensor of a tree, a device (cpu, meta), a value, a dtype."""
+    """Cases for set_module_tensor_to_device: a tensor of a tree (on meta or not), a device (cpu, cpu:0, meta), a value
+    (a tensor, a list, one of the wrong shape, none) and a dtype (an object or, sometimes, a name)."""
     rng = random.Random(seed)
     cases = []
     for index in range(count):
@@ -225,13 +227,13 @@ def tensor_cases(seed: int, count: int) -> list[dict]:
                 "tree": tree_seed,
                 "knobs": knobs,
                 "name": rng.choice(names),
-                "meta": rng.random() < 0.5,
-                "device": rng.choice(("cpu", "meta", "cpu", "torch:cpu")),
-                "value": rng.choice((None, "tensor", "tensor", "list", "wrong_shape")),
-                "value_dtype": rng.choice(("float32", "float16", "float64", "int64", "bfloat16")),
-                "dtype": rng.choice((None, None, "float16", "torch:bfloat16", "int8", "float64")),
+                "meta": rng.random() < 0.4,
+                "device": rng.choice(("cpu", "meta", "cpu", "cpu:0")),
+                "value": rng.choice((None, None, "tensor", "tensor", "tensor", "tensor", "list", "wrong_shape")),
+                "value_dtype": rng.choice(("float32", "float32", "float16", "float64", "int64", "bfloat16")),
+                "dtype": rng.choice(
+                    (None, None, None, "torch:float16", "torch:bfloat16", "float16", "torch:int8", "torch:float64")
+                ),
             }
         )
-        if cases[-1]["device"] == "torch:cpu":
-            cases[-1]["device"] = "cpu:0"
     return cases

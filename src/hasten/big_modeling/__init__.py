@@ -28,7 +28,14 @@ from .checkpoint_loading import load_checkpoint_in_model
 from .device_map import DEVICE_MAP_STRATEGIES, check_device_map, get_balanced_memory, infer_auto_device_map
 from ..errors import ConfigError, NotSupportedError, did_you_mean
 from .hook_attach import attach_align_device_hook, attach_align_device_hook_on_blocks
-from .hooks import AlignDevicesHook, CpuOffload, LayerwiseCastingHook, UserCpuOffloadHook, add_hook_to_module, align_module_device
+from .hooks import (
+    AlignDevicesHook,
+    CpuOffload,
+    LayerwiseCastingHook,
+    UserCpuOffloadHook,
+    add_hook_to_module,
+    align_module_device,
+)
 from .modeling import find_tied_parameters, retie_parameters
 from .tensors import as_device, get_module_tensor, moved_parameter, named_module_tensors
 from .offload import OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict, read_offload_index

@@ -235,6 +235,14 @@ def _load_distributed(
                 f"The checkpoint {resolved.source} does not match {type(model).__name__} (strict=True): missing "
                 f"{missing[:10]}, unexpected {unexpected[:10]}. Pass strict=False to load the keys that match."
             )
+        if missing or unexpected:
+            logger.warning(
+                "The checkpoint %s does not match %s: missing keys (left as they were): %s; unexpected keys (ignored): %s",
+                resolved.source,
+                type(model).__name__,
+                ", ".join(missing),
+                ", ".join(unexpected),
+            )
 
 
 def _check_offload_folder(device_map: Mapping | None, offload_folder) -> None:
