@@ -1,4 +1,4 @@
-"""Disk side of writing a checkpoint: early write-back, fsync, atomic publish, and the line a failed write gives."""
+"""Disk side of writing a checkpoint: early write-back, fsync, and the line a failed write gives."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ import ctypes
 import errno
 import os
 import shutil
-import uuid
 from pathlib import Path
 
-from ..runtime.fileio import format_bytes, fsync_directory
+from ..runtime.fileio import format_bytes
 from .integrity import Digest, HashQueue
 
 
@@ -69,46 +68,25 @@ def _free_bytes(path: Path) -> int | None:
         return None
 
 
-def failure_message(final: Path, failure: tuple[str, int | None, str], needed: int) -> str:
-    """One line: which path failed, why, and (for a full disk) the space needed and free."""
+def failure_message(final: Path, failure: tuple[str, int | None, str], needed: int, leftover: Path | None = None) -> str:
+    """One line: which path failed, why, and (for a full disk) the space needed and free.
+
+    ``leftover``: the staging folder, when it could not be removed (the line then says so instead).
+    """
     path, number, reason = failure
+    removed = "the partial folder was removed" if leftover is None else f"the partial folder {leftover} could not be removed: delete it"
     if number in (errno.ENOSPC, errno.EDQUOT):
         free = _free_bytes(final.parent)
         free_text = "unknown" if free is None else format_bytes(free)
         return (
             f"Could not save the checkpoint {final}: no space left on the device (writing {path}). It needs "
-            f"{format_bytes(needed)}; {free_text} is free there (the partial folder was removed). Free some space, "
+            f"{format_bytes(needed)}; {free_text} is free there ({removed}). Free some space, "
             "lower ProjectConfiguration(total_limit=...), or save elsewhere; earlier checkpoints are untouched."
         )
     if number in (errno.EROFS, errno.EACCES, errno.EPERM):
         return (
             f"Could not save the checkpoint {final}: {path} is not writable ({reason}). Save to a writable folder "
-            "(save_state(output_dir) or ProjectConfiguration(project_dir=...)); earlier checkpoints are untouched."
+            "(save_state(output_dir) or ProjectConfiguration(project_dir=...)); earlier checkpoints are untouched"
+            + ("." if leftover is None else f" ({removed}).")
         )
-    return f"Could not save the checkpoint {final}: {reason} (writing {path}). The partial folder was removed; earlier checkpoints are untouched."
-
-
-def _rename_exchange(source: Path, target: Path) -> bool:
-    """Atomically swap two paths with renameat2(RENAME_EXCHANGE); False where unsupported."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        renameat2 = libc.renameat2
-    except (OSError, AttributeError):
-        return False
-    at_fdcwd, rename_exchange = -100, 2
-    result = renameat2(at_fdcwd, os.fsencode(source), at_fdcwd, os.fsencode(target), rename_exchange)
-    return result == 0
-
-
-def publish(temporary: Path, final: Path) -> None:
-    """Move the completed ``temporary`` folder to ``final``, replacing an older one without a gap where possible."""
-    if not final.exists():
-        os.rename(temporary, final)
-    elif _rename_exchange(temporary, final):
-        shutil.rmtree(temporary)  # now holds the old checkpoint
-    else:
-        old = final.parent / f".{final.name}.old-{uuid.uuid4().hex[:8]}"
-        os.rename(final, old)
-        os.rename(temporary, final)
-        shutil.rmtree(old)
-    fsync_directory(final.parent)
+    return f"Could not save the checkpoint {final}: {reason} (writing {path}). {removed.capitalize()}; earlier checkpoints and the folder's other files are untouched."

@@ -1,10 +1,12 @@
 """Writing and reading one checkpoint directory so that it appears complete or not at all.
 
-Every process writes into ``.<name>.partial`` beside the final directory. Each file is checksummed
-(xxh3-64, see ``integrity.py``) while it is written and fsynced. When all processes are done, the writing process collects
-every file's size and checksum into the manifest ``hasten_checkpoint.json``, written last, flushes
-the folder and renames it into place (swapping atomically with an older directory of the same name
-where the kernel allows). A crash at any moment leaves either the previous checkpoint or the new one.
+Every process writes into a staging folder (``.<name>.partial`` beside the target; see ``publishing.py``).
+Each file is checksummed (xxh3-64, see ``integrity.py``) while it is written and fsynced. When all processes
+are done, the writing process collects every file's size and checksum into the manifest
+``hasten_checkpoint.json``, written last, and publishes the folder at the target: a rename or an atomic
+swap for a new folder or one that holds only an older checkpoint, a file-by-file move (the manifest last)
+into a folder that also holds the user's files, which stay. A crash at any moment leaves either the
+previous checkpoint or the new one.
 
 The reader checks the manifest first (every file present, with its size); ``load_state`` then verifies
 every file's checksum before it changes any live object, and names the missing or corrupt file.
@@ -26,11 +28,11 @@ from ..errors import CheckpointError
 from ..runtime.fileio import atomic_write, fsync_directory
 from ..runtime.safetensors_io import read_header, safetensors_size, write_safetensors
 from ..big_modeling.serialization import ALIASES_KEY, dedupe_tensors
-from .disk import HashingFile, failure_message, fsync_path, publish
+from .disk import HashingFile, failure_message, fsync_path
 from .integrity import HASH_KEY, Digest, HashQueue, corrupt_message, file_digest, find_corrupt, record_key
+from .publishing import MANIFEST, publish, remove_staging, resolve_target, staging_folder
 from .state_io import decode, encode
 
-MANIFEST = "hasten_checkpoint.json"
 FORMAT_VERSION = 2  # 2: xxh3-64 checksums; 1: crc32 (still read)
 
 
@@ -78,8 +80,8 @@ class CheckpointWriter:
 
     def __init__(self, final_dir: str | os.PathLike, *, is_main: bool, rank: int, group: int = 0, snapshot: bool = False, live: frozenset[int] = frozenset(), solo: bool = False):
         self.solo = solo
-        self.final = Path(final_dir).absolute()
-        self.directory = self.final.parent / f".{self.final.name}.partial"
+        self.final = resolve_target(final_dir)
+        self.directory = staging_folder(self.final)
         self.is_main = is_main
         self.rank = rank
         self.group = group
@@ -237,8 +239,8 @@ class CheckpointWriter:
             except CheckpointError as error:
                 outcome = str(error)
         if self.is_main and failures:
-            shutil.rmtree(self.directory, ignore_errors=True)
-            outcome = failure_message(self.final, failures[0][1], sum(entry[4] for entry in everyone if entry[0] == self.group))
+            leftover = None if remove_staging(self.directory) else self.directory
+            outcome = failure_message(self.final, failures[0][1], sum(entry[4] for entry in everyone if entry[0] == self.group), leftover)
         outcomes = [found for found in self._gather(outcome, group) if found is not None]
         if outcomes:
             raise CheckpointError(outcomes[0])
