@@ -13,6 +13,7 @@ A checkpoint holds, besides the manifest:
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -104,7 +105,7 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
     started = time.monotonic()
     target = _target(project, output_dir, check_free=is_writer or sharded)
     if sharded:
-        participants.check_attendance(target, contents.step, state.process_index, state.num_processes, type(contents.strategy).__name__)
+        participants.check_attendance(target.absolute(), contents.step, state.process_index, state.num_processes, type(contents.strategy).__name__)
 
     def new_writer(writes: bool) -> CheckpointWriter:
         live = _live_memory(contents) if asynchronous else frozenset()
@@ -171,7 +172,8 @@ def _write_and_publish(writer: CheckpointWriter, contents: CheckpointContents, p
 
     if asynchronous:
         group = side_group(state.num_processes) if sharded else None
-        start_background_save(writer, info, group, after_publish, [_torch_optimizer(o) for o in contents.optimizers], after_failure)
+        limit = getattr(project, "async_staging_limit", None)
+        start_background_save(writer, info, group, after_publish, [_torch_optimizer(o) for o in contents.optimizers], after_failure, limit)
     else:
         try:
             writer.finalize(info)
@@ -199,11 +201,11 @@ def _asynchronous(contents: CheckpointContents, project, async_save: bool | None
 
 
 def _live_memory(contents: CheckpointContents) -> frozenset[int]:
-    """Memory an asynchronous save writes without copying: CPU parameters and optimizer state, which only
-    ``optimizer.step()`` changes (held back until they are written)."""
+    """The memory of the parameters and the optimizer state, which only ``optimizer.step()`` changes: an
+    asynchronous save stages it (or writes it, under ``async_staging_limit``) before the next step may run."""
     tensors = [p for model in contents.models for p in model.parameters()]
     tensors += [value for optimizer in contents.optimizers for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
-    return frozenset(t.data_ptr() for t in tensors if t.device.type == "cpu")
+    return frozenset(t.data_ptr() for t in tensors)
 
 
 def _torch_optimizer(optimizer):
@@ -361,7 +363,7 @@ def load_state(contents: CheckpointContents, project, input_dir=None) -> tuple[P
     wait_for_pending_save()
     state = PartialState()
     source = _source(project, input_dir)
-    finish_interrupted(source.absolute())  # a save into a shared folder that was cut short completes first
+    finish_interrupted(Path(os.path.realpath(source)))  # a save into a shared folder that was cut short completes first
     reader = open_checkpoint(source, state.process_index, list(contents.models))  # hasten's format, or a folder Accelerate wrote
     _load_verified(reader, contents, state, source)
     match = _NAME.match(source.name)
@@ -402,10 +404,10 @@ def _verify(reader: CheckpointReader, state: PartialState) -> None:
         reader.verify(names)
         return
     local = max(state.launch.local_world_size, 1)
-    found = reader.find_corrupt(names[state.local_process_index :: local])
+    found = reader.find_corrupt(names, share=(state.local_process_index, local))
     verdicts = gather_object([(str(Path(reader.directory).resolve()), found)])
     if len({folder for folder, _ in verdicts}) > 1:
-        reader.verify(names)  # the files checked above are not read again
+        reader.verify(names)
         return
     bad = sorted({name for _, names_found in verdicts for name in names_found})
     if bad:

@@ -29,31 +29,17 @@ from ..runtime.fileio import atomic_write, fsync_directory
 from ..runtime.safetensors_io import read_header, safetensors_size, write_safetensors
 from ..big_modeling.serialization import ALIASES_KEY, dedupe_tensors
 from .disk import HashingFile, failure_message, fsync_path
-from .integrity import HASH_KEY, Digest, HashQueue, corrupt_message, file_digest, find_corrupt, record_key
+from . import integrity
+from .integrity import HASH_KEY, Digest, HashQueue, corrupt_message, file_digest, find_corrupt
 from .publishing import MANIFEST, publish, remove_staging, resolve_target, staging_folder
+from .staging import Stager
 from .state_io import decode, encode
 
-FORMAT_VERSION = 2  # 2: xxh3-64 checksums; 1: crc32 (still read)
+FORMAT_VERSION = 3  # 3: xxh3-64 of every 32 MiB piece; 2: xxh3-64 per file; 1: crc32 (both still read)
 
 
 def _file_record(path: Path) -> dict[str, Any]:
-    return {"size": path.stat().st_size, HASH_KEY: file_digest(path)}
-
-
-def _snapshot(tensor: torch.Tensor, live: frozenset[int]) -> torch.Tensor:
-    """What an asynchronous save keeps of ``tensor`` until it is written.
-
-    A contiguous CPU tensor whose memory is in ``live`` (parameters and optimizer state, which change only in
-    ``optimizer.step()``, held back until the tensors are written) is kept as it is: no copy. Any other
-    tensor is copied (into pinned memory for a CUDA tensor, so the copy runs at full speed).
-    """
-    tensor = tensor.detach()
-    if tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.data_ptr() in live:
-        return tensor
-    if tensor.device.type == "cpu":
-        return tensor.clone(memory_format=torch.contiguous_format)
-    out = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.device.type == "cuda")
-    return out.copy_(tensor, non_blocking=True)
+    return {"size": path.stat().st_size, HASH_KEY: file_digest(path, HASH_KEY, integrity.PIECE_BYTES)}
 
 
 class CheckpointWriter:
@@ -71,9 +57,11 @@ class CheckpointWriter:
         rank: this process's global rank.
         group: the key of the processes whose files end up in the same folder (the machine's index with
             ``save_on_each_node``, 0 otherwise).
-        snapshot: keep the tensors handed over and write them later (:meth:`write_pending`), for
-            asynchronous saves: copied, except the CPU tensors whose ``data_ptr()`` is in ``live``.
-        live: the memory of tensors that the caller keeps unchanged until :meth:`write_pending` returns.
+        snapshot: keep the tensors handed over and write them later, for asynchronous saves: small CPU
+            tensors are copied at once; the CPU tensors whose ``data_ptr()`` is in ``live`` and the tensors on
+            a GPU are staged (:meth:`stage`, see ``staging.py``).
+        live: the memory of tensors that the caller keeps unchanged until :meth:`copy_staged` and
+            :meth:`write_live` return (the next optimizer step waits for them).
         solo: the writing process writes every file and no other process takes part (no collective;
             see :mod:`hasten.checkpointing.participants`).
     """
@@ -95,7 +83,7 @@ class CheckpointWriter:
         self._pending: list[tuple[str, int, Any]] = []
         self._failure: tuple[str, int | None, str] | None = None  # (path, errno, message)
         self._bytes = 0  # bytes this process's files need (written or not)
-        self._copied: Any = None  # a CUDA event after the snapshot's device-to-host copies
+        self._stager = Stager()
 
     def _fail(self, error: OSError, path: Path) -> None:
         if self._failure is None:
@@ -129,7 +117,7 @@ class CheckpointWriter:
 
     def _write_now(self, name: str, fill) -> None:
         path = self.directory / name
-        digest = Digest()
+        digest = Digest(HASH_KEY, integrity.PIECE_BYTES)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             with open(path, "wb") as raw:
@@ -142,14 +130,30 @@ class CheckpointWriter:
         self._digests[name] = digest  # resolved by finalize(), while the files are flushed
         self._unsynced.append(path)  # flushed to disk, all together, by finalize()
 
+    def stage(self, limit: int | None) -> int:
+        """Snapshot mode: reserve the staging memory and queue the device-to-host copies (in ``save_state``);
+        ``limit`` bounds the staged bytes (whole files, in write order). Returns the bytes staged."""
+        self._stager.stage(limit)
+        return self._stager.staged_bytes
+
+    def copy_staged(self) -> None:
+        """Snapshot mode, background: copy the staged CPU tensors (training's next optimizer step waits for it)."""
+        self._stager.copy()
+
+    def write_live(self) -> None:
+        """Snapshot mode, background: write the files that still read live memory (not staged under a limit)."""
+        self._write_pending([entry for entry in self._pending if not self._stager.is_staged(entry[0])])
+
     def write_pending(self) -> None:
-        """Write the files handed over in snapshot mode (on the background thread of an asynchronous save)."""
-        pending, self._pending = self._pending, []
-        if self._copied is not None:
-            self._copied.synchronize()
-        for name, _, fill in pending:
+        """Snapshot mode, background: write every file handed over and not written yet."""
+        self._stager.wait_for_device()
+        self._write_pending(list(self._pending))
+
+    def _write_pending(self, entries: list) -> None:
+        for entry in entries:
+            self._pending.remove(entry)
             if self._failure is None:
-                self._write_now(name, fill)
+                self._write_now(entry[0], entry[2])
 
     def save_tensors(self, name: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
         """Write ``tensors`` as a safetensors file; tensors sharing memory (tied weights) are stored once."""
@@ -158,11 +162,23 @@ class CheckpointWriter:
         if aliases:
             header[ALIASES_KEY] = json.dumps(aliases)
         if self.snapshot:
-            unique = {key: _snapshot(value, self._live) for key, value in unique.items()}
-            if any(value.is_pinned() for value in unique.values()):
-                self._copied = torch.cuda.Event()
-                self._copied.record()  # the copies run on the current stream: later steps cannot change them
+            unique = {key: self._keep(value) for key, value in unique.items()}
+            live = [value for value in unique.values() if value.data_ptr() in self._live]
+            volatile = [value for value in unique.values() if value.device.type != "cpu" and value.data_ptr() not in self._live]
+            self._stager.add(name, live, volatile)
+            size = safetensors_size(unique, header or None)
+            self._write(name, size, lambda out: write_safetensors(out, self._stager.resolve(unique), header or None))
+            return
         self._write(name, safetensors_size(unique, header or None), lambda out: write_safetensors(out, unique, header or None))
+
+    def _needs_staging(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type != "cpu" or tensor.data_ptr() in self._live
+
+    def _keep(self, tensor: torch.Tensor) -> torch.Tensor:
+        """What an asynchronous save keeps of ``tensor`` until it is staged or written: live and GPU tensors as
+        they are (staged later), any other tensor copied now (it may change at any time)."""
+        tensor = tensor.detach()
+        return tensor if self._needs_staging(tensor) else tensor.clone(memory_format=torch.contiguous_format)
 
     def save_json(self, name: str, obj: Any) -> None:
         """Write ``obj`` as JSON."""
@@ -252,7 +268,10 @@ class CheckpointWriter:
             if group == self.group:
                 files.update(recs)
         self._check_visible(files, everyone)
-        manifest = {"format": "hasten-checkpoint", "format_version": FORMAT_VERSION, "hasten_version": __version__, "torch_version": torch.__version__, **info, "files": dict(sorted(files.items()))}
+        manifest = {
+            "format": "hasten-checkpoint", "format_version": FORMAT_VERSION, "hasten_version": __version__, "torch_version": torch.__version__,
+            **info, "piece_bytes": integrity.PIECE_BYTES, "files": dict(sorted(files.items())),
+        }
         for folder in {self.directory / Path(name).parent for name in files}:
             fsync_directory(folder)
         atomic_write(self.directory / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1)))
@@ -322,6 +341,7 @@ class CheckpointReader:
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
         self.files: dict[str, dict[str, Any]] = self.manifest["files"]
+        self.piece: int | None = self.manifest.get("piece_bytes")  # format 3: each file's checksums cover pieces of this size
         self._verified: set[str] = set()
         for name, record in self.files.items():
             path = self.directory / name
@@ -355,11 +375,16 @@ class CheckpointReader:
         groups = tree.get("param_groups") if isinstance(tree, dict) else None
         return [len(group.get("params", [])) for group in groups] if isinstance(groups, list) else None
 
-    def find_corrupt(self, names: list[str] | None = None) -> list[str]:
-        """The files among ``names`` (all by default) whose checksum does not match; the others count as verified."""
+    def find_corrupt(self, names: list[str] | None = None, share: tuple[int, int] = (0, 1)) -> list[str]:
+        """The files among ``names`` (all by default) whose checksum does not match; the others count as verified.
+
+        ``share`` ``(i, n)``: check only every n-th piece from the i-th (processes sharing the work; nothing is
+        then marked verified, see :meth:`mark_verified`).
+        """
         names = sorted(self.files) if names is None else [name for name in names if name not in self._verified]
-        bad = find_corrupt(self.directory, self.files, names)
-        self.mark_verified(set(names) - set(bad))
+        bad = find_corrupt(self.directory, self.files, names, self.piece, share)
+        if share == (0, 1):
+            self.mark_verified(set(names) - set(bad))
         return bad
 
     def mark_verified(self, names) -> None:
@@ -377,7 +402,7 @@ class CheckpointReader:
         record = self._record(name)
         if name in self._verified:
             return
-        digest = Digest(record_key(record))
+        digest = Digest.for_record(record, self.piece)
         digest.update(data)
         if digest.hexdigest() != record[digest.key]:
             raise CheckpointError(corrupt_message(self.directory / name))
@@ -400,7 +425,7 @@ class CheckpointReader:
             self.verify([name])
         path = self.directory / name
         header = read_header(path)
-        digest = None if name in self._verified else Digest(record_key(record))
+        digest = None if name in self._verified else Digest.for_record(record, self.piece)
         queue = HashQueue()
         tensors, position, reads = {}, 0, []
         try:
@@ -479,7 +504,7 @@ def _read_into(handle, view: memoryview, path: Path) -> None:
 
 
 _READ_PIECE = 32 << 20  # a verified file is read in pieces of this size, several at once
-_READ_THREADS = max(1, min(8, (os.cpu_count() or 1) // 2))  # copies from the page cache are bound by memory bandwidth
+_READ_THREADS = max(1, min(16, os.cpu_count() or 1))  # every core copies: a copy from the page cache is a kernel memcpy
 
 
 def _pread_all(fd: int, reads: list[tuple[int, torch.Tensor]], path: Path) -> None:
