@@ -28,7 +28,7 @@ from ..errors import CheckpointError
 from ..runtime.fileio import atomic_write, fsync_directory
 from ..runtime.safetensors_io import read_header, safetensors_size, write_safetensors
 from ..big_modeling.serialization import ALIASES_KEY, dedupe_tensors
-from .disk import HashingFile, failure_message, fsync_path
+from .disk import DirectFile, HashingFile, bounce_buffer, failure_message, fsync_path
 from . import integrity
 from .integrity import HASH_KEY, Digest, HashQueue, corrupt_message, file_digest, find_corrupt
 from .publishing import MANIFEST, publish, remove_staging, resolve_target, staging_folder
@@ -84,6 +84,7 @@ class CheckpointWriter:
         self._failure: tuple[str, int | None, str] | None = None  # (path, errno, message)
         self._bytes = 0  # bytes this process's files need (written or not)
         self._stager = Stager()
+        self._bounce = None  # the aligned buffer of direct writes (asynchronous saves)
 
     def _fail(self, error: OSError, path: Path) -> None:
         if self._failure is None:
@@ -115,12 +116,14 @@ class CheckpointWriter:
         elif self._failure is None:
             self._write_now(name, fill)
 
-    def _write_now(self, name: str, fill) -> None:
+    def _write_now(self, name: str, fill, direct: bool = False) -> None:
         path = self.directory / name
         digest = Digest(HASH_KEY, integrity.PIECE_BYTES)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb") as raw:
+            if direct and self._bounce is None:
+                self._bounce = bounce_buffer()
+            with (direct and DirectFile.open(path, self._bounce)) or open(path, "wb") as raw:
                 out = HashingFile(raw, digest, self._queue)
                 fill(out)
         except OSError as error:
@@ -141,19 +144,22 @@ class CheckpointWriter:
         self._stager.copy()
 
     def write_live(self) -> None:
-        """Snapshot mode, background: write the files that still read live memory (not staged under a limit)."""
+        """Snapshot mode, background: write the files that still read live memory (not staged under a limit);
+        returns once their bytes are hashed too (the live tensors may change after)."""
         self._write_pending([entry for entry in self._pending if not self._stager.is_staged(entry[0])])
+        self._queue.wait()
 
     def write_pending(self) -> None:
-        """Snapshot mode, background: write every file handed over and not written yet."""
+        """Snapshot mode, background: write every file handed over and not written yet, from the staging buffer
+        to the disk directly (``O_DIRECT``) where the filesystem allows."""
         self._stager.wait_for_device()
-        self._write_pending(list(self._pending))
+        self._write_pending(list(self._pending), direct=True)
 
-    def _write_pending(self, entries: list) -> None:
+    def _write_pending(self, entries: list, direct: bool = False) -> None:
         for entry in entries:
             self._pending.remove(entry)
             if self._failure is None:
-                self._write_now(entry[0], entry[2])
+                self._write_now(entry[0], entry[2], direct)
 
     def save_tensors(self, name: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
         """Write ``tensors`` as a safetensors file; tensors sharing memory (tied weights) are stored once."""
