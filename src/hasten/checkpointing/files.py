@@ -349,6 +349,7 @@ class CheckpointReader:
         self.files: dict[str, dict[str, Any]] = self.manifest["files"]
         self.piece: int | None = self.manifest.get("piece_bytes")  # format 3: each file's checksums cover pieces of this size
         self._verified: set[str] = set()
+        self._headers: dict[str, Any] = {}
         for name, record in self.files.items():
             path = self.directory / name
             if not path.is_file():
@@ -357,6 +358,12 @@ class CheckpointReader:
                 raise CheckpointError(
                     f"{path} is truncated or corrupt: {path.stat().st_size} bytes where the manifest says {record['size']}."
                 )
+
+    def _header(self, name: str):
+        """The checked header of safetensors file ``name`` (read once per reader)."""
+        if name not in self._headers:
+            self._headers[name] = read_header(self.directory / name)
+        return self._headers[name]
 
     def exists(self, name: str) -> bool:
         """True when the checkpoint holds file ``name``."""
@@ -369,7 +376,7 @@ class CheckpointReader:
 
     def tensor_shapes(self, name: str) -> dict[str, tuple[int, ...] | None]:
         """The shape of every tensor (tied aliases included) in safetensors file ``name``, read from its header."""
-        header = read_header(self.directory / name)
+        header = self._header(name)
         shapes = {key: tuple(entry.shape) for key, entry in header.entries.items()}
         for alias, source in json.loads(header.metadata.get(ALIASES_KEY, "{}")).items():
             shapes[alias] = shapes.get(source)
@@ -430,7 +437,7 @@ class CheckpointReader:
         if into and name not in self._verified:
             self.verify([name])
         path = self.directory / name
-        header = read_header(path)
+        header = self._header(name)
         digest = None if name in self._verified else Digest.for_record(record, self.piece)
         queue = HashQueue()
         tensors, position, reads = {}, 0, []
@@ -510,33 +517,50 @@ def _read_into(handle, view: memoryview, path: Path) -> None:
 
 
 _READ_PIECE = 32 << 20  # a verified file is read in pieces of this size, several at once
-_READ_THREADS = max(1, min(16, os.cpu_count() or 1))  # every core copies: a copy from the page cache is a kernel memcpy
+_READ_THREADS = max(1, min(16, os.cpu_count() or 1))  # every core copies (integrity.io_pool): a kernel memcpy from the page cache
 
 
 def _pread_all(fd: int, reads: list[tuple[int, torch.Tensor]], path: Path) -> None:
     """Read verified tensors' bytes straight into their tensors (``(file offset, tensor)`` pairs): one copy from
-    the page cache or the disk, in pieces spread over a few threads (``preadv`` releases the GIL), so that a
-    load from the page cache runs at the memory's speed rather than one core's."""
-    pieces = []
-    for offset, out in reads:
+    the page cache or the disk. Tensors that follow each other in the file are read by one ``preadv`` into
+    their several buffers, in jobs of about ``_READ_PIECE`` bytes spread over a thread per core (``preadv``
+    releases the GIL), so that a load from the page cache runs at the memory's speed rather than one core's."""
+    jobs, group, group_start, group_end = [], [], 0, -1
+    for offset, out in sorted(reads, key=lambda read: read[0]):
         view = memoryview(out.detach().reshape(-1).view(torch.uint8).numpy())
-        pieces += [(offset + start, view[start : start + _READ_PIECE]) for start in range(0, len(view), _READ_PIECE)]
-    if _READ_THREADS == 1 or len(pieces) < 2:
-        for offset, piece in pieces:
-            _pread_into(fd, offset, piece, path)
+        for start in range(0, len(view), _READ_PIECE):
+            piece = view[start : start + _READ_PIECE]
+            if group and (offset + start != group_end or group_end - group_start + len(piece) > _READ_PIECE or len(group) >= _MAX_IOVECS):
+                jobs.append((group_start, group))
+                group = []
+            if not group:
+                group_start = offset + start
+            group.append(piece)
+            group_end = offset + start + len(piece)
+    if group:
+        jobs.append((group_start, group))
+    if _READ_THREADS == 1 or len(jobs) < 2:
+        for offset, views in jobs:
+            _preadv_into(fd, offset, views, path)
         return
-    with ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="hasten-read") as pool:
-        list(pool.map(lambda job: _pread_into(fd, *job, path), pieces))  # list(): the first error is raised here
+    list(integrity.io_pool().map(lambda job: _preadv_into(fd, *job, path), jobs))  # list(): the first error is raised here
 
 
-def _pread_into(fd: int, offset: int, view: memoryview, path: Path) -> None:
-    """Read ``len(view)`` bytes at ``offset`` into ``view``."""
-    done = 0
-    while done < len(view):
-        count = os.preadv(fd, [view[done:]], offset + done)
+_MAX_IOVECS = 512  # buffers per preadv call (the kernel takes at most 1024)
+
+
+def _preadv_into(fd: int, offset: int, views: list[memoryview], path: Path) -> None:
+    """Fill ``views``, in order, with the bytes of the file from ``offset`` on."""
+    views = [view for view in views if len(view)]
+    while views:
+        count = os.preadv(fd, views, offset)
         if not count:
             raise CheckpointError(f"{path} is truncated: it ended while reading tensor data.")
-        done += count
+        offset += count
+        while views and count >= len(views[0]):
+            count -= len(views.pop(0))
+        if count:
+            views[0] = views[0][count:]
 
 
 def _hash_range(handle, digest: Digest | None, position: int, count: int | None) -> int:

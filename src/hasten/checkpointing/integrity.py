@@ -32,7 +32,17 @@ PIECE_BYTES = 32 << 20  # format 3 checksums each piece of this size (32 MiB) on
 _INLINE_BYTES = 1 << 20  # smaller pieces are hashed inline (a thread hand-off costs more)
 _BACKLOG_BYTES = 256 << 20  # bytes waiting for their hash at most
 _VERIFY_PIECE = 64 << 20  # pieces of a mapped file handed to the hash (whole-file checksums)
-_VERIFY_THREADS = max(2, min(16, os.cpu_count() or 1))
+_IO_THREADS = max(2, min(16, os.cpu_count() or 1))
+_io_pool: ThreadPoolExecutor | None = None
+
+
+def io_pool() -> ThreadPoolExecutor:
+    """The threads that verify pieces and read them into live tensors (one per core, at least 2), kept from one
+    load to the next so that a load does not start threads."""
+    global _io_pool
+    if _io_pool is None:
+        _io_pool = ThreadPoolExecutor(max_workers=_IO_THREADS, thread_name_prefix="hasten-io")
+    return _io_pool
 
 
 class Digest:
@@ -222,8 +232,7 @@ def find_corrupt(directory: Path, files: dict[str, dict[str, Any]], names: list[
 
     jobs = [job for job in jobs if job[0] not in bad]
     try:
-        with ThreadPoolExecutor(max_workers=min(len(jobs) or 1, _VERIFY_THREADS), thread_name_prefix="hasten-verify") as pool:
-            verdicts = list(pool.map(check, jobs))
+        verdicts = list(io_pool().map(check, jobs)) if len(jobs) > 1 else [check(job) for job in jobs]
     finally:
         for handle in mapped.values():
             if handle is not None:
