@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from .. import environment
 from ..errors import ConfigError
+from ..runtime.fileio import parse_size
 from .kwargs import KwargsHandler
 
 
@@ -23,6 +24,10 @@ class ProjectConfiguration(KwargsHandler):
         save_on_each_node: write checkpoints on every machine (no shared filesystem).
         async_save: ``save_state()`` copies the state and writes the files in the background by default
             (``save_state(async_save=...)`` overrides it; see docs/checkpointing.md).
+        async_staging_limit: the most host memory an asynchronous save copies the state into (bytes, or a
+            size such as ``"2GB"``); None stages everything (as much memory as the parameters and optimizer
+            state). Files that do not fit are written from the live tensors, and the next optimizer step
+            waits for them.
     """
 
     project_dir: str | None = None
@@ -32,10 +37,13 @@ class ProjectConfiguration(KwargsHandler):
     iteration: int = 0
     save_on_each_node: bool = False
     async_save: bool = False
+    async_staging_limit: int | str | None = None
 
     def __post_init__(self):
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
+        if self.async_staging_limit is not None:
+            self.async_staging_limit = parse_size(self.async_staging_limit)
         if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
             raise ConfigError(f"ProjectConfiguration(total_limit={self.total_limit!r}): give a positive integer or None.")
 
