@@ -134,10 +134,10 @@ def test_join_uneven_inputs_is_a_no_op_in_one_process_and_warns_under_other_engi
         warnings.simplefilter("error")
         with acc.join_uneven_inputs([], even_batches=False) as join:
             assert join is None and loader.even_batches is True
-    acc.state.distributed_type = "FSDP"
-    with pytest.warns(UserWarning, match="only supported for multi-GPU training"):
-        with acc.join_uneven_inputs([]):
-            pass
+    sharded = Accelerator(strategy="fsdp")
+    with pytest.warns(UserWarning, match=r"only supported for multi-GPU training \(DDP, here FSDP\)"):
+        with sharded.join_uneven_inputs([]) as join:
+            assert join is None
 
 
 def test_backward_calls_are_counted_until_the_optimizer_steps():

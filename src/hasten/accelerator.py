@@ -95,7 +95,9 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         gradient_accumulation_plugin: a :class:`~hasten.utils.GradientAccumulationPlugin`.
         step_scheduler_with_optimizer: step prepared schedulers only with real optimizer steps.
         kwargs_handlers: handlers customising DDP, the fp16 scaler, the process group, autocast, the profiler, fp8.
-        deepspeed_plugin, fsdp_plugin, dynamo_backend, dynamo_plugin: strategy settings.
+        deepspeed_plugin, fsdp_plugin, dynamo_backend, dynamo_plugin, deepspeed_plugins, parallelism_config: strategy settings.
+        strategy: hasten only: the engine to train with, by its registered name (``"fsdp"``, ``"deepspeed"``, or an
+            engine registered beyond hasten's, see docs/architecture.md) or as an instance of its plugin class.
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         dynamo_plugin=None,
         deepspeed_plugins=None,
         parallelism_config=None,
+        strategy=None,
     ):
         refuse_unsupported_plugins(torch_tp_plugin, megatron_lm_plugin, parallelism_config)
         self._set_handlers(kwargs_handlers or [])
@@ -131,17 +134,19 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         # The engine settles precision and accumulation first, so that every state below is built once, with final values.
         requested = EngineSettings(
             requested_mixed_precision(mixed_precision), resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin),
-            deepspeed_plugin or deepspeed_plugins, fsdp_plugin, parallelism_config,
+            {"deepspeed_plugin": deepspeed_plugin or deepspeed_plugins, "fsdp_plugin": fsdp_plugin, "parallelism_config": parallelism_config},
         )
-        plan = plan_strategy(requested, PartialState(cpu, **init_kwargs).num_processes)
+        plan = plan_strategy(requested, PartialState(cpu, **init_kwargs).num_processes, strategy)
         settings = plan.settings
         self.state = AcceleratorState(
-            mixed_precision=settings.mixed_precision, cpu=cpu, dynamo_plugin=build_dynamo_plugin(dynamo_backend, dynamo_plugin), deepspeed_plugin=settings.deepspeed_plugin,
-            fsdp_plugin=settings.fsdp_plugin, parallelism_config=settings.parallelism_config, _from_accelerator=True, **init_kwargs,
+            mixed_precision=settings.mixed_precision, cpu=cpu, dynamo_plugin=build_dynamo_plugin(dynamo_backend, dynamo_plugin),
+            _from_accelerator=True, **init_kwargs,
         )
+        self.state.record_engine(plan.engine, plan.arguments(), settings.mixed_precision)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not _UNSET:
             self.dataloader_config.split_batches = bool(split_batches)
+        self._accumulation = settings.accumulation  # the one holder of the accumulation settings (GradientState gets a copy)
         self.gradient_state = GradientState(gradient_accumulation_plugin=settings.accumulation)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
