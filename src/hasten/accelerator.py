@@ -410,11 +410,12 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
     @property
     def gradient_accumulation_steps(self) -> int:
         """Micro-batches per optimizer step."""
-        return self.gradient_state.num_steps
+        return self._accumulation.num_steps or 1
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
-        self.gradient_state.plugin_kwargs["num_steps"] = steps
+        self._accumulation.num_steps = steps
+        self.gradient_state.plugin_kwargs["num_steps"] = steps  # for the readers of Accelerate's GradientState
 
     @property
     def sync_gradients(self) -> bool:
@@ -435,14 +436,16 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         self.gradient_state.record_backward()
         self._strategy.backward(loss, self.gradient_accumulation_steps, **kwargs)
 
-    def _do_sync(self) -> None:
-        state = self.gradient_state
-        if state.sync_with_dataloader and state.end_of_dataloader:
+    def _do_sync(self) -> bool:
+        """Count one micro-batch; returns (and publishes in ``GradientState``) whether its gradients are synchronised."""
+        if self._accumulation.sync_with_dataloader and self.gradient_state.end_of_dataloader:
             self.step = 0
-            state._set_sync_gradients(True)
+            sync = True
         else:
             self.step += 1
-            state._set_sync_gradients(self.step % state.num_steps == 0)
+            sync = self.step % self.gradient_accumulation_steps == 0
+        self.gradient_state._set_sync_gradients(sync)
+        return sync
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module):
@@ -451,8 +454,8 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         Sets :attr:`sync_gradients` (True every ``gradient_accumulation_steps`` micro-batches and on the
         last batch of the dataloader) and suppresses gradient reduction on the other micro-batches.
         """
-        self._do_sync()
-        if self.sync_gradients or not models or (self.gradient_state.sync_each_batch and self.use_distributed):
+        sync = self._do_sync()
+        if sync or not models or (self._accumulation.sync_each_batch and self.use_distributed):
             yield  # gradients are reduced in this backward: nothing to enter
             return
         with contextlib.ExitStack() as stack:
