@@ -131,7 +131,8 @@ def test_each_accelerator_owns_its_accumulation_steps():
     plugin = GradientAccumulationPlugin(num_steps=3)
     first = Accelerator(gradient_accumulation_plugin=plugin)
     second = Accelerator(gradient_accumulation_steps=4)
-    assert (first.gradient_accumulation_steps, second.gradient_accumulation_steps, first.gradient_state.num_steps) == (3, 4, 4)
+    steps = (first.gradient_accumulation_steps, second.gradient_accumulation_steps, first.gradient_state.num_steps)
+    assert steps == (3, 4, 4)
     model, syncs = make_model(), []
     for _ in range(6):
         with first.accumulate(model):

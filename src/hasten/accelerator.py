@@ -95,7 +95,8 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         gradient_accumulation_plugin: a :class:`~hasten.utils.GradientAccumulationPlugin`.
         step_scheduler_with_optimizer: step prepared schedulers only with real optimizer steps.
         kwargs_handlers: handlers customising DDP, the fp16 scaler, the process group, autocast, the profiler, fp8.
-        deepspeed_plugin, fsdp_plugin, dynamo_backend, dynamo_plugin, deepspeed_plugins, parallelism_config: strategy settings.
+        deepspeed_plugin, fsdp_plugin, dynamo_backend, dynamo_plugin, deepspeed_plugins, parallelism_config: strategy
+            settings.
         strategy: hasten only: the engine to train with, by its registered name (``"fsdp"``, ``"deepspeed"``, or an
             engine registered beyond hasten's, see docs/architecture.md) or as an instance of its plugin class.
     """
@@ -134,19 +135,26 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         # The engine settles precision and accumulation first, so that every state below is built once, with final values.
         requested = EngineSettings(
             requested_mixed_precision(mixed_precision), resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin),
-            {"deepspeed_plugin": deepspeed_plugin or deepspeed_plugins, "fsdp_plugin": fsdp_plugin, "parallelism_config": parallelism_config},
+            {
+                "deepspeed_plugin": deepspeed_plugin or deepspeed_plugins,
+                "fsdp_plugin": fsdp_plugin,
+                "parallelism_config": parallelism_config,
+            },
         )
         plan = plan_strategy(requested, PartialState(cpu, **init_kwargs).num_processes, strategy)
         settings = plan.settings
         self.state = AcceleratorState(
-            mixed_precision=settings.mixed_precision, cpu=cpu, dynamo_plugin=build_dynamo_plugin(dynamo_backend, dynamo_plugin),
-            _from_accelerator=True, **init_kwargs,
+            mixed_precision=settings.mixed_precision,
+            cpu=cpu,
+            dynamo_plugin=build_dynamo_plugin(dynamo_backend, dynamo_plugin),
+            _from_accelerator=True,
+            **init_kwargs,
         )
         self.state.record_engine(plan.engine, plan.arguments(), settings.mixed_precision)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not _UNSET:
             self.dataloader_config.split_batches = bool(split_batches)
-        self._accumulation = settings.accumulation  # the one holder of the accumulation settings (GradientState gets a copy)
+        self._accumulation = settings.accumulation  # the accumulation settings' one holder (GradientState gets a copy)
         self.gradient_state = GradientState(gradient_accumulation_plugin=settings.accumulation)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -437,7 +445,7 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         self._strategy.backward(loss, self.gradient_accumulation_steps, **kwargs)
 
     def _do_sync(self) -> bool:
-        """Count one micro-batch; returns (and publishes in ``GradientState``) whether its gradients are synchronised."""
+        """Count one micro-batch; returns (and publishes in ``GradientState``) whether its gradients are synced."""
         if self._accumulation.sync_with_dataloader and self.gradient_state.end_of_dataloader:
             self.step = 0
             sync = True

@@ -38,11 +38,17 @@ from .settings.file_text import read_config_data
 from .errors import ConfigError, did_you_mean
 from .runtime.fileio import atomic_write
 from .settings import Section, Setting
-from .settings.deepspeed import DEEPSPEED_MULTINODE_LAUNCHERS  # noqa: F401  (hasten.config's name, for compat.constants)
+# hasten.config's names of choices that compat.constants reads: DEEPSPEED_MULTINODE_LAUNCHERS, FSDP_*, RDZV_BACKENDS
+from .settings.deepspeed import DEEPSPEED_MULTINODE_LAUNCHERS  # noqa: F401
 from .settings.dynamo import DYNAMO
 from .settings.fp8 import FP8
-from .settings.fsdp import FSDP_AUTO_WRAP_POLICIES, FSDP_BACKWARD_PREFETCH, FSDP_SHARDING_STRATEGIES, FSDP_STATE_DICT_TYPES  # noqa: F401
-from .settings.launch import LAUNCH, MIXED_PRECISIONS, MPIRUN, RDZV_BACKENDS  # noqa: F401  (RDZV_BACKENDS: hasten.config's name)
+from .settings.fsdp import (  # noqa: F401
+    FSDP_AUTO_WRAP_POLICIES,
+    FSDP_BACKWARD_PREFETCH,
+    FSDP_SHARDING_STRATEGIES,
+    FSDP_STATE_DICT_TYPES,
+)
+from .settings.launch import LAUNCH, MIXED_PRECISIONS, MPIRUN, RDZV_BACKENDS  # noqa: F401
 from .settings.migrate import migrate as _migrate
 from .settings.values import Invalid as _Invalid
 from .settings.values import as_choice as _as_choice
@@ -50,7 +56,10 @@ from .settings.values import convert as _convert
 
 _GPU_TYPES = (DistributedType.MULTI_GPU.value, DistributedType.MULTI_XPU.value)
 # The distributed types a file may name: Accelerate's, and those of the engines registered beyond them.
-DISTRIBUTED_TYPES = (*DistributedType.list(), *(t for e in environment.ENGINES for t in e.distributed_types if t not in DistributedType))
+DISTRIBUTED_TYPES = (
+    *DistributedType.list(),
+    *(kind for engine in environment.ENGINES for kind in engine.distributed_types if kind not in DistributedType),
+)
 
 
 def _opt(default: Any = None, kind: str = "str", choices: tuple | list | None = None) -> Any:
@@ -68,14 +77,15 @@ def _row_field(row: Setting, default: Any = None) -> tuple:
 
 
 def _section_class(section: Section) -> type:
-    """The config file section dataclass of a settings table: one field per row with a config key, None (not set) by default."""
-    cls = dataclasses.make_dataclass(section.class_name, [_row_field(row) for row in section.rows if row.key], kw_only=True, slots=True)
+    """The config file section dataclass of a settings table: a field per row with a config key, None (not set)."""
+    fields = [_row_field(row) for row in section.rows if row.key]
+    cls = dataclasses.make_dataclass(section.class_name, fields, kw_only=True, slots=True)
     cls.__module__, cls.__doc__ = __name__, section.doc
     return cls
 
 
 # The sections of a launch config file: torch.compile's, the registered engines', fp8's and mpirun's.
-SECTIONS: tuple[Section, ...] = (DYNAMO, *(section for engine in environment.ENGINES for section in engine.sections), FP8, MPIRUN)
+SECTIONS: tuple[Section, ...] = (DYNAMO, *(s for engine in environment.ENGINES for s in engine.sections), FP8, MPIRUN)
 SECTION_CLASSES: dict[str, type] = {section.name: _section_class(section) for section in SECTIONS}
 DynamoSection = SECTION_CLASSES[DYNAMO.name]
 
@@ -89,7 +99,8 @@ def _cluster_config() -> type:
     """``ClusterConfig``: a field per top-level key of the launch table (its default), then a field per section."""
     fields = [_row_field(row, row.default) for row in LAUNCH.rows if row.key]
     fields += [(name, Any, _section(cls)) for name, cls in SECTION_CLASSES.items()]
-    fields.append(("megatron_lm_config", dict, field(default_factory=dict, metadata={"kind": "prefixed", "prefix": "megatron_lm_"})))
+    megatron = field(default_factory=dict, metadata={"kind": "prefixed", "prefix": "megatron_lm_"})
+    fields.append(("megatron_lm_config", dict, megatron))
     cls = dataclasses.make_dataclass("ClusterConfig", fields, kw_only=True, slots=True, namespace={"to_dict": _to_dict})
     cls.__module__ = __name__
     cls.__doc__ = """A launch config for jobs on this machine or a cluster (``compute_environment: LOCAL_MACHINE``).

@@ -38,8 +38,8 @@ class LocalSGD:
             raise ConfigError(f"LocalSGD(local_sgd_steps={local_sgd_steps!r}): give a positive integer.")
         if enabled and not accelerator._strategy.replicates_model:
             raise NotSupportedError(
-                f"LocalSGD works with DDP (or one process); {accelerator.distributed_type} shards the model, so there is "
-                "nothing local to average."
+                f"LocalSGD works with DDP (or one process); {accelerator.distributed_type} shards the model, so "
+                "there is nothing local to average."
             )
         self.accelerator = accelerator
         self.model = model

@@ -295,10 +295,11 @@ class AcceleratorState(ProcessControl):
         self.torch_tp_plugin = torch_tp_plugin
         self.megatron_lm_plugin = megatron_lm_plugin
         self.dynamo_plugin = dynamo_plugin
-        self.record_engine(None, {"deepspeed_plugin": deepspeed_plugin, "fsdp_plugin": fsdp_plugin, "parallelism_config": parallelism_config})
+        named = dict(deepspeed_plugin=deepspeed_plugin, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config)
+        self.record_engine(None, named)
         self.initialized = True
 
-    def record_engine(self, engine: Engine | None, arguments: Mapping[str, Any], mixed_precision: str | None = None) -> None:
+    def record_engine(self, engine: Engine | None, arguments: Mapping[str, Any], mixed_precision: str | None = None):
         """Record the engine in use and its settings (the latest ``Accelerator``'s, as its plan settled them).
 
         Every registered engine's argument becomes an attribute (``deepspeed_plugin``, ``fsdp_plugin``,
@@ -308,12 +309,15 @@ class AcceleratorState(ProcessControl):
         (DeepSpeed's) sets it; for any other, a precision other than the state's is an error.
         """
         if engine is None:
-            engine = next((e for e in environment.ENGINES if e.plugin and arguments.get(e.plugin.name) is not None), None)
-        for registered in environment.ENGINES:
-            for argument in registered.arguments:
-                setattr(self, argument.name, arguments.get(argument.name))
+            given = (e for e in environment.ENGINES if e.plugin and arguments.get(e.plugin.name) is not None)
+            engine = next(given, None)
+        for argument in (argument for registered in environment.ENGINES for argument in registered.arguments):
+            setattr(self, argument.name, arguments.get(argument.name))
         fixed = engine.distributed_type if engine is not None else None
-        self.distributed_type = self._partial.distributed_type if fixed is None else DistributedType(fixed) if fixed in DistributedType else fixed
+        if fixed is None:
+            self.distributed_type = self._partial.distributed_type
+        else:
+            self.distributed_type = DistributedType(fixed) if fixed in DistributedType else fixed
         if mixed_precision is None or engine is None or not engine.settles_precision:
             self._check_unchanged(mixed_precision)
         elif self.mixed_precision != str(mixed_precision):

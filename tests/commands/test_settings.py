@@ -42,6 +42,7 @@ from helpers import free_port
 CPU = Hardware("cpu", 0)
 TABLES = (LAUNCH, *cfg.SECTIONS)
 KEYED = [(table, row) for table in TABLES for row in table.rows if row.key]
+SECTION_KEYS = [(table, row) for table, row in KEYED if table.name]
 
 
 def _fp8_recipes():
@@ -140,7 +141,9 @@ def _plugin_effect(table, row) -> Effect:
     text, expected = TABLE_SAMPLES.get((table.name, row.field)) or ENV_SAMPLES[row.field]
     needs = {"distributed_type": table.only_with} if table.only_with else {}
     overrides = {  # samples equal to the field's fallback change nothing: these pick another value
-        "fsdp_version": ("1", "ConfigError"), "cp_size": ("2", "NotSupportedError"), "sp_size": ("2", "NotSupportedError"),
+        "fsdp_version": ("1", "ConfigError"),
+        "cp_size": ("2", "NotSupportedError"),
+        "sp_size": ("2", "NotSupportedError"),
         "backend": ("te", "NotSupportedError") if table is FP8 else (text, expected), "zero3_init_flag": ("true", True),
         "dynamic": ("true", True),
     }
@@ -155,11 +158,19 @@ def _engine(plan) -> str:
     return plan_strategy(EngineSettings("no", GradientAccumulationPlugin(num_steps=1)), 1).engine.name
 
 
+def _mpirun(plan) -> list[str] | None:
+    """The start of the mpirun command when the launch runs one."""
+    if not plan.settings.config.mpirun_config.mpirun_hostfile:
+        return None
+    return runners.mpirun_command(plan, "openmpi")[0][:3]
+
+
 def _rendezvous(part: int) -> Callable:
     return lambda plan: runners._rendezvous(plan)[part]
 
 
-TWO_MACHINES = {"num_machines": 2, "num_processes": 2, "main_process_ip": "127.0.0.1"}
+LOCAL, GPUS = "127.0.0.1", Hardware("cuda", 2)
+TWO_MACHINES = {"num_machines": 2, "num_processes": 2, "main_process_ip": LOCAL}
 PORT = free_port()
 LAUNCH_EFFECTS = {
     "distributed_type": Effect("FSDP", _engine, "fsdp"),
@@ -167,16 +178,15 @@ LAUNCH_EFFECTS = {
     "use_cpu": Effect("true", lambda plan: environment.launch_setting("use_cpu"), True),
     "mixed_precision": Effect("bf16", lambda plan: state.resolve_mixed_precision(None), "bf16"),
     "num_processes": Effect("3", lambda plan: plan.nproc_per_node, 3),
-    "num_machines": Effect("2", lambda plan: plan.nproc_per_node, 1, {"num_processes": 2, "main_process_ip": "127.0.0.1"}),
+    "num_machines": Effect("2", lambda plan: plan.nproc_per_node, 1, {"num_processes": 2, "main_process_ip": LOCAL}),
     "enable_cpu_affinity": Effect("true", lambda plan: environment.launch_setting("enable_cpu_affinity"), True),
-    "gpu_ids": Effect("1", lambda plan: plan.env.get("CUDA_VISIBLE_DEVICES"), "1", {"num_processes": 1}, Hardware("cuda", 2)),
+    "gpu_ids": Effect("1", lambda plan: plan.env.get("CUDA_VISIBLE_DEVICES"), "1", {"num_processes": 1}, GPUS),
     "machine_rank": Effect("1", lambda plan: runners._rendezvous(plan)[2].get("rank"), 1, TWO_MACHINES),
     "main_process_ip": Effect("127.0.0.2", _rendezvous(1), f"127.0.0.2:{PORT}", {"main_process_port": PORT}),
     "main_process_port": Effect(str(PORT), _rendezvous(1), f"127.0.0.1:{PORT}"),
     "rdzv_backend": Effect("c10d", _rendezvous(0), "c10d", {**TWO_MACHINES, "machine_rank": 1}),
     "mpirun_config.mpirun_hostfile": Effect(
-        "HOSTFILE", lambda plan: runners.mpirun_command(plan, "openmpi")[0][:3] if plan.settings.config.mpirun_config.mpirun_hostfile else None,
-        ["mpirun", "--hostfile", "HOSTFILE"], {**TWO_MACHINES, "use_cpu": True},
+        "HOSTFILE", _mpirun, ["mpirun", "--hostfile", "HOSTFILE"], {**TWO_MACHINES, "use_cpu": True}
     ),
     "deepspeed_config.deepspeed_config_file": Effect(
         "DSFILE", lambda plan: _outcome(_deepspeed_plugin, "config_name"), "DSFILE", {"distributed_type": "DEEPSPEED"}
@@ -192,16 +202,34 @@ NO_EFFECT = {
     "same_network": "torch's rendezvous needs no answer about the network",
     "main_training_function": "used by Accelerate's TPU launcher only",
     "downcast_bf16": "used by Accelerate's TPU launcher only",
-    **{key: "TPU settings: hasten does not run on TPUs" for key in ("tpu_name", "tpu_zone", "tpu_use_cluster", "tpu_use_sudo", "command_file", "commands", "tpu_vm", "tpu_env")},
-    **{f"deepspeed_config.{key}": "DeepSpeed's own multi-machine launcher, which hasten does not use" for key in ("deepspeed_hostfile", "deepspeed_exclusion_filter", "deepspeed_inclusion_filter")},
-    **{
-        f"parallelism_config.parallelism_config_{key}": "context/sequence-parallel details; their sizes above 1 are refused"
-        for key in ("cp_backend", "cp_comm_strategy", "sp_backend", "sp_seq_length", "sp_seq_length_is_variable", "sp_attn_implementation")
-    },
-    **{
-        f"fp8_config.{key}": "a Transformer Engine / MS-AMP recipe setting; hasten trains fp8 through torchao only"
-        for key in ("use_autocast_during_eval", "margin", "interval", "fp8_format", "amax_history_length", "amax_compute_algorithm", "override_linear_precision", "optimization_level")
-    },
+    **dict.fromkeys(
+        ("tpu_name", "tpu_zone", "tpu_use_cluster", "tpu_use_sudo", "command_file", "commands", "tpu_vm", "tpu_env"),
+        "TPU settings: hasten does not run on TPUs",
+    ),
+    **dict.fromkeys(
+        (f"deepspeed_config.deepspeed_{key}" for key in ("hostfile", "exclusion_filter", "inclusion_filter")),
+        "DeepSpeed's own multi-machine launcher, which hasten does not use",
+    ),
+    **dict.fromkeys(
+        (
+            f"parallelism_config.parallelism_config_{key}"
+            for key in (
+                "cp_backend", "cp_comm_strategy", "sp_backend", "sp_seq_length", "sp_seq_length_is_variable",
+                "sp_attn_implementation",
+            )
+        ),
+        "context/sequence-parallel details; their sizes above 1 are refused",
+    ),
+    **dict.fromkeys(
+        (
+            f"fp8_config.{key}"
+            for key in (
+                "use_autocast_during_eval", "margin", "interval", "fp8_format", "amax_history_length",
+                "amax_compute_algorithm", "override_linear_precision", "optimization_level",
+            )
+        ),
+        "a Transformer Engine / MS-AMP recipe setting; hasten trains fp8 through torchao only",
+    ),
 }
 
 
@@ -212,7 +240,12 @@ def _effect(table, row) -> Effect | None:
     return _plugin_effect(table, row) if row.field else None
 
 
-SOURCES = [(table, row, source) for table, row in KEYED for source in ("flag", "variable", "file") if {"flag": row.flag_name, "variable": row.env_name, "file": True}[source]]
+SOURCES = [
+    (table, row, source)
+    for table, row in KEYED
+    for source, given in (("flag", row.flag_name), ("variable", row.env_name), ("file", True))
+    if given
+]
 
 
 def _ids(items):
@@ -268,7 +301,7 @@ def _sample(effect: Effect, tmp_path) -> tuple[str, Any]:
 
 
 @pytest.mark.parametrize(("table", "row", "source"), SOURCES, ids=_ids(SOURCES))
-def test_each_flag_variable_and_file_key_changes_what_the_process_gets(table, row, source, launch, monkeypatch, tmp_path):
+def test_each_flag_variable_and_file_key_changes_what_a_process_gets(table, row, source, launch, monkeypatch, tmp_path):
     effect = _effect(table, row)
     path = table.path(row)
     if effect is None:
@@ -304,7 +337,7 @@ def test_the_settings_without_effect_are_rows():
 FIELDED = [(table, row) for table in TABLES for row in table.rows if row.field]
 
 
-@pytest.mark.parametrize(("table", "row"), FIELDED, ids=[f"{table.name}.{row.key or row.env_name}" for table, row in FIELDED])
+@pytest.mark.parametrize(("table", "row"), FIELDED, ids=[f"{t.name}.{r.key or r.env_name}" for t, r in FIELDED])
 @pytest.mark.parametrize("prefix", ["HASTEN_", "ACCELERATE_"])
 def test_the_plugin_reads_the_variable(table, row, prefix, monkeypatch):
     text, expected = TABLE_SAMPLES.get((table.name, row.field)) or ENV_SAMPLES[row.field]
@@ -315,7 +348,7 @@ def test_the_plugin_reads_the_variable(table, row, prefix, monkeypatch):
     assert getattr(plugin, row.field) == expected
 
 
-@pytest.mark.parametrize(("table", "row"), [(t, r) for t, r in KEYED if t.name], ids=[t.path(r) for t, r in KEYED if t.name])
+@pytest.mark.parametrize(("table", "row"), SECTION_KEYS, ids=[table.path(row) for table, row in SECTION_KEYS])
 def test_a_config_file_key_round_trips(table, row, tmp_path):
     text, value = (str(row.choices[-1]).lower(), row.choices[-1]) if row.kind == "choice" else {
         "bool": ("true", True), "int": ("7", 7), "str": ("A,B", "A,B"), "bool_or_strategy": ("false", False),
@@ -391,6 +424,6 @@ def test_the_dialogue_asks_the_table_and_writes_valid_keys(table):
 
 
 def test_the_tables_and_registrations_do_not_import_torch():
-    code = "import sys\nimport hasten.settings.fsdp, hasten.settings.dynamo, hasten.environment\nprint('torch' in sys.modules)"
+    code = "import sys\nimport hasten.settings.fsdp, hasten.environment\nprint('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

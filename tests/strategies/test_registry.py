@@ -92,7 +92,8 @@ def test_the_toy_engine_is_chosen_by_argument_config_file_flag_and_variable(tmp_
     by_variable = _report(_python(str(REPORT), "launch", env=_toy_env(HASTEN_USE_TOY="1", HASTEN_TOY_SCALE="9")))
     assert by_variable == {**TOY, "plugin_scale": 9, "model_scale": 9}
     plain = _report(_python(str(REPORT), "launch", env=_toy_env()))
-    assert plain == {"strategy": "SingleDeviceStrategy", "distributed_type": "NO", "plugin_scale": None, "model_scale": None}
+    single = {"strategy": "SingleDeviceStrategy", "distributed_type": "NO"}
+    assert plain == {**single, "plugin_scale": None, "model_scale": None}
 
 
 def test_two_engines_cannot_claim_the_same_name_type_variable_or_argument(tmp_path, monkeypatch):
@@ -102,7 +103,7 @@ def test_two_engines_cannot_claim_the_same_name_type_variable_or_argument(tmp_pa
     )
     (tmp_path / "nothing.py").write_text("VALUE = 1\n")
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ConfigError, match=r"Engine 'twin' \(from twin\) claims the distributed type 'FSDP' of engine 'fsdp'"):
+    with pytest.raises(ConfigError, match=r"'twin' \(from twin\) claims the distributed type 'FSDP' of engine 'fsdp'"):
         load_engines([*BUILT_IN, "twin"])
     with pytest.raises(ConfigError, match=r"'nothing' defines no ENGINE = hasten.settings.engines.Engine"):
         load_engines(["nothing"])
@@ -113,9 +114,10 @@ def test_two_engines_cannot_claim_the_same_name_type_variable_or_argument(tmp_pa
 def test_an_unknown_strategy_name_or_object_is_refused():
     from hasten import Accelerator
 
-    with pytest.raises(ConfigError, match=r"strategy='fdsp' is not a registered engine; the engines are single, ddp, deepspeed, fsdp\. Did you mean 'fsdp'\?"):
+    unknown = r"strategy='fdsp' is not a registered engine; the engines are single, ddp, deepspeed, fsdp\. Did you mean"
+    with pytest.raises(ConfigError, match=unknown):
         Accelerator(strategy="fdsp")
-    with pytest.raises(ConfigError, match=r"strategy=object\(\.\.\.\) is neither a registered engine's name nor its plugin"):
+    with pytest.raises(ConfigError, match=r"strategy=object\(\.\.\.\) is neither a registered engine's name nor"):
         Accelerator(strategy=object())
 
 
@@ -124,14 +126,18 @@ def test_two_engines_asked_for_at_once_are_refused(monkeypatch):
     from hasten.utils import FullyShardedDataParallelPlugin
 
     monkeypatch.setenv("HASTEN_USE_DEEPSPEED", "1")
-    with pytest.raises(ConfigError, match=r"Several engines are asked for \(fsdp by fsdp_plugin=; deepspeed by HASTEN_USE_DEEPSPEED\)"):
+    both = r"Several engines are asked for \(fsdp by fsdp_plugin=; deepspeed by HASTEN_USE_DEEPSPEED\)"
+    with pytest.raises(ConfigError, match=both):
         Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
 
 
 def test_the_launch_help_reads_the_registrations_without_torch_or_any_strategy():
     code = (
-        "import sys\nfrom hasten.commands.main import main\ntry:\n    main(['launch', '-h'])\nexcept SystemExit:\n    pass\n"
-        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('hasten.strategies.') and not m.endswith('.engine')))"
+        "import sys\nfrom hasten.commands.main import main\n"
+        "try:\n    main(['launch', '-h'])\nexcept SystemExit:\n    pass\n"
+        "names = [m for m in sys.modules if m == 'torch' or m.startswith('hasten.strategies.')]\n"
+        "print(sorted(m for m in names if not m.endswith('.engine')))"
     )
     result = _python("-c", code, env=clean_env(PYTHONPATH=str(ROOT / "src")))
-    assert result.stdout.strip().splitlines()[-1] == "['hasten.strategies.ddp', 'hasten.strategies.deepspeed', 'hasten.strategies.fsdp', 'hasten.strategies.single']"
+    packages = [f"hasten.strategies.{name}" for name in ("ddp", "deepspeed", "fsdp", "single")]
+    assert result.stdout.strip().splitlines()[-1] == str(packages)

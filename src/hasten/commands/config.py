@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .. import environment
-from ..config import Hardware, config_from_dict, detect_hardware, load_config_file, read_config_file, save_config_file, write_basic_config
+from ..config import (
+    Hardware,
+    config_from_dict,
+    detect_hardware,
+    load_config_file,
+    read_config_file,
+    save_config_file,
+    write_basic_config,
+)
 from ..errors import ConfigError
 from ..settings.dialogue import ask_setting, ask_table
 from ..settings.dynamo import DYNAMO
@@ -170,7 +178,11 @@ def ask_questions(ask: _Asker, hardware: Hardware) -> dict:
     order and the conditions, which depend on the machine and the answers so far, are here.
     """
     environment_row = LAUNCH.by_key("compute_environment")
-    ask.select(environment_row.question.text, [("This machine", "LOCAL_MACHINE", None), ("AWS (Amazon SageMaker)", "AMAZON_SAGEMAKER", "not supported by hasten")])
+    places = [
+        ("This machine", "LOCAL_MACHINE", None),
+        ("AWS (Amazon SageMaker)", "AMAZON_SAGEMAKER", "not supported by hasten"),
+    ]
+    ask.select(environment_row.question.text, places)
     answers: dict[str, Any] = {"compute_environment": environment_row.default, "same_network": True}
     answers["distributed_type"] = _ask_machine_type(ask, hardware)
     _ask_machines(ask, answers)
@@ -207,8 +219,9 @@ def _ask_machines(ask: _Asker, answers: dict) -> None:
         return
     machines = answers["num_machines"] = _launch(ask, "num_machines")
     if machines > 1:
+        last = machines - 1
         answers["machine_rank"] = _launch(
-            ask, "machine_rank", check=lambda r: None if 0 <= r < machines else f"Enter a number from 0 to {machines - 1}."
+            ask, "machine_rank", check=lambda rank: None if 0 <= rank <= last else f"Enter a number from 0 to {last}."
         )
         answers["main_process_ip"] = _launch(ask, "main_process_ip")
         answers["main_process_port"] = _launch(ask, "main_process_port", check=_port)
@@ -273,7 +286,10 @@ def _ask_processes(ask: _Asker, answers: dict, hardware: Hardware) -> None:
             return None
 
         where = f", in total over the {machines} machines" if machines > 1 else ""
-        answers["num_processes"] = _launch(ask, "num_processes", check=check, default=machines, devices=gpu_word if on_gpu else "processes", where=where)
+        devices = gpu_word if on_gpu else "processes"
+        answers["num_processes"] = _launch(
+            ask, "num_processes", check=check, default=machines, devices=devices, where=where
+        )
     else:
         answers["num_processes"] = 1
     if on_gpu and _asks_gpu_ids(kind):
@@ -283,7 +299,7 @@ def _ask_processes(ask: _Asker, answers: dict, hardware: Hardware) -> None:
 
 
 def _asks_gpu_ids(kind: str) -> bool:
-    """Whether the machine type (or the engine chosen) asks which GPUs to use (Accelerate's dialogue: not DeepSpeed's)."""
+    """Whether the machine type (or the engine chosen) asks which GPUs to use (as Accelerate's: not DeepSpeed's)."""
     engine = next((e for e in environment.ENGINES if kind in e.distributed_types), None)
     return engine is None or engine.dialogue is None or engine.dialogue.gpu_ids
 

@@ -49,13 +49,15 @@ class Flag:
 def _row_flag(table: Section, row: Setting) -> Flag:
     """The option of a table's row: it fills the row's key (``distributed_type`` for a switch that chooses one), or,
     without key, is an option of the launch alone (typed by its kind)."""
-    group = row.group or table.group
+    name, group, text = row.flag_name, row.group or table.group, row.flag_help
     if row.chooses is not None:
-        return Flag(row.flag_name, group, row.flag_help, "distributed_type", switch=True, const=row.chooses, short=row.short)
+        return Flag(name, group, text, "distributed_type", switch=True, const=row.chooses, short=row.short)
     if not row.key:
-        return Flag(row.flag_name, group, row.flag_help, switch=row.switch, short=row.short, type=_TYPES.get(row.kind, str), metavar=row.metavar)
+        kind = _TYPES.get(row.kind, str)
+        return Flag(name, group, text, switch=row.switch, short=row.short, type=kind, metavar=row.metavar)
     metavar = row.metavar or (_BOOL if row.kind == "bool" and not row.switch else None)
-    return Flag(row.flag_name, group, row.flag_help, table.path(row), switch=row.switch, short=row.short, metavar=metavar, lower=row.lower)
+    path = table.path(row)
+    return Flag(name, group, text, path, switch=row.switch, short=row.short, metavar=metavar, lower=row.lower)
 
 
 def _flags() -> tuple[Flag, ...]:

@@ -100,9 +100,9 @@ class GradientAccumulationPlugin(KwargsHandler):
 
 
 def resolve_accumulation(steps: int, plugin=None):
-    """The ``GradientAccumulationPlugin`` of ``Accelerator(gradient_accumulation_steps=steps, gradient_accumulation_plugin=plugin)``:
-    a new one, which the Accelerator owns (the engine may settle its steps, ``accelerator.gradient_accumulation_steps = n``
-    changes them; the user's plugin is left as given).
+    """The ``GradientAccumulationPlugin`` of ``Accelerator(gradient_accumulation_steps=steps,
+    gradient_accumulation_plugin=plugin)``: a new one, which the Accelerator owns (the engine may settle its steps,
+    ``accelerator.gradient_accumulation_steps = n`` changes them; the user's plugin is left as given).
 
     ``steps`` of 1 reads ``HASTEN_GRADIENT_ACCUMULATION_STEPS`` (which ``hasten launch`` sets from its flag or the
     config file); giving both ``steps`` and ``plugin`` is an error.

@@ -22,7 +22,8 @@ def ask_table(ask, table: Section, stage: str = "main", known: dict | None = Non
     """
     values: dict[str, Any] = {}
     seen = dict(known or {})
-    rows = sorted((row for row in table.rows if row.question and row.question.stage == stage), key=lambda row: row.question.step)
+    asked = (row for row in table.rows if row.question and row.question.stage == stage)
+    rows = sorted(asked, key=lambda row: row.question.step)
     for row in rows:
         question = row.question
         if question.when and seen.get(question.when[0]) not in question.when[1]:
@@ -33,7 +34,7 @@ def ask_table(ask, table: Section, stage: str = "main", known: dict | None = Non
     return values
 
 
-def ask_setting(ask, row: Setting, check: Callable[[Any], str | None] | None = None, default: Any = None, **wording: str) -> Any:
+def ask_setting(ask, row: Setting, check: Callable | None = None, default: Any = None, **wording: str) -> Any:
     """Ask one setting: yes/no for a boolean default, a pick among its choices, a number, or free text.
 
     ``check`` replaces the kind's own check of the answer, ``default`` the question's (when not None), and

@@ -52,7 +52,7 @@ class Requirement:
 
 @dataclass(frozen=True, slots=True)
 class Argument:
-    """A keyword of ``Accelerator(...)`` (and attribute of ``AcceleratorState``) through which an engine's settings arrive.
+    """A keyword of ``Accelerator(...)`` (and attribute of ``AcceleratorState``) that brings an engine's settings.
 
     Args:
         name: the keyword, e.g. ``"fsdp_plugin"``.
@@ -149,9 +149,13 @@ def load_engines(modules: Iterable[str]) -> tuple[Engine, ...]:
         try:
             engine = getattr(importlib.import_module(module), "ENGINE", None)
         except ImportError as exc:
-            raise ConfigError(f"Engine registration module {module!r} cannot be imported ({exc}); check HASTEN_ENGINES.") from None
+            raise ConfigError(
+                f"Engine registration module {module!r} cannot be imported ({exc}); check HASTEN_ENGINES."
+            ) from None
         if not isinstance(engine, Engine):
-            raise ConfigError(f"Engine registration module {module!r} defines no ENGINE = hasten.settings.engines.Engine(...).")
+            raise ConfigError(
+                f"Engine registration module {module!r} defines no ENGINE = hasten.settings.engines.Engine(...)."
+            )
         _check_unique(engine, engines, module)
         engines.append(engine)
     return tuple(engines)
@@ -168,6 +172,6 @@ def _check_unique(engine: Engine, engines: list[Engine], module: str) -> None:
         for what, shared in claims.items():
             if shared:
                 raise ConfigError(
-                    f"Engine {engine.name!r} (from {module}) claims the {what} {sorted(shared)[0]!r} of engine {other.name!r}; "
-                    "each engine needs its own."
+                    f"Engine {engine.name!r} (from {module}) claims the {what} {sorted(shared)[0]!r} of engine "
+                    f"{other.name!r}; each engine needs its own."
                 )

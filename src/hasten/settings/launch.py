@@ -43,16 +43,18 @@ _GENERAL_ROWS = (
     _option("no_python", GENERAL, "Run the training script as an executable, without `python`.", switch=True),
     Setting(
         "debug", "bool", env="DEBUG_MODE", env_help="check every collective's inputs across ranks before running it",
-        flag_help="Check the inputs of every collective across processes, and report stuck ranks.", switch=True, default=False,
-        group=GENERAL,
+        flag_help="Check the inputs of every collective across processes, and report stuck ranks.", switch=True,
+        default=False, group=GENERAL,
         question=Question(
-            "Should distributed operations be checked while running for errors? This can avoid timeout issues but will be slower."
+            "Should distributed operations be checked while running for errors? This can avoid timeout issues but will "
+            "be slower."
         ),
     ),
     Setting(
-        None, "bool", env="AS_ACCELERATE", env_help="`hasten launch` makes its processes import hasten as `accelerate` (as --as_accelerate)",
-        flag="as_accelerate", switch=True, group=GENERAL,
-        flag_help="Let every process import hasten as `accelerate` (for transformers, peft, diffusers, trl); also HASTEN_AS_ACCELERATE=1.",
+        None, "bool", env="AS_ACCELERATE", flag="as_accelerate", switch=True, group=GENERAL,
+        env_help="`hasten launch` makes its processes import hasten as `accelerate` (as --as_accelerate)",
+        flag_help="Let every process import hasten as `accelerate` (for transformers, peft, diffusers, trl); "
+        "also HASTEN_AS_ACCELERATE=1.",
     ),
 )
 _HARDWARE_ROWS = (
@@ -85,17 +87,22 @@ _RESOURCE_ROWS = (
         question=Question("Would you like to enable numa efficiency? (Currently only supported on NVIDIA hardware)."),
     ),
 )
-_PARADIGM_ROWS = (_option("use_megatron_lm", PARADIGM, "Megatron-LM (not supported by hasten).", switch=True, chooses="MEGATRON_LM"),)
+_PARADIGM_ROWS = (
+    _option("use_megatron_lm", PARADIGM, "Megatron-LM (not supported by hasten).", switch=True, chooses="MEGATRON_LM"),
+)
 _DISTRIBUTED_ROWS = (
     _keyed(
         "gpu_ids", flag_help="GPUs of this machine to use, e.g. 0,1 (default: all).", group=DISTRIBUTED,
-        question=Question("What {devices} (by id) should be used for training on this machine as a comma-separated list?", "all"),
+        question=Question(
+            "What {devices} (by id) should be used for training on this machine as a comma-separated list?", "all"
+        ),
     ),
     _keyed(
         "same_network", "bool", flag_help="All machines are on the same local network.", switch=True, default=False,
         group=DISTRIBUTED,
         question=Question(
-            "Are all the machines on the same local network? Answer `no` if nodes are on the cloud and/or on different network hosts",
+            "Are all the machines on the same local network? Answer `no` if nodes are on the cloud and/or on different "
+            "network hosts",
             True,
         ),
     ),
@@ -108,23 +115,34 @@ _DISTRIBUTED_ROWS = (
         question=Question("What is the IP address of the machine that will host the main process?", None),
     ),
     _keyed(
-        "main_process_port", "int", flag_help="Port of the rendezvous on machine rank 0 (default: a free port).", group=DISTRIBUTED,
+        "main_process_port", "int", flag_help="Port of the rendezvous on machine rank 0 (default: a free port).",
+        group=DISTRIBUTED,
         question=Question("What is the port you will use to communicate with the main process?", 29500),
     ),
-    _option("tee", DISTRIBUTED, "Also write the processes' output to files: 0 none, 1 stdout, 2 stderr, 3 both.", short="-t"),
+    _option(
+        "tee", DISTRIBUTED, "Also write the processes' output to files: 0 none, 1 stdout, 2 stderr, 3 both.", short="-t"
+    ),
     _option("log_dir", DISTRIBUTED, "Folder for the processes' log files (with --tee)."),
     _option("role", DISTRIBUTED, "Role name of the workers."),
     _keyed(
-        "rdzv_backend", "choice", RDZV_BACKENDS, flag_help="Rendezvous backend: static (default) or c10d, etcd, etcd-v2.",
+        "rdzv_backend", "choice", RDZV_BACKENDS,
+        flag_help="Rendezvous backend: static (default) or c10d, etcd, etcd-v2.",
         default="static", group=DISTRIBUTED, question=Question("What rendezvous backend will you use?", "static"),
     ),
     _option("rdzv_conf", DISTRIBUTED, "Extra rendezvous settings, as key1=value1,key2=value2."),
-    _option("max_restarts", DISTRIBUTED, "Restarts of the whole group of processes before giving up (default 0).", "int", metavar="N"),
     _option(
-        "requeue_on_preemption", DISTRIBUTED, "After SIGTERM/SIGUSR1 (preemption), run `scontrol requeue $SLURM_JOB_ID` (Slurm jobs).",
+        "max_restarts", DISTRIBUTED, "Restarts of the whole group of processes before giving up (default 0).", "int",
+        metavar="N",
+    ),
+    _option(
+        "requeue_on_preemption", DISTRIBUTED,
+        "After SIGTERM/SIGUSR1 (preemption), run `scontrol requeue $SLURM_JOB_ID` (Slurm jobs).",
         switch=True,
     ),
-    _option("monitor_interval", DISTRIBUTED, "Seconds between checks of the processes' state (default 0.1).", "float", metavar="S"),
+    _option(
+        "monitor_interval", DISTRIBUTED, "Seconds between checks of the processes' state (default 0.1).", "float",
+        metavar="S",
+    ),
 )
 _FILE_ONLY_ROWS = (
     _keyed("main_training_function", flag=None, default="main"),

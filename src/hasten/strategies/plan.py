@@ -68,7 +68,8 @@ def plan_strategy(settings: EngineSettings, num_processes: int, strategy: Any = 
 
 
 def _given(arguments: dict[str, Any], strategy: Any) -> dict[str, str]:
-    """Engine name -> how the script asked for it (its arguments, ``strategy=``); fills ``arguments`` from ``strategy``."""
+    """Engine name -> how the script asked for it (its arguments, ``strategy=``); adds ``strategy``'s plugin to
+    ``arguments``."""
     given: dict[str, str] = {}
     for engine in environment.ENGINES:
         for argument in engine.arguments:
@@ -86,7 +87,8 @@ def _given(arguments: dict[str, Any], strategy: Any) -> dict[str, str]:
 def _by_name(name: str) -> Engine:
     engines = {engine.name: engine for engine in environment.ENGINES}
     if name not in engines:
-        raise ConfigError(f"strategy={name!r} is not a registered engine; the engines are {', '.join(engines)}.{did_you_mean(name, engines)}")
+        known, hint = ", ".join(engines), did_you_mean(name, engines)
+        raise ConfigError(f"strategy={name!r} is not a registered engine; the engines are {known}.{hint}")
     return engines[name]
 
 
@@ -97,8 +99,8 @@ def _by_plugin(plugin: Any) -> Engine:
             return engine
     names = ", ".join(f"{e.name} ({e.plugin.cls.rpartition(':')[2]})" for e in environment.ENGINES if e.plugin)
     raise ConfigError(
-        f"strategy={type(plugin).__name__}(...) is neither a registered engine's name nor its plugin; pass one of the engines' "
-        f"names or plugins: {names}."
+        f"strategy={type(plugin).__name__}(...) is neither a registered engine's name nor its plugin; pass one of "
+        f"the engines' names or plugins: {names}."
     )
 
 
@@ -115,7 +117,8 @@ def _choose(given: dict[str, str], num_processes: int) -> Engine:
         if engine.switch and environment.get_flag(engine.switch):
             asked.setdefault(engine.name, environment.setting_source(engine.switch))
         if not given and any(_from_launch(argument) for argument in engine.arguments):
-            asked.setdefault(engine.name, "the launch settings " + ", ".join(a.section.name for a in engine.arguments if _from_launch(a)))
+            sections = ", ".join(a.section.name for a in engine.arguments if _from_launch(a))
+            asked.setdefault(engine.name, f"the launch settings {sections}")
     if len(asked) > 1:
         reasons = "; ".join(f"{name} by {why}" for name, why in asked.items())
         raise ConfigError(

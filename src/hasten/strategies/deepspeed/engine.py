@@ -24,7 +24,7 @@ def _ask(ask, answers: dict) -> dict:
 
 
 def _launch_variables(settings) -> dict[str, str]:
-    """``HASTEN_CONFIG_DS_FIELDS``: the DeepSpeed settings the launch gave (and mixed_precision, when not by default)."""
+    """``HASTEN_CONFIG_DS_FIELDS``: the DeepSpeed settings the launch gave (and mixed_precision, unless by default)."""
     section = settings.config.deepspeed_config
     fields = [row.key for row in DEEPSPEED.rows if row.key and getattr(section, row.key) is not None]
     if settings.sources["mixed_precision"].kind != "default":
@@ -39,8 +39,9 @@ def _launch_warnings(settings) -> list[str]:
     if config.num_machines > 1 and launcher not in (None, "standard"):
         source = settings.sources["deepspeed_config.deepspeed_multinode_launcher"]
         return [
-            f"deepspeed_multinode_launcher={launcher!r} (from {source}) is not used: hasten launch starts the processes of "
-            "this machine only, so run the same command on every machine with its --machine_rank (DeepSpeed's 'standard' launcher)."
+            f"deepspeed_multinode_launcher={launcher!r} (from {source}) is not used: hasten launch starts the "
+            "processes of this machine only, so run the same command on every machine with its --machine_rank "
+            "(DeepSpeed's 'standard' launcher)."
         ]
     return []
 
@@ -55,7 +56,9 @@ ENGINE = Engine(
     switch_help="use the DeepSpeed strategy",
     flag_help="Use DeepSpeed.",
     requirement=Requirement("deepspeed", "DeepSpeed", "deepspeed"),
-    dialogue=Dialogue("Do you want to use DeepSpeed?", ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU"), _ask, gpu_ids=False),
+    dialogue=Dialogue(
+        "Do you want to use DeepSpeed?", ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU"), _ask, gpu_ids=False
+    ),
     settles_precision=True,
     variables={"CONFIG_DS_FIELDS": "comma-separated DeepSpeed fields that came from the launch config"},
     launch_variables=_launch_variables,
