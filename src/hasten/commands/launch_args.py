@@ -61,23 +61,17 @@ def _row_flag(table: Section, row: Setting) -> Flag:
 
 
 def _flags() -> tuple[Flag, ...]:
-    """Every option, grouped: the launch table's groups first, then the sections' own groups."""
-    groups: dict[str, list[list[Flag]]] = {}
+    """Every option, by ``-h`` group (the launch table's groups, then the sections' own ones); within a group the
+    engines' switches first, then the launch table's options, then the sections'."""
     switches = [
         Flag(engine.flag, PARADIGM, engine.flag_help, "distributed_type", switch=True, const=engine.distributed_type)
         for engine in environment.ENGINES
         if engine.flag
     ]
-    for flag in switches:
-        groups.setdefault(flag.group, [[], [], []])[0].append(flag)
-    for tier, tables in ((1, (LAUNCH,)), (2, SECTIONS)):
-        for table in tables:
-            for row in table.rows:
-                if row.flag_name:
-                    flag = _row_flag(table, row)
-                    groups.setdefault(flag.group, [[], [], []])[tier].append(flag)
-    order = [row.group for row in LAUNCH.rows if row.flag_name] + [table.group for table in SECTIONS]
-    return tuple(flag for group in dict.fromkeys(order) for tier in groups.get(group, ()) for flag in tier)
+    launch = [_row_flag(LAUNCH, row) for row in LAUNCH.rows if row.flag_name]
+    sections = [_row_flag(table, row) for table in SECTIONS for row in table.rows if row.flag_name]
+    groups = dict.fromkeys([flag.group for flag in launch] + [table.group for table in SECTIONS])
+    return tuple(flag for group in groups for flag in (*switches, *launch, *sections) if flag.group == group)
 
 
 FLAGS: tuple[Flag, ...] = _flags()

@@ -135,12 +135,6 @@ class Engine:
         return self.arguments[0] if self.arguments else None
 
 
-def load(path: str) -> Any:
-    """The object at import path ``"package.module:Name"`` (imports the module)."""
-    module, _, name = path.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
 def load_engines(modules: Iterable[str]) -> tuple[Engine, ...]:
     """The registrations (``ENGINE``) of ``modules``, in order; a clear error for a module that does not register
     one, and for two engines that claim the same name, distributed type, variable or argument."""

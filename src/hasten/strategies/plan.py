@@ -11,12 +11,13 @@ none asked for runs the single-device engine on one process and DDP on several.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import sys
 from typing import TYPE_CHECKING, Any
 
 from .. import environment
 from ..errors import ConfigError, did_you_mean
-from ..settings.engines import Argument, Engine, load
+from ..settings.engines import Argument, Engine
 
 if TYPE_CHECKING:
     from .base import EngineSettings, Strategy
@@ -63,8 +64,14 @@ def plan_strategy(settings: EngineSettings, num_processes: int, strategy: Any = 
     values = _complete(engine, arguments)
     plugin = values.pop(engine.plugin.name) if engine.plugin else None
     settings = dataclasses.replace(settings, engine=engine.name, plugin=plugin, arguments=values)
-    strategy_class = load(engine.strategy)
+    strategy_class = _load(engine.strategy)
     return StrategyPlan(engine, strategy_class, strategy_class.resolve(settings))
+
+
+def _load(path: str) -> Any:
+    """The object at import path ``"package.module:Name"`` (a strategy or settings class; imports its module)."""
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def _given(arguments: dict[str, Any], strategy: Any) -> dict[str, str]:
@@ -142,6 +149,6 @@ def _complete(engine: Engine, arguments: dict[str, Any]) -> dict[str, Any]:
     for argument in engine.arguments:
         value = arguments.get(argument.name)
         if value is None and (argument is engine.plugin or _from_launch(argument)):
-            value = load(argument.cls)()
+            value = _load(argument.cls)()
         values[argument.name] = value
     return values
