@@ -101,6 +101,7 @@ class Engine:
         variables: other variables it reads or writes (name without prefix -> meaning).
         launch_variables: ``f(settings) -> {variable: value}``, more variables ``hasten launch`` exports when it runs.
         launch_warnings: ``f(settings) -> [line]``, settings it does not act on, when it runs.
+        explain_failure: ``f(variables, exit code) -> advice or None``, for a worker that failed under it.
     """
 
     name: str
@@ -118,6 +119,7 @@ class Engine:
     variables: dict[str, str] = field(default_factory=dict)
     launch_variables: Callable[[Any], dict[str, str]] | None = None
     launch_warnings: Callable[[Any], list[str]] | None = None
+    explain_failure: Callable[[dict, int], str | None] | None = None
 
     @property
     def flag(self) -> str | None:

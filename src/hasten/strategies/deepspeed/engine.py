@@ -1,6 +1,7 @@
 """The registration of the DeepSpeed engine (ZeRO), and what it adds to ``hasten launch`` and ``hasten config``.
 
-Imports nothing but the settings tables (see :mod:`hasten.settings.engines`).
+Imports nothing but the settings tables (see :mod:`hasten.settings.engines`); the failure advice imports the
+(torch-free) memory table when a worker failed.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ def _launch_warnings(settings) -> list[str]:
     return []
 
 
+def _explain_failure(env: dict, exitcode: int) -> str | None:
+    """The advice for a worker the operating system killed (usually out of CPU memory), with the offload in force."""
+    from .memory_estimate import explain_deepspeed_failure
+
+    offload = [env.get(f"HASTEN_DEEPSPEED_OFFLOAD_{part}_DEVICE") for part in ("OPTIMIZER", "PARAM")]
+    return explain_deepspeed_failure(exitcode, *offload)
+
+
 ENGINE = Engine(
     name="deepspeed",
     strategy="hasten.strategies.deepspeed.strategy:DeepSpeedStrategy",
@@ -63,4 +72,5 @@ ENGINE = Engine(
     variables={"CONFIG_DS_FIELDS": "comma-separated DeepSpeed fields that came from the launch config"},
     launch_variables=_launch_variables,
     launch_warnings=_launch_warnings,
+    explain_failure=_explain_failure,
 )
