@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pexpect
 import pytest
@@ -294,6 +295,16 @@ def test_mpirun_command_lines(tmp_path, script):
     mpich, _ = runners.mpirun_command(plan, "mpich")
     assert mpich[:7] == ["mpirun", "-f", str(hostfile), "-n", "4", "-ppn", "2"]
     assert ["-genv", "MASTER_PORT", "29500"] == mpich[mpich.index("MASTER_PORT") - 1 : mpich.index("MASTER_PORT") + 2]
+
+
+@requires("deepspeed", "deepspeed")
+def test_a_killed_worker_gets_the_running_engines_advice(script, capsys):
+    killed = {0: SimpleNamespace(exitcode=-9)}
+    plan = launch_cmd.prepare_launch(_args("--use_deepspeed", "--offload_optimizer_device", "cpu", script), hardware=CPU)
+    runners._explain_failures(plan, killed)
+    assert "A DeepSpeed process was killed by the operating system" in capsys.readouterr().err
+    runners._explain_failures(launch_cmd.prepare_launch(_args("--num_processes", "2", script), hardware=CPU), killed)
+    assert capsys.readouterr().err == ""
 
 
 def test_hang_report_summary(tmp_path):
