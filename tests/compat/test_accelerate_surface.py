@@ -50,6 +50,8 @@ ALLOWED = [
             ("accelerate.data_loader", "IterableDatasetShard"),
             ("accelerate", "Accelerator.save_state"),
             ("accelerate.accelerator", "Accelerator.save_state"),
+            ("accelerate", "Accelerator"),
+            ("accelerate.accelerator", "Accelerator"),
             ("accelerate.utils", "ProjectConfiguration"),
             ("accelerate.utils.dataclasses", "ProjectConfiguration"),
             ("accelerate", "AutocastKwargs"),

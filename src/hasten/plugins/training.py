@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -107,9 +108,12 @@ class GradientAccumulationPlugin(KwargsHandler):
 
 
 def resolve_accumulation(steps: int, plugin=None):
-    """The ``GradientAccumulationPlugin`` of ``Accelerator(gradient_accumulation_steps=steps, gradient_accumulation_plugin=plugin)``.
+    """The ``GradientAccumulationPlugin`` of ``Accelerator(gradient_accumulation_steps=steps,
+    gradient_accumulation_plugin=plugin)``: a new one, which the Accelerator owns (the engine may settle its steps,
+    ``accelerator.gradient_accumulation_steps = n`` changes them; the user's plugin is left as given).
 
-    ``steps`` of 1 reads ``HASTEN_GRADIENT_ACCUMULATION_STEPS``; giving both ``steps`` and ``plugin`` is an error.
+    ``steps`` of 1 reads ``HASTEN_GRADIENT_ACCUMULATION_STEPS`` (which ``hasten launch`` sets from its flag or the
+    config file); giving both ``steps`` and ``plugin`` is an error.
     """
     if plugin is not None:
         if steps != 1:
@@ -117,7 +121,7 @@ def resolve_accumulation(steps: int, plugin=None):
                 f"Pass either gradient_accumulation_steps={steps} or a gradient_accumulation_plugin, not both: "
                 "set num_steps in the plugin."
             )
-        return plugin
+        return dataclasses.replace(plugin)
     if steps == 1:
         steps = environment.get_int("GRADIENT_ACCUMULATION_STEPS", 1)
     if not isinstance(steps, int) or steps < 1:
