@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -69,18 +68,11 @@ def _args(*argv: str):
 # ------------------------------------------------------------------------------ parser
 
 
-def test_help_is_fast_and_does_not_import_torch():
+def test_help_does_not_import_torch():
+    """What keeps ``hasten --help`` fast (bench/bench_import.py times it): torch is never imported."""
     code = "import sys\nfrom hasten.commands.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().endswith("False")
-    best = min(_timed([str(HASTEN), "--help"]) for _ in range(3))
-    assert best < 0.5, f"`hasten --help` took {best:.2f} s"
-
-
-def _timed(command: list[str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(command, capture_output=True, check=True)
-    return time.perf_counter() - start
 
 
 def test_launch_flags_are_frozen_and_take_both_spellings():
