@@ -1,4 +1,9 @@
-# Two commands matter: `make demo` and `make test`. Both set up .venv first, idempotently.
+# `make demo`, `make test` and plain `make` each set up .venv first, idempotently, with only what they need:
+# - make demo: torch (TORCH_SPEC) and hasten with its core requirements, then the demo (it needs nothing else);
+# - make (setup) and make test: also the dev, deepspeed and tracking extras; hasten's `accelerate` distribution
+#   (alias/), so that every library importing accelerate gets hasten; the libraries built on Accelerate (ECOSYSTEM,
+#   with their own dependencies); DeepSpeed's CPU ops; the venv's bytecode; and, for make test, the reference copy
+#   of Accelerate.
 # TORCH_SPEC is installed before the package so that pip never pulls a CUDA build we did not ask for;
 # on a CUDA machine: make test TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu130"
 PYTHON ?= python3
@@ -6,24 +11,33 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 EXTRAS ?= dev,deepspeed,tracking
 PY := $(VENV)/bin/python
+# pip compiles no bytecode while installing (one file after another, torch's thousands included): make demo's
+# processes compile only what they import, and make setup compiles the whole venv at the end, on every core.
 PIP := $(PY) -m pip --disable-pip-version-check -q
+PIP_INSTALL := $(PIP) install --no-compile
 TORCH_STAMP := $(VENV)/.torch-spec
+DEMO_STAMP := $(VENV)/.hasten-demo
 PKG_STAMP := $(VENV)/.hasten-installed
-DS_OPS_STAMP := $(VENV)/.deepspeed-ops
-# Libraries built on Accelerate that the ecosystem tests run on hasten. They require the accelerate
-# distribution, which must not be installed (hasten answers under its name), hence --no-deps; their
-# other requirements come with transformers (the dev extra); tests/compat/test_ecosystem.py checks them.
-ECOSYSTEM_NO_DEPS ?= peft==0.21.2
+ALIAS_STAMP := $(VENV)/.accelerate-alias
 ECO_STAMP := $(VENV)/.ecosystem
-# A reference copy of Accelerate, read only by tests/compat/test_accelerate_surface.py (in a subprocess): installed into a
-# side folder, never into the venv, which stays an "only hasten" environment as users' are.
+DS_OPS_STAMP := $(VENV)/.deepspeed-ops
+COMPILED_STAMP := $(VENV)/.compiled
+TORCH_EXT_DIR := $(abspath $(VENV))/torch_extensions
+# What hasten's accelerate distribution is built from (its version comes from _version.py).
+ALIAS_SOURCES := alias/pyproject.toml alias/build_alias.py alias/entry_points.txt src/hasten/_version.py \
+	$(wildcard src/hasten/_accelerate_shim/*/*.py src/hasten/_accelerate_shim/*/METADATA)
+# Libraries built on Accelerate, installed with their own dependencies after hasten's accelerate distribution, which
+# meets their accelerate requirement (tests/compat/test_ecosystem.py runs them; tests/test_install.py checks pip's view).
+ECOSYSTEM ?= peft==0.21.2 trl==1.16.0 diffusers==0.42.1 sentence-transformers==6.2.0 setfit==1.2.0
+# A reference copy of Accelerate, read only by tests in subprocesses (PYTHONPATH first): installed into a side folder,
+# never into the venv, whose accelerate is hasten's.
 ACCELERATE_REFERENCE := accelerate==1.15.0
 REFERENCE_DIR := .reference/accelerate-1.15.0
 REFERENCE_STAMP := $(REFERENCE_DIR)/.installed
 
 .PHONY: setup reference demo test test-fast bench torch-check clean
 
-setup: $(PKG_STAMP) $(DS_OPS_STAMP) $(ECO_STAMP)
+setup: $(PKG_STAMP) $(ALIAS_STAMP) $(ECO_STAMP) $(DS_OPS_STAMP) $(COMPILED_STAMP)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -32,41 +46,65 @@ $(PY):
 torch-check: | $(PY)
 	@if [ "$$(cat $(TORCH_STAMP) 2>/dev/null)" != "$(TORCH_SPEC)" ]; then \
 		echo "installing $(TORCH_SPEC)"; \
-		$(PIP) install $(TORCH_SPEC) && echo "$(TORCH_SPEC)" > $(TORCH_STAMP); \
+		$(PIP_INSTALL) $(TORCH_SPEC) && echo "$(TORCH_SPEC)" > $(TORCH_STAMP); \
 	fi
 
+$(DEMO_STAMP): pyproject.toml | torch-check
+	$(PIP_INSTALL) -e .
+	@touch $@
+
+# This install also serves make demo.
 $(PKG_STAMP): pyproject.toml | torch-check
-	$(PIP) install -e ".[$(EXTRAS)]"
+	$(PIP_INSTALL) -e ".[$(EXTRAS)]"
+	@touch $@ $(DEMO_STAMP)
+
+# Refuses (with what to do) where HuggingFace's Accelerate is installed in the venv.
+$(ALIAS_STAMP): $(PKG_STAMP) $(ALIAS_SOURCES)
+	$(PIP_INSTALL) ./alias
 	@touch $@
 
-# DeepSpeed compiles its CPU Adam and shared-memory ops on first use (minutes); build them once here,
-# into torch's extension cache, instead of inside the first test that needs them.
+$(ECO_STAMP): $(ALIAS_STAMP) Makefile
+	$(PIP_INSTALL) $(ECOSYSTEM)
+	@touch $@
+
+# Bytecode for everything installed, so that the thousands of processes the tests start never compile torch again
+# (with PYTHONDONTWRITEBYTECODE set they would, in each process). A file that does not compile (torch ships one
+# written for a newer Python) is skipped, as pip skips it.
+$(COMPILED_STAMP): $(PKG_STAMP) $(ALIAS_STAMP) $(ECO_STAMP)
+	$(PY) -m compileall -qq -j 0 $$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") || true
+	@touch $@
+
+# DeepSpeed compiles its CPU Adam and shared-memory ops on first use (minutes); build them once here instead of
+# inside the first test that needs them, into the venv's own extension folder (make test and make bench point
+# TORCH_EXTENSIONS_DIR there). Not torch's shared ~/.cache: a build killed there leaves a lock file that every
+# later build on the machine waits on for ever. Make is the only builder of this folder, so a lock in it is stale;
+# the time limit turns any other hang into a failed step.
 $(DS_OPS_STAMP): $(PKG_STAMP)
-	$(PY) -c "from deepspeed.ops.op_builder import CPUAdamBuilder; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; CPUAdamBuilder().load(); ShareMemCommBuilder().load()"
+	@mkdir -p $(TORCH_EXT_DIR) && find $(TORCH_EXT_DIR) -name lock -delete
+	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) timeout 1800 $(PY) -c "from deepspeed.ops.op_builder import CPUAdamBuilder; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; CPUAdamBuilder().load(); ShareMemCommBuilder().load()"
 	@touch $@
 
-$(ECO_STAMP): $(PKG_STAMP) Makefile
-	$(PIP) install --no-deps $(ECOSYSTEM_NO_DEPS)
-	@touch $@
-# Offline, the install fails with a warning and the surface test skips, saying why.
+# Offline, the install fails with a warning and the tests that compare with Accelerate skip, saying why.
 reference: $(REFERENCE_STAMP)
 
 $(REFERENCE_STAMP): | $(PY)
 	@rm -rf $(REFERENCE_DIR)
 	@if $(PIP) install --no-deps --target $(REFERENCE_DIR) $(ACCELERATE_REFERENCE); then touch $@; \
-	else echo "warning: could not install $(ACCELERATE_REFERENCE) into $(REFERENCE_DIR); tests/compat/test_accelerate_surface.py will skip"; fi
+	else echo "warning: could not install $(ACCELERATE_REFERENCE) into $(REFERENCE_DIR); tests comparing with it will skip"; fi
 
-demo: setup
-	$(VENV)/bin/hasten launch --num_processes 2 examples/digits_classifier.py
+# pip wrote no bytecode: the demo writes that of what it imports (in .venv and src/), even where
+# PYTHONDONTWRITEBYTECODE is set, so that its processes do not each compile torch from source, run after run.
+demo: $(DEMO_STAMP)
+	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/hasten launch --num_processes 2 examples/digits_classifier.py
 
 test: setup reference
-	$(PY) -m pytest -q
+	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q
 
 test-fast: setup reference
-	$(PY) -m pytest -q -m "not slow"
+	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q -m "not slow"
 
 bench: setup
-	$(PY) bench/run_all.py
+	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) bench/run_all.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .reference

@@ -4,7 +4,8 @@ Transformers' ``run_*_no_trainer.py`` example scripts.
 This script is written for Accelerate. To run it with hasten, only its import lines changed
 (``accelerate`` became ``hasten``) and ``accelerate launch`` becomes ``hasten launch``:
 
-    hasten launch --num_processes 2 examples/transformers_no_trainer.py --output_dir runs/gpt2_tiny
+    hasten launch --num_processes 2 examples/transformers_no_trainer.py --output_dir runs/gpt2_tiny \
+        --checkpointing_steps 20 --with_tracking
 
 Nothing is downloaded: the model is a small GPT-2 built from a ``GPT2Config``, and the text is the
 source code of a few Python standard-library modules, read as bytes (256 token ids, so no tokenizer

@@ -1,14 +1,16 @@
 """Causal language modelling with Transformers' ``Trainer``, running on hasten instead of Accelerate.
 
-``Trainer`` builds its own ``accelerate.Accelerator``. This script does not mention hasten at all:
-``--as_accelerate`` makes every process import hasten under Accelerate's name (and report the
-Accelerate version Transformers asks for), so the Trainer runs on hasten with only hasten installed:
+``Trainer`` builds its own ``accelerate.Accelerator``. This script does not mention hasten at all. Where hasten's
+``accelerate`` distribution is installed (the venv ``make`` builds; docs/migration.md), ``import accelerate`` is
+hasten in every process and the ``accelerate`` command is hasten's, so the script runs as an Accelerate user runs it:
 
-    hasten launch --as_accelerate --num_processes 2 examples/transformers_trainer.py --output_dir runs/trainer
-    hasten launch --as_accelerate --num_processes 2 examples/transformers_trainer.py --output_dir runs/trainer --resume --max_steps 60
+    accelerate launch --num_processes 2 examples/transformers_trainer.py --output_dir runs/trainer
+    accelerate launch --num_processes 2 examples/transformers_trainer.py --output_dir runs/trainer --resume --max_steps 60
 
-(``torchrun`` works too: ``PYTHONPATH=$(python -m hasten.accelerate_alias) torchrun --nproc_per_node 2 ...``;
-in a script of your own, ``import hasten; hasten.install_as_accelerate()`` before importing transformers.)
+Without that distribution, ``hasten launch --as_accelerate --num_processes 2 examples/transformers_trainer.py ...``
+makes every process of the job import hasten under Accelerate's name (``torchrun`` works too:
+``PYTHONPATH=$(python -m hasten.accelerate_alias) torchrun --nproc_per_node 2 ...``; in a script of your own,
+``import hasten; hasten.install_as_accelerate()`` before importing transformers).
 
 Nothing is downloaded: the model is a small GPT-2 built from a ``GPT2Config``, and the text is the
 source code of a few Python standard-library modules, read as bytes (256 token ids, no tokenizer).

@@ -1,4 +1,5 @@
 import os
+import sys
 
 import pytest
 
@@ -7,20 +8,27 @@ import hasten.state
 
 def pytest_configure(config):
     """The suite is written for CPU processes over gloo: on a GPU machine it hides the GPUs (before CUDA starts),
-    unless the run selects the GPU tests (``pytest -m cuda``)."""
+    unless the run selects the GPU tests (``pytest -m cuda``). DeepSpeed's compiled ops are looked up in the venv's
+    own folder, where ``make setup`` built them, also when pytest is started by hand."""
     if "cuda" not in (config.option.markexpr or ""):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
 @pytest.fixture(autouse=True)
 def _fresh_state(monkeypatch):
-    """Every test starts with no hasten state and no launcher variables, and leaves none behind."""
+    """Every test starts with no hasten state and no launcher variables, and leaves none behind: the environment
+    is restored as it was, also where the code under test wrote ``os.environ`` itself (``PrepareForLaunch`` does)."""
+    saved = dict(os.environ)
     for key in list(os.environ):
         if key.startswith(("HASTEN_", "ACCELERATE_", "OMPI_COMM_WORLD", "PMI_", "PMIX_", "SLURM_", "MV2_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
             monkeypatch.delenv(key, raising=False)
     hasten.state.reset_state(destroy_process_group=True)
     yield
     hasten.state.reset_state(destroy_process_group=True)
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 _HELPER_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")

@@ -124,6 +124,24 @@ def test_fp16_overflow_skips_the_step_and_the_scheduler():
     assert acc.scaler.get_scale() == 512
 
 
+def test_each_accelerator_owns_its_accumulation_steps():
+    """The steps settled at Accelerator(...) have one holder, which accumulate/backward read; a later Accelerator in
+    the same process (which rewrites the shared GradientState, as in Accelerate) leaves them alone, and the setter
+    does not edit the user's plugin. Accelerate 1.15 shares them: there the first Accelerator reports 4 below."""
+    plugin = GradientAccumulationPlugin(num_steps=3)
+    first = Accelerator(gradient_accumulation_plugin=plugin)
+    second = Accelerator(gradient_accumulation_steps=4)
+    steps = (first.gradient_accumulation_steps, second.gradient_accumulation_steps, first.gradient_state.num_steps)
+    assert steps == (3, 4, 4)
+    model, syncs = make_model(), []
+    for _ in range(6):
+        with first.accumulate(model):
+            syncs.append(first.sync_gradients)
+    assert syncs == [False, False, True, False, False, True]
+    first.gradient_accumulation_steps = 5
+    assert (first.gradient_accumulation_steps, first.gradient_state.num_steps, plugin.num_steps) == (5, 5, 3)
+
+
 def test_join_uneven_inputs_is_a_no_op_in_one_process_and_warns_under_other_engines():
     """As in Accelerate: one process has nothing to join; a non-DDP engine cannot join (the override by
     even_batches on 2 processes is checked by Accelerate's own script, tests/compat/test_accelerate_scripts.py)."""
@@ -134,10 +152,10 @@ def test_join_uneven_inputs_is_a_no_op_in_one_process_and_warns_under_other_engi
         warnings.simplefilter("error")
         with acc.join_uneven_inputs([], even_batches=False) as join:
             assert join is None and loader.even_batches is True
-    acc.state.distributed_type = "FSDP"
-    with pytest.warns(UserWarning, match="only supported for multi-GPU training"):
-        with acc.join_uneven_inputs([]):
-            pass
+    sharded = Accelerator(strategy="fsdp")
+    with pytest.warns(UserWarning, match=r"only supported for multi-GPU training \(DDP, here FSDP\)"):
+        with sharded.join_uneven_inputs([]) as join:
+            assert join is None
 
 
 def test_backward_calls_are_counted_until_the_optimizer_steps():

@@ -19,6 +19,12 @@ workers' ``PYTHONPATH``. That folder holds an ``accelerate`` package whose ``__i
 :func:`install_as_accelerate`, and an ``accelerate-<version>.dist-info``, so every Python process of
 the job, including the ones its workers start, finds ``accelerate`` before any line of user code runs.
 Any launcher can do the same: ``PYTHONPATH=$(python -m hasten.accelerate_alias) torchrun train.py``.
+
+The ``accelerate`` distribution built from the repository's ``alias/`` folder installs the same
+``accelerate`` package into an environment for good (with the shim's metadata, a ``+hasten`` local
+version and the ``accelerate`` command): every process there imports hasten as ``accelerate``.
+Whichever of these put it there, one ``accelerate`` distribution of hasten's is reported, never two
+(:func:`is_hasten_distribution`).
 """
 
 from __future__ import annotations
@@ -54,8 +60,9 @@ class AliasConflictError(HastenError, ImportError):
 def install_as_accelerate() -> None:
     """Make ``import accelerate`` (and every ``accelerate.<submodule>``) give hasten in this process.
 
-    Also makes ``importlib.metadata.version("accelerate")`` report :data:`ACCELERATE_API_VERSION`,
-    so transformers, peft, diffusers and trl accept hasten as their Accelerate. Call it before
+    Also makes ``importlib.metadata.version("accelerate")`` report :data:`ACCELERATE_API_VERSION`
+    (where hasten's ``accelerate`` distribution is installed, that distribution's version, which it
+    extends), so transformers, peft, diffusers and trl accept hasten as their Accelerate. Call it before
     importing those libraries: some of them check for Accelerate once, at import time. Calling it
     again does nothing. An installed ``accelerate`` distribution that has not been imported yet is
     shadowed; one that is already imported cannot be replaced, and :class:`AliasConflictError` says so.
@@ -142,6 +149,19 @@ class _AliasLoader(importlib.abc.Loader):
         if sys.modules.get(self.target) is module:
             module.__spec__ = self.target_spec
 
+    # runpy (``python -m accelerate.commands.launch``), inspect and linecache ask the loader for these.
+    def is_package(self, fullname: str) -> bool:
+        """Whether ``hasten.<x>`` behind ``accelerate.<x>`` is a package."""
+        return self.target_spec.submodule_search_locations is not None
+
+    def get_code(self, fullname: str):
+        """The code object of the hasten module (run as ``__main__`` by ``python -m accelerate.<x>``)."""
+        return self.target_spec.loader.get_code(self.target)
+
+    def get_source(self, fullname: str) -> str | None:
+        """The source text of the hasten module."""
+        return self.target_spec.loader.get_source(self.target)
+
 
 class _AliasFinder(importlib.abc.MetaPathFinder):
     """Maps ``accelerate[.x]`` to ``hasten[.x]``, and answers ``importlib.metadata`` for ``accelerate``."""
@@ -167,19 +187,19 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
         name = getattr(context, "name", None)
         if name is not None and re.sub(r"[-_.]+", "_", name).lower() != _NAME:
             return iter(())
-        if _shim_on_path():  # the path finder already reports the shim's dist-info; do not report it twice
+        # When the first `accelerate` on sys.path is already hasten's (the shim folder on PYTHONPATH, or the
+        # installed alias distribution), the path finder reports it: reporting the shim again would list it twice.
+        context = importlib.metadata.DistributionFinder.Context(name=_NAME)
+        first = next(iter(importlib.metadata.MetadataPathFinder.find_distributions(context)), None)
+        if first is not None and is_hasten_distribution(first):
             return iter(())
         return iter((importlib.metadata.PathDistribution(_DIST_INFO),))
 
 
-def _shim_on_path() -> bool:
-    for entry in sys.path:
-        try:
-            if entry and Path(entry).resolve() == SHIM_DIR:
-                return True
-        except OSError:
-            continue
-    return False
+def is_hasten_distribution(distribution: importlib.metadata.Distribution) -> bool:
+    """Whether an ``accelerate`` distribution is hasten's (the shim's or the alias distribution: both require hasten)
+    rather than HuggingFace's Accelerate."""
+    return any(re.match(r"hasten\b(?![-.])", requirement) for requirement in distribution.requires or ())
 
 
 def shim_pythonpath(existing: str | None) -> str:

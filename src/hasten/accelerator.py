@@ -95,7 +95,10 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         gradient_accumulation_plugin: a :class:`~hasten.utils.GradientAccumulationPlugin`.
         step_scheduler_with_optimizer: step prepared schedulers only with real optimizer steps.
         kwargs_handlers: handlers customising DDP, the fp16 scaler, the process group, autocast, the profiler, fp8.
-        deepspeed_plugin, fsdp_plugin, dynamo_backend, dynamo_plugin: strategy settings.
+        deepspeed_plugin, fsdp_plugin, dynamo_backend, dynamo_plugin, deepspeed_plugins, parallelism_config: strategy
+            settings.
+        strategy: hasten only: the engine to train with, by its registered name (``"fsdp"``, ``"deepspeed"``, or an
+            engine registered beyond hasten's, see docs/architecture.md) or as an instance of its plugin class.
     """
 
     def __init__(
@@ -121,6 +124,7 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         dynamo_plugin=None,
         deepspeed_plugins=None,
         parallelism_config=None,
+        strategy=None,
     ):
         refuse_unsupported_plugins(torch_tp_plugin, megatron_lm_plugin, parallelism_config)
         self._set_handlers(kwargs_handlers or [])
@@ -131,17 +135,26 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         # The engine settles precision and accumulation first, so that every state below is built once, with final values.
         requested = EngineSettings(
             requested_mixed_precision(mixed_precision), resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin),
-            deepspeed_plugin or deepspeed_plugins, fsdp_plugin, parallelism_config,
+            {
+                "deepspeed_plugin": deepspeed_plugin or deepspeed_plugins,
+                "fsdp_plugin": fsdp_plugin,
+                "parallelism_config": parallelism_config,
+            },
         )
-        plan = plan_strategy(requested, PartialState(cpu, **init_kwargs).num_processes)
+        plan = plan_strategy(requested, PartialState(cpu, **init_kwargs).num_processes, strategy)
         settings = plan.settings
         self.state = AcceleratorState(
-            mixed_precision=settings.mixed_precision, cpu=cpu, dynamo_plugin=build_dynamo_plugin(dynamo_backend, dynamo_plugin), deepspeed_plugin=settings.deepspeed_plugin,
-            fsdp_plugin=settings.fsdp_plugin, parallelism_config=settings.parallelism_config, _from_accelerator=True, **init_kwargs,
+            mixed_precision=settings.mixed_precision,
+            cpu=cpu,
+            dynamo_plugin=build_dynamo_plugin(dynamo_backend, dynamo_plugin),
+            _from_accelerator=True,
+            **init_kwargs,
         )
+        self.state.record_engine(plan.engine, plan.arguments(), settings.mixed_precision)
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not _UNSET:
             self.dataloader_config.split_batches = bool(split_batches)
+        self._accumulation = settings.accumulation  # the accumulation settings' one holder (GradientState gets a copy)
         self.gradient_state = GradientState(gradient_accumulation_plugin=settings.accumulation)
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
@@ -405,11 +418,12 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
     @property
     def gradient_accumulation_steps(self) -> int:
         """Micro-batches per optimizer step."""
-        return self.gradient_state.num_steps
+        return self._accumulation.num_steps or 1
 
     @gradient_accumulation_steps.setter
     def gradient_accumulation_steps(self, steps: int) -> None:
-        self.gradient_state.plugin_kwargs["num_steps"] = steps
+        self._accumulation.num_steps = steps
+        self.gradient_state.plugin_kwargs["num_steps"] = steps  # for the readers of Accelerate's GradientState
 
     @property
     def sync_gradients(self) -> bool:
@@ -430,14 +444,16 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         self.gradient_state.record_backward()
         self._strategy.backward(loss, self.gradient_accumulation_steps, **kwargs)
 
-    def _do_sync(self) -> None:
-        state = self.gradient_state
-        if state.sync_with_dataloader and state.end_of_dataloader:
+    def _do_sync(self) -> bool:
+        """Count one micro-batch; returns (and publishes in ``GradientState``) whether its gradients are synced."""
+        if self._accumulation.sync_with_dataloader and self.gradient_state.end_of_dataloader:
             self.step = 0
-            state._set_sync_gradients(True)
+            sync = True
         else:
             self.step += 1
-            state._set_sync_gradients(self.step % state.num_steps == 0)
+            sync = self.step % self.gradient_accumulation_steps == 0
+        self.gradient_state._set_sync_gradients(sync)
+        return sync
 
     @contextlib.contextmanager
     def accumulate(self, *models: torch.nn.Module):
@@ -446,8 +462,8 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         Sets :attr:`sync_gradients` (True every ``gradient_accumulation_steps`` micro-batches and on the
         last batch of the dataloader) and suppresses gradient reduction on the other micro-batches.
         """
-        self._do_sync()
-        if self.sync_gradients or not models or (self.gradient_state.sync_each_batch and self.use_distributed):
+        sync = self._do_sync()
+        if sync or not models or (self._accumulation.sync_each_batch and self.use_distributed):
             yield  # gradients are reduced in this backward: nothing to enter
             return
         with contextlib.ExitStack() as stack:

@@ -7,10 +7,11 @@ migrated on read, and ``hasten config update`` rewrites them. Every key and valu
 problem is a :class:`~hasten.errors.ConfigError` that names the file, the (dotted) key, the allowed
 values and the closest valid key.
 
-The sections ``dynamo_config``, ``deepspeed_config``, ``fsdp_config``, ``fp8_config`` and
-``parallelism_config`` are generated from the tables of :mod:`hasten.settings`, which also give the
-variables each setting travels in; values are checked by :mod:`hasten.settings.values`, old files
-rewritten by :mod:`hasten.settings.migrate`.
+``ClusterConfig`` is generated from the tables of :mod:`hasten.settings`: its top-level keys from the launch
+table (:mod:`hasten.settings.launch`), its sections from ``dynamo_config``, the registered engines' sections
+(``deepspeed_config``, ``parallelism_config``, ``fsdp_config``, ...), ``fp8_config`` and ``mpirun_config``; the
+tables also give the variables each setting travels in. Values are checked by :mod:`hasten.settings.values`,
+old files rewritten by :mod:`hasten.settings.migrate`.
 
 Example::
 
@@ -32,23 +33,33 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import environment
-from .enums import ComputeEnvironment, DistributedType, PrecisionType, SageMakerDistributedType
+from .enums import ComputeEnvironment, DistributedType, PrecisionType, SageMakerDistributedType, member_values
 from .settings.file_text import read_config_data
 from .errors import ConfigError, did_you_mean
 from .runtime.fileio import atomic_write
-from .settings import Section
-from .settings.deepspeed import DEEPSPEED, DEEPSPEED_MULTINODE_LAUNCHERS
+from .settings import Section, Setting
+# hasten.config's names of choices that compat.constants reads: DEEPSPEED_MULTINODE_LAUNCHERS, FSDP_*, RDZV_BACKENDS
+from .settings.deepspeed import DEEPSPEED_MULTINODE_LAUNCHERS  # noqa: F401
 from .settings.dynamo import DYNAMO
 from .settings.fp8 import FP8
-from .settings.fsdp import FSDP, FSDP_AUTO_WRAP_POLICIES, FSDP_BACKWARD_PREFETCH, FSDP_SHARDING_STRATEGIES, FSDP_STATE_DICT_TYPES
+from .settings.fsdp import (  # noqa: F401
+    FSDP_AUTO_WRAP_POLICIES,
+    FSDP_BACKWARD_PREFETCH,
+    FSDP_SHARDING_STRATEGIES,
+    FSDP_STATE_DICT_TYPES,
+)
+from .settings.launch import LAUNCH, MIXED_PRECISIONS, MPIRUN, RDZV_BACKENDS  # noqa: F401
 from .settings.migrate import migrate as _migrate
-from .settings.parallelism import PARALLELISM
 from .settings.values import Invalid as _Invalid
 from .settings.values import as_choice as _as_choice
 from .settings.values import convert as _convert
 
-RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 _GPU_TYPES = (DistributedType.MULTI_GPU.value, DistributedType.MULTI_XPU.value)
+# The distributed types a file may name: Accelerate's, and those of the engines registered beyond them.
+DISTRIBUTED_TYPES = (
+    *member_values(DistributedType),
+    *(k for engine in environment.ENGINES for k in engine.distributed_types if k not in member_values(DistributedType)),
+)
 
 
 def _opt(default: Any = None, kind: str = "str", choices: tuple | list | None = None) -> Any:
@@ -60,72 +71,48 @@ def _section(cls: type) -> Any:
     return field(default_factory=cls, metadata={"kind": "section", "cls": cls})
 
 
+def _row_field(row: Setting, default: Any = None) -> tuple:
+    choices = DISTRIBUTED_TYPES if row.key == "distributed_type" else row.choices
+    return (row.key, Any, _opt(default, row.kind, choices))
+
+
 def _section_class(section: Section) -> type:
-    """The config file section dataclass of a settings table: one field per row with a config key."""
-    fields = [(row.key, Any, _opt(kind=row.kind, choices=row.choices)) for row in section.rows if row.key]
+    """The config file section dataclass of a settings table: a field per row with a config key, None (not set)."""
+    fields = [_row_field(row) for row in section.rows if row.key]
     cls = dataclasses.make_dataclass(section.class_name, fields, kw_only=True, slots=True)
     cls.__module__, cls.__doc__ = __name__, section.doc
     return cls
 
 
-DynamoSection = _section_class(DYNAMO)
-DeepSpeedSection = _section_class(DEEPSPEED)
-FsdpSection = _section_class(FSDP)
-Fp8Section = _section_class(FP8)
-ParallelismSection = _section_class(PARALLELISM)
-_TABLES = (DYNAMO, DEEPSPEED, FSDP, FP8, PARALLELISM)
+# The sections of a launch config file: torch.compile's, the registered engines', fp8's and mpirun's.
+SECTIONS: tuple[Section, ...] = (DYNAMO, *(s for engine in environment.ENGINES for s in engine.sections), FP8, MPIRUN)
+SECTION_CLASSES: dict[str, type] = {section.name: _section_class(section) for section in SECTIONS}
+DynamoSection = SECTION_CLASSES[DYNAMO.name]
 
 
-@dataclass(kw_only=True, slots=True)
-class MpirunSection:
-    """``mpirun_config``: start the processes of a multi-machine CPU job with ``mpirun``."""
-
-    mpirun_hostfile: str | None = _opt()
+def _to_dict(self) -> dict:
+    """The config as plain data (see :func:`config_to_dict`), as Accelerate's config objects give it."""
+    return config_to_dict(self)
 
 
-@dataclass(kw_only=True, slots=True)
-class ClusterConfig:
-    """A launch config for jobs on this machine or a cluster (``compute_environment: LOCAL_MACHINE``).
+def _cluster_config() -> type:
+    """``ClusterConfig``: a field per top-level key of the launch table (its default), then a field per section."""
+    fields = [_row_field(row, row.default) for row in LAUNCH.rows if row.key]
+    fields += [(name, Any, _section(cls)) for name, cls in SECTION_CLASSES.items()]
+    megatron = field(default_factory=dict, metadata={"kind": "prefixed", "prefix": "megatron_lm_"})
+    fields.append(("megatron_lm_config", dict, megatron))
+    cls = dataclasses.make_dataclass("ClusterConfig", fields, kw_only=True, slots=True, namespace={"to_dict": _to_dict})
+    cls.__module__ = __name__
+    cls.__doc__ = """A launch config for jobs on this machine or a cluster (``compute_environment: LOCAL_MACHINE``).
 
-    Section fields left at None are "not set": the strategy decides. ``num_processes`` is the total
-    number of processes across all machines, as in Accelerate.
+    One field per top-level key of :data:`hasten.settings.launch.LAUNCH` and per section (the engines' sections come
+    from their registrations). Section fields left at None are "not set": the strategy decides. ``num_processes`` is
+    the total number of processes across all machines, as in Accelerate.
     """
+    return cls
 
-    compute_environment: str = _opt(ComputeEnvironment.LOCAL_MACHINE.value, "choice", [m.value for m in ComputeEnvironment])
-    distributed_type: str = _opt(DistributedType.NO.value, "choice", [m.value for m in DistributedType])
-    mixed_precision: str | None = _opt(PrecisionType.NO.value, "choice", ("no", "fp16", "bf16", "fp8"))
-    use_cpu: bool = _opt(False, "bool")
-    debug: bool = _opt(False, "bool")
-    num_processes: int | None = _opt(kind="int")
-    machine_rank: int = _opt(0, "int")
-    num_machines: int = _opt(1, "int")
-    gpu_ids: str | None = _opt()
-    main_process_ip: str | None = _opt()
-    main_process_port: int | None = _opt(kind="int")
-    rdzv_backend: str = _opt("static", "choice", RDZV_BACKENDS)
-    same_network: bool = _opt(False, "bool")
-    main_training_function: str = _opt("main")
-    enable_cpu_affinity: bool = _opt(False, "bool")
-    downcast_bf16: bool = _opt(False, "bool")
-    tpu_name: str | None = _opt()
-    tpu_zone: str | None = _opt()
-    tpu_use_cluster: bool = _opt(False, "bool")
-    tpu_use_sudo: bool = _opt(False, "bool")
-    command_file: str | None = _opt()
-    commands: list | None = _opt(kind="list")
-    tpu_vm: list | None = _opt(kind="list")
-    tpu_env: list | None = _opt(kind="list")
-    dynamo_config: DynamoSection = _section(DynamoSection)
-    deepspeed_config: DeepSpeedSection = _section(DeepSpeedSection)
-    fsdp_config: FsdpSection = _section(FsdpSection)
-    fp8_config: Fp8Section = _section(Fp8Section)
-    parallelism_config: ParallelismSection = _section(ParallelismSection)
-    mpirun_config: MpirunSection = _section(MpirunSection)
-    megatron_lm_config: dict = field(default_factory=dict, metadata={"kind": "prefixed", "prefix": "megatron_lm_"})
 
-    def to_dict(self) -> dict:
-        """The config as plain data (see :func:`config_to_dict`), as Accelerate's config objects give it."""
-        return config_to_dict(self)
+ClusterConfig = _cluster_config()
 
 
 @dataclass(kw_only=True, slots=True)
@@ -133,9 +120,11 @@ class SageMakerConfig:
     """A config for Amazon SageMaker (``compute_environment: AMAZON_SAGEMAKER``): it loads, but hasten
     does not launch on SageMaker."""
 
-    compute_environment: str = _opt(ComputeEnvironment.AMAZON_SAGEMAKER.value, "choice", [m.value for m in ComputeEnvironment])
-    distributed_type: str = _opt(SageMakerDistributedType.NO.value, "choice", [m.value for m in SageMakerDistributedType])
-    mixed_precision: str | None = _opt(PrecisionType.NO.value, "choice", ("no", "fp16", "bf16", "fp8"))
+    compute_environment: str = _opt(
+        ComputeEnvironment.AMAZON_SAGEMAKER.value, "choice", member_values(ComputeEnvironment)
+    )
+    distributed_type: str = _opt(SageMakerDistributedType.NO.value, "choice", member_values(SageMakerDistributedType))
+    mixed_precision: str | None = _opt(PrecisionType.NO.value, "choice", MIXED_PRECISIONS)
     use_cpu: bool = _opt(False, "bool")
     debug: bool = _opt(False, "bool")
     ec2_instance_type: str | None = _opt()
@@ -315,7 +304,7 @@ def detect_hardware() -> Hardware:
 def basic_config(mixed_precision: str = "no", hardware: Hardware | None = None) -> ClusterConfig:
     """A sensible config for this machine: every GPU in one job, or one CPU process without accelerators."""
     hardware = hardware or detect_hardware()
-    precision = _as_choice(mixed_precision, ("no", "fp16", "bf16", "fp8")) if mixed_precision else "no"
+    precision = _as_choice(mixed_precision, MIXED_PRECISIONS) if mixed_precision else "no"
     multi = {"cuda": DistributedType.MULTI_GPU.value, "xpu": DistributedType.MULTI_XPU.value}
     distributed_type = multi[hardware.kind] if hardware.gpus > 1 else DistributedType.NO.value
     return ClusterConfig(
@@ -477,25 +466,22 @@ def _infer(config: ClusterConfig, sources: dict[str, Source], hardware: Callable
 # ------------------------------------------------------------------------------ environment
 
 
-_ENV_NAMES: dict[str, str] = {
-    "mixed_precision": "MIXED_PRECISION",
-    "use_cpu": "USE_CPU",
-    "debug": "DEBUG_MODE",
-    "enable_cpu_affinity": "CPU_AFFINITY",
-    **{path: name for table in _TABLES for path, name in table.env_paths().items()},
-}
-_STRATEGY_SWITCHES = {"USE_DEEPSPEED": DistributedType.DEEPSPEED.value, "USE_FSDP": DistributedType.FSDP.value}
+# dotted config path -> variable (without prefix) that carries it to the processes
+_ENV_NAMES: dict[str, str] = {path: name for table in (LAUNCH, *SECTIONS) for path, name in table.env_paths().items()}
 
 
 def environment_settings() -> dict[str, tuple[Any, str]]:
-    """Launch settings given by ``HASTEN_*`` (or ``ACCELERATE_*``) variables: dotted path -> (value, variable)."""
+    """Launch settings given by ``HASTEN_*`` (or ``ACCELERATE_*``) variables: dotted path -> (value, variable).
+
+    An engine's switch variable (``HASTEN_USE_DEEPSPEED``) gives ``distributed_type``.
+    """
     found: dict[str, tuple[Any, str]] = {}
     for path, name in _ENV_NAMES.items():
-        if name in environment.SETTINGS and environment.setting_source(name):
+        if environment.setting_source(name):
             found[path] = (environment.get_str(name), environment.setting_source(name))
-    for name, kind in _STRATEGY_SWITCHES.items():
-        if environment.get_flag(name):
-            found["distributed_type"] = (kind, environment.setting_source(name))
+    for engine in environment.ENGINES:
+        if engine.switch and environment.get_flag(engine.switch):
+            found["distributed_type"] = (engine.distributed_type, environment.setting_source(engine.switch))
     return found
 
 
@@ -508,14 +494,15 @@ def _env_text(value: Any) -> str:
 def _exported(path: str, kind: str) -> bool:
     """Whether ``hasten launch`` exports the setting at ``path`` to the processes of a ``kind`` job."""
     section, _, key = path.rpartition(".")
-    table = next((t for t in _TABLES if t.name == section), None)
+    table = next((t for t in SECTIONS if t.name == section), None)
     if table is None or table.only_with is None or kind == table.only_with:
         return True
-    return next(row for row in table.rows if row.key == key).always_export
+    return table.by_key(key).always_export
 
 
 def launch_environment(settings: ResolvedSettings) -> dict[str, str]:
-    """The ``HASTEN_*`` variables that carry ``settings`` to the processes ``hasten launch`` starts."""
+    """The ``HASTEN_*`` variables that carry ``settings`` to the processes ``hasten launch`` starts: the settings'
+    variables, every engine's switch (true for the one that runs) and the running engine's own variables."""
     config = settings.config
     kind = config.distributed_type
     env = {"HASTEN_LAUNCHED": "1"}
@@ -527,12 +514,10 @@ def launch_environment(settings: ResolvedSettings) -> dict[str, str]:
     if override is not None:
         for part, flag in zip(("FPROP", "DGRAD", "WGRAD"), override):
             env[f"HASTEN_FP8_OVERRIDE_{part}"] = _env_text(flag)
-    for name, strategy in _STRATEGY_SWITCHES.items():
-        env[f"HASTEN_{name}"] = _env_text(kind == strategy)
-    if kind == DistributedType.DEEPSPEED.value:
-        fields = [p.split(".", 1)[1] for p in leaf_fields() if p.startswith("deepspeed_config.") and get_path(config, p) is not None]
-        if settings.sources["mixed_precision"].kind != "default":
-            fields.append("mixed_precision")
-        env["HASTEN_CONFIG_DS_FIELDS"] = ",".join(fields)
+    for engine in environment.ENGINES:
+        if engine.switch:
+            env[f"HASTEN_{engine.switch}"] = _env_text(kind == engine.distributed_type)
+        if kind in engine.distributed_types and engine.launch_variables is not None:
+            env |= engine.launch_variables(settings)
     env["HASTEN_LAUNCH_SOURCES"] = json.dumps({p: str(s) for p, s in settings.sources.items() if s.kind != "default"}, sort_keys=True)
     return env

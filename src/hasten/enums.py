@@ -23,6 +23,12 @@ AmaxComputeAlgorithm = Literal["max", "most_recent"]
 ProfilerActivity = Literal["cpu", "xpu", "mtia", "cuda", "hpu"]
 
 
+def member_values(enum_type: type[enum.Enum]) -> list:
+    """The values of ``enum_type``'s members, in definition order: what ``list()`` gives on the enums built on
+    :class:`BaseEnum`, for those Accelerate builds without it (``DistributedType``, ``ComputeEnvironment``, ...)."""
+    return [member.value for member in enum_type]
+
+
 class EnumWithContains(enum.EnumMeta):
     """Enum metaclass whose ``in`` accepts values as well as members: ``"MULTI_GPU" in DistributedType``."""
 

@@ -20,45 +20,53 @@ from typing import Any, Iterable
 
 from .errors import ConfigError, DistributedSetupError
 from .settings import Setting
-from .settings.deepspeed import DEEPSPEED
 from .settings.dynamo import DYNAMO
+from .settings.engines import BUILT_IN, Engine, load_engines
 from .settings.fp8 import FP8
-from .settings.fsdp import FSDP
-from .settings.parallelism import PARALLELISM
+from .settings.launch import LAUNCH
 from .settings.values import str_to_bool
 
+# The engines hasten can run: the built-in registrations, then the modules named by HASTEN_ENGINES.
+ENGINES: tuple[Engine, ...] = load_engines((*BUILT_IN, *os.environ.get("HASTEN_ENGINES", "").split(",")))
+
+
+def _engine_variables() -> dict[str, str]:
+    """The variables of the registered engines: switch, sections' rows, others."""
+    found: dict[str, str] = {}
+    for engine in ENGINES:
+        if engine.switch:
+            found[engine.switch] = engine.switch_help
+        for section in engine.sections:
+            found |= section.env_help()
+        found |= engine.variables
+    return found
+
+
 # name (without prefix) -> meaning. Read as HASTEN_<name>, then ACCELERATE_<name>, then the extra aliases.
-# The launch settings of the config file's sections come from their rows in hasten.settings.
+# The launch settings come from their rows in hasten.settings (the engines' from their registrations).
 SETTINGS: dict[str, str] = {
-    "MIXED_PRECISION": "default mixed precision: no, fp16, bf16 or fp8",
-    "USE_CPU": "force the CPU even when an accelerator is present",
-    "DEBUG_MODE": "check every collective's inputs across ranks before running it",
+    **LAUNCH.env_help(),
     "HANG_TIMEOUT": "seconds a rank may wait in one hasten collective before the job ends with a hang report (default: the InitProcessGroupKwargs timeout, else 300; 0 turns it off)",
     "HANG_REPORT_DIR": "folder where a rank stuck in a collective writes hang_rank<N>.json for the launcher",
     "LOG_LEVEL": "default level of loggers made by hasten.logging.get_logger",
     "TORCH_DEVICE": "override the device string of every process (e.g. cuda:1)",
     **DYNAMO.env_help(),
-    "USE_DEEPSPEED": "use the DeepSpeed strategy",
-    **DEEPSPEED.env_help(),
-    "CONFIG_DS_FIELDS": "comma-separated DeepSpeed fields that came from the launch config",
-    "USE_FSDP": "use the FSDP2 strategy",
-    **PARALLELISM.env_help(),
-    **FSDP.env_help(),
+    **_engine_variables(),
     **FP8.env_help(),
     "BYPASS_DEVICE_MAP": "let prepare() accept a model dispatched with a device_map",
     "INIT_INCLUDE_BUFFERS": "default include_buffers of init_empty_weights",
     "HOME": "folder of the default launch config file",
     "LAUNCHED": "set by `hasten launch` in the processes it starts",
     "LAUNCH_SOURCES": "JSON of where each launch setting came from (set by `hasten launch`)",
-    "AS_ACCELERATE": "`hasten launch` makes its processes import hasten as `accelerate` (as --as_accelerate)",
     "ENABLE_RICH": "accepted for compatibility; has no effect",
-    "CPU_AFFINITY": "pin each process to the CPUs of its NUMA node",
     "PREEMPTION_GRACE": "seconds workers get after SIGTERM/SIGUSR1 to finish the step and save before they are killed (default 25)",
     "PREEMPTION_DIR": "folder where rank 0 records a preemption checkpoint for the launcher (set by `hasten launch`)",
+    "ENGINES": "comma-separated modules registering more engines (hasten.settings.engines), read once per process",
 }
 
 # Settings that Accelerate reads without a prefix, accepted as a last fallback.
 _BARE_ALIASES = {name: name for name in SETTINGS if name.startswith(("FSDP_", "PARALLELISM_CONFIG_"))}
+
 
 def _lookup(name: str) -> tuple[str, str] | None:
     """Return (variable, value) for a listed setting, or None when it is unset."""
@@ -135,6 +143,19 @@ def read_setting(row: Setting) -> Any:
     if row.kind == "int" or (row.choices and isinstance(row.choices[0], int)):
         return get_int(row.env_name)
     return found[1]
+
+
+def launch_setting(key: str) -> Any:
+    """The launch table's top-level setting ``key`` in this process: its variable (written by ``hasten launch``),
+    typed as :func:`read_setting` types it, else the key's default (``launch_setting("use_cpu")``)."""
+    row = LAUNCH.by_key(key)
+    value = read_setting(row)
+    return row.default if value is None else value
+
+
+def any_set(rows: Iterable[Setting]) -> bool:
+    """Whether the variable of any of ``rows`` that fill a plugin field is set."""
+    return any(setting_source(row.env_name) for row in rows if row.field)
 
 
 def fill_unset(obj: Any, rows: Iterable[Setting], fields: Iterable[str] | None = None) -> set[str]:

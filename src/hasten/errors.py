@@ -33,6 +33,12 @@ class CheckpointError(HastenError, RuntimeError):
     """A checkpoint is missing, incomplete or corrupt, or cannot be written."""
 
 
+class CheckpointTargetError(CheckpointError, FileExistsError):
+    """``save_state`` was given an existing file (or a link to one) where a checkpoint folder belongs.
+
+    A ``FileExistsError`` too, as Accelerate's ``save_state`` raises for the same call."""
+
+
 class MissingDependencyError(HastenError, ImportError):
     """An optional package needed by the requested feature is not installed."""
 

@@ -36,8 +36,11 @@ class LocalSGD:
     def __init__(self, accelerator, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True):
         if not isinstance(local_sgd_steps, int) or local_sgd_steps < 1:
             raise ConfigError(f"LocalSGD(local_sgd_steps={local_sgd_steps!r}): give a positive integer.")
-        if accelerator.distributed_type in ("DEEPSPEED", "FSDP") and enabled:
-            raise NotSupportedError("LocalSGD works with DDP (or one process); DeepSpeed and FSDP shard the model, so there is nothing local to average.")
+        if enabled and not accelerator._strategy.replicates_model:
+            raise NotSupportedError(
+                f"LocalSGD works with DDP (or one process); {accelerator.distributed_type} shards the model, so "
+                "there is nothing local to average."
+            )
         self.accelerator = accelerator
         self.model = model
         self.local_sgd_steps = local_sgd_steps

@@ -17,14 +17,15 @@ import time
 import warnings
 import weakref
 from datetime import timedelta
-from typing import Any
+from typing import Any, Mapping
 
 import torch
 import torch.distributed as dist
 
 from . import environment
-from .enums import DistributedType, PrecisionType
+from .enums import DistributedType, PrecisionType, member_values
 from .errors import ConfigError, DistributedSetupError
+from .settings.engines import Engine
 from .runtime import debug_mode, hang_watchdog, oom_recovery
 from .runtime.process_control import ProcessControl, do_nothing  # noqa: F401  (do_nothing: Accelerate's accelerate.state name)
 
@@ -90,7 +91,7 @@ class PartialState(ProcessControl):
 
     def __init__(self, cpu: bool = False, **kwargs):
         self.__dict__ = self._shared_state
-        cpu = cpu or environment.get_flag("USE_CPU")
+        cpu = cpu or environment.launch_setting("use_cpu")
         if self.__dict__.get("initialized"):
             if cpu and self.device.type != "cpu":
                 raise ConfigError(
@@ -103,7 +104,7 @@ class PartialState(ProcessControl):
         self.num_processes = launch.world_size
         self.process_index = launch.rank
         self.local_process_index = launch.local_rank
-        self.debug = environment.get_flag("DEBUG_MODE")
+        self.debug = environment.launch_setting("debug")
         self.fork_launched = os.environ.get("FORK_LAUNCHED") == "1"
         self.device = environment.select_device(cpu, launch.local_rank)
         self.backend = None
@@ -263,7 +264,8 @@ class AcceleratorState(ProcessControl):
         mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``; None reads
             ``HASTEN_MIXED_PRECISION`` and defaults to ``"no"``.
         cpu: force the CPU.
-        dynamo_plugin, deepspeed_plugin, fsdp_plugin: strategy settings (kept as given).
+        dynamo_plugin, deepspeed_plugin, fsdp_plugin, parallelism_config: strategy settings (kept as given; see
+            :meth:`record_engine`).
         **kwargs: passed on to :class:`PartialState`.
     """
 
@@ -284,36 +286,43 @@ class AcceleratorState(ProcessControl):
     ):
         self.__dict__ = self._shared_state
         if self.__dict__.get("initialized"):
-            if _from_accelerator and deepspeed_plugin is not None and mixed_precision is not None:
-                self.mixed_precision = str(mixed_precision)  # a DeepSpeed config decides its precision, as in Accelerate
+            if _from_accelerator:
+                self.dynamo_plugin = dynamo_plugin  # the Accelerator then records its engine (record_engine)
             else:
                 self._check_unchanged(mixed_precision)
-            if _from_accelerator:
-                self._record_engine(dynamo_plugin, deepspeed_plugin, fsdp_plugin, parallelism_config)
             return
         self._partial = PartialState(cpu, **kwargs)
         self.mixed_precision = resolve_mixed_precision(mixed_precision)
         self.torch_tp_plugin = torch_tp_plugin
         self.megatron_lm_plugin = megatron_lm_plugin
-        self._record_engine(dynamo_plugin, deepspeed_plugin, fsdp_plugin, parallelism_config)
+        self.dynamo_plugin = dynamo_plugin
+        named = dict(deepspeed_plugin=deepspeed_plugin, fsdp_plugin=fsdp_plugin, parallelism_config=parallelism_config)
+        self.record_engine(None, named)
         self.initialized = True
 
-    def _record_engine(self, dynamo_plugin, deepspeed_plugin, fsdp_plugin, parallelism_config) -> None:
-        """Record the engine settings of the (latest) Accelerator and the distributed type they imply.
+    def record_engine(self, engine: Engine | None, arguments: Mapping[str, Any], mixed_precision: str | None = None):
+        """Record the engine in use and its settings (the latest ``Accelerator``'s, as its plan settled them).
 
-        ``distributed_type`` is DEEPSPEED with a DeepSpeed plugin, FSDP with an FSDP plugin and the
-        launch's otherwise (what ``hasten.strategies.plan_strategy`` chose from the same settings).
+        Every registered engine's argument becomes an attribute (``deepspeed_plugin``, ``fsdp_plugin``,
+        ``parallelism_config``, ...: the value in ``arguments`` or None). ``engine`` None is the registered engine
+        whose plugin is given, if any. ``distributed_type`` is the engine's when it fixes one (DEEPSPEED, FSDP),
+        else the launch's. With ``mixed_precision``: an engine whose own configuration settles the precision
+        (DeepSpeed's) sets it; for any other, a precision other than the state's is an error.
         """
-        self.dynamo_plugin = dynamo_plugin
-        self.deepspeed_plugin = deepspeed_plugin
-        self.fsdp_plugin = fsdp_plugin
-        self.parallelism_config = parallelism_config
-        if deepspeed_plugin is not None:
-            self.distributed_type = DistributedType.DEEPSPEED
-        elif fsdp_plugin is not None:
-            self.distributed_type = DistributedType.FSDP
-        else:
+        if engine is None:
+            given = (e for e in environment.ENGINES if e.plugin and arguments.get(e.plugin.name) is not None)
+            engine = next(given, None)
+        for argument in (argument for registered in environment.ENGINES for argument in registered.arguments):
+            setattr(self, argument.name, arguments.get(argument.name))
+        fixed = engine.distributed_type if engine is not None else None
+        if fixed is None:
             self.distributed_type = self._partial.distributed_type
+        else:
+            self.distributed_type = DistributedType(fixed) if fixed in member_values(DistributedType) else fixed
+        if mixed_precision is None or engine is None or not engine.settles_precision:
+            self._check_unchanged(mixed_precision)
+        elif self.mixed_precision != str(mixed_precision):
+            self.mixed_precision = str(mixed_precision)
 
     def destroy_process_group(self, group=None) -> None:
         """Destroy ``group`` (default: the process group hasten created); see :meth:`PartialState.destroy_process_group`."""
@@ -417,7 +426,7 @@ def requested_mixed_precision(value: str | None) -> str:
 def resolve_mixed_precision(value: str | None) -> str:
     """Validate a mixed precision choice; None reads ``HASTEN_MIXED_PRECISION`` (default ``"no"``)."""
     if value is None:
-        value = environment.get_str("MIXED_PRECISION") or "no"
+        value = environment.launch_setting("mixed_precision")
     text = str(value).lower()
     if text not in PrecisionType.list():
         raise ConfigError(f"mixed_precision={value!r} is not supported; choose one of {PrecisionType.list()}.")

@@ -26,6 +26,7 @@ from hasten.big_modeling import (
     load_checkpoint_and_dispatch,
 )
 from hasten.errors import CheckpointError, ConfigError, NotSupportedError
+from hasten.big_modeling.hook_attach import remove_hook_from_submodules
 from hasten.big_modeling.hooks import (
     AlignDevicesHook,
     ModelHook,
@@ -34,9 +35,9 @@ from hasten.big_modeling.hooks import (
     align_module_device,
     has_offloaded_params,
     remove_hook_from_module,
-    remove_hook_from_submodules,
 )
-from hasten.big_modeling.modeling import find_tied_parameters, retie_parameters, set_module_tensor_to_device
+from hasten.big_modeling.modeling import find_tied_parameters, retie_parameters
+from hasten.big_modeling.tensors import set_module_tensor_to_device
 from hasten.big_modeling.offload import OffloadedWeightsLoader, load_offloaded_weight, load_offloaded_weights, offload_state_dict, offload_weight
 from hasten.big_modeling.serialization import save_model_weights
 from helpers import ROOT, SCRIPTS
@@ -101,6 +102,25 @@ def _assert_same(model, ids, expected):
 
 
 # ------------------------------------------------------------------------------------- empty init
+
+
+def test_init_empty_weights_patches_register_parameter_alone_and_restores_only_it():
+    original_parameter, original_buffer = nn.Module.register_parameter, nn.Module.register_buffer
+    with init_empty_weights(include_buffers=True):
+        assert nn.Module.register_parameter is original_parameter  # nothing patched: meta is the default device
+        assert nn.Linear(2, 2).weight.device.type == "meta"
+    try:
+        with init_empty_weights():
+            assert nn.Module.register_parameter is not original_parameter
+            assert nn.Module.register_buffer is original_buffer
+
+            def replaced(module, *args, **kwargs):
+                return original_buffer(module, *args, **kwargs)
+
+            nn.Module.register_buffer = replaced  # another library's patch, made inside the context, is kept
+        assert nn.Module.register_parameter is original_parameter and nn.Module.register_buffer is replaced
+    finally:
+        nn.Module.register_buffer = original_buffer
 
 
 def test_init_empty_weights_holds_no_storage():
@@ -174,9 +194,11 @@ def test_load_and_dispatch_on_cpu_and_disk_matches(reference, tmp_path):
 def test_auto_map_with_small_cpu_budget_uses_disk(reference, tmp_path):
     _, ids, expected, folder = reference
     model = _empty()
-    model = load_checkpoint_and_dispatch(
-        model, folder, device_map="auto", max_memory={"cpu": "60KB"}, no_split_module_classes=["Block"], offload_folder=tmp_path
-    )
+    with pytest.warns(UserWarning, match=r"do not match any submodules in the model: \['positions'\]"):  # as Accelerate
+        model = load_checkpoint_and_dispatch(
+            model, folder, device_map="auto", max_memory={"cpu": "60KB"}, no_split_module_classes=["Block"],
+            offload_folder=tmp_path,
+        )
     assert "disk" in model.hf_device_map.values() and "cpu" in model.hf_device_map.values()
     assert not any(name.startswith("blocks.") and name.count(".") > 1 for name in model.hf_device_map)
     _assert_same(model, ids, expected)
@@ -208,7 +230,7 @@ def test_dispatch_in_memory_model_writes_disk_weights(reference, tmp_path):
     with pytest.raises(NotSupportedError, match="cannot move a dispatched model with offloaded weights"):
         dispatched.to("cpu")
     remove_hook_from_module(dispatched, recurse=True)
-    assert "to" not in dispatched.__dict__ and "forward" not in dispatched.__dict__
+    assert "to" not in dispatched.__dict__ and dispatched.forward.__func__ is LM.forward
 
 
 def test_force_hooks_on_one_device(reference):
@@ -248,7 +270,11 @@ def test_tensor_level_entries(tmp_path):
     save_model_weights(model.state_dict(), tmp_path / "ckpt")
     with init_empty_weights():
         empty = WithOwnParam()
-    loaded = load_checkpoint_and_dispatch(empty, tmp_path / "ckpt", device_map={"bias": "disk", "inner": "cpu"}, offload_folder=tmp_path / "off")
+    with pytest.warns(UserWarning, match=r"do not match any submodules in the model: \['bias'\]"):  # as Accelerate
+        loaded = load_checkpoint_and_dispatch(
+            empty, tmp_path / "ckpt", device_map={"bias": "disk", "inner": "cpu"}, offload_folder=tmp_path / "off"
+        )
+    # Accelerate's hooks leave 'bias' on the meta device here and its forward fails; hasten brings it in
     torch.testing.assert_close(loaded(x), expected, atol=1e-6, rtol=0)
 
 
@@ -319,7 +345,7 @@ def test_cpu_offload_with_hook_handle_on_cpu():
     model(torch.ones(1, 4))
     hook.offload()
     hook.remove()
-    assert not hasattr(model, "_hf_hook") and "forward" not in model.__dict__
+    assert not hasattr(model, "_hf_hook") and model.forward.__func__ is nn.Linear.forward
 
 
 def test_offloaded_weights_loader_reads_accelerate_dat_files(tmp_path):
@@ -408,13 +434,13 @@ def test_add_and_remove_hooks():
     add_hook_to_module(module, _AddOne())
     assert torch.equal(module(x), torch.full((1, 2), 20.0))
     remove_hook_from_module(module)
-    assert torch.equal(module(x), x) and "forward" not in module.__dict__ and not hasattr(module, "_old_forward")
+    assert torch.equal(module(x), x) and module.forward.__func__ is nn.Linear.forward and not hasattr(module, "_old_forward")
 
     parent = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2)))
     for child in parent.modules():
         add_hook_to_module(child, _AddOne())
-    remove_hook_from_submodules(parent)
-    assert hasattr(parent, "_hf_hook") and not any(hasattr(m, "_hf_hook") for m in list(parent.modules())[1:])
+    remove_hook_from_submodules(parent)  # the module itself too, as in Accelerate
+    assert not any(hasattr(m, "_hf_hook") for m in parent.modules())
 
 
 def test_no_grad_hook():
@@ -425,9 +451,11 @@ def test_no_grad_hook():
     assert not module(torch.ones(1, 2)).requires_grad
 
 
-def test_offloading_hook_needs_an_execution_device():
-    with pytest.raises(ConfigError, match=r"AlignDevicesHook\(offload=True\) needs an execution_device"):
-        AlignDevicesHook(offload=True)
+def test_offloading_hook_without_execution_device_fails_at_the_forward():
+    module = add_hook_to_module(nn.Linear(2, 2), AlignDevicesHook(offload=True))
+    assert has_offloaded_params(module) and module.weight.device.type == "meta"
+    with pytest.raises(TypeError, match="on device None: pass a device"):
+        module(torch.ones(1, 2))
 
 
 def test_align_devices_hook_moves_inputs_and_outputs():
@@ -448,7 +476,7 @@ def test_set_module_tensor_to_device():
         set_module_tensor_to_device(model, "0.weight", "cpu")
     with pytest.raises(ConfigError, match=r"new value has shape \(2, 3\) but the tensor has shape \(3, 2\)"):
         set_module_tensor_to_device(model, "0.weight", "cpu", value=torch.ones(2, 3))
-    with pytest.raises(ConfigError, match="has no submodule '1'"):
+    with pytest.raises(AttributeError, match="has no submodule '1'"):  # Accelerate's type, hasten's message
         set_module_tensor_to_device(model, "1.weight", "cpu", value=torch.ones(3, 2))
     with pytest.raises(ConfigError, match="no parameter or buffer named 'wieght'.*Did you mean 'weight'"):
         set_module_tensor_to_device(model, "0.wieght", "cpu", value=torch.ones(3, 2))

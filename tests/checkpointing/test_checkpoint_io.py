@@ -8,6 +8,7 @@ import random
 import re
 import subprocess
 import sys
+import threading
 import zlib
 
 import numpy as np
@@ -159,11 +160,53 @@ def test_format_1_checkpoints_still_load_and_are_verified(tmp_path):
         acc.load_state(tmp_path / "c")
 
 
-def test_new_checkpoints_record_xxh3(tmp_path):
-    trained_checkpoint(tmp_path)
+def as_format_2(folder):
+    """Rewrite a checkpoint's manifest as hasten's format 2 wrote it (one xxh3-64 per file; the files are unchanged)."""
+    import xxhash
+
+    manifest = json.loads((folder / MANIFEST).read_text())
+    manifest["format_version"] = 2
+    del manifest["piece_bytes"]
+    for name, record in manifest["files"].items():
+        manifest["files"][name] = {"size": record["size"], "xxh3_64": xxhash.xxh3_64((folder / name).read_bytes()).hexdigest()}
+    (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
+
+
+def test_format_2_checkpoints_still_load_and_are_verified(tmp_path):
+    acc, objs = trained_checkpoint(tmp_path)
+    as_format_2(tmp_path / "c")
+    acc.load_state(tmp_path / "c")
+    expected = CheckpointTensors(tmp_path / "c").model
+    assert all(torch.equal(v, expected[k]) for k, v in objs[0].state_dict().items())
+    path = tmp_path / "c" / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x80
+    path.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="model.safetensors is corrupt"):
+        acc.load_state(tmp_path / "c")
+
+
+def test_new_checkpoints_record_a_checksum_per_piece_and_a_flip_in_any_piece_is_found(tmp_path, monkeypatch):
+    from hasten.checkpointing import integrity
+
+    monkeypatch.setattr(integrity, "PIECE_BYTES", 64)  # small pieces: every file of this small checkpoint has several
+    acc, objs = trained_checkpoint(tmp_path)
     manifest = json.loads((tmp_path / "c" / MANIFEST).read_text())
-    assert manifest["format_version"] == 2
-    assert all(set(record) == {"size", "xxh3_64"} for record in manifest["files"].values())
+    assert manifest["format_version"] == 3 and manifest["piece_bytes"] == 64
+    for name, record in manifest["files"].items():
+        assert set(record) == {"size", "xxh3_64"} and len(record["xxh3_64"]) == max(1, -(-record["size"] // 64)), name
+    path = tmp_path / "c" / "optimizer.safetensors"
+    original = path.read_bytes()
+    for position in (0, 64, 65, len(original) // 2, len(original) - 1):  # first, second, middle and last piece
+        data = bytearray(original)
+        data[position] ^= 0x04
+        path.write_bytes(bytes(data))
+        before = snapshot(*objs[:2], objs[3], objs[2])
+        with pytest.raises(CheckpointError, match="optimizer.safetensors is corrupt"):
+            acc.load_state(tmp_path / "c")
+        same(before, snapshot(*objs[:2], objs[3], objs[2]))
+    path.write_bytes(original)
+    acc.load_state(tmp_path / "c")
 
 
 @contextlib.contextmanager
@@ -254,8 +297,11 @@ def test_async_save_on_two_processes_publishes_every_rank_files_once(tmp_path):
     assert [n for n, _ in complete_checkpoints(tmp_path)] == [0]
 
 
-def test_the_optimizer_step_after_an_async_save_waits_until_the_weights_are_written(tmp_path):
-    acc = Accelerator()
+def _async_saving_step(tmp_path, project=None, released=None):
+    """An async save of a trained model, then one more training step; returns what the step saw on disk
+    (sizes of the model's and the optimizer's files when the step ran) and the sizes once written.
+    ``released``: an event the test sets after the step (the background writes may be held until then)."""
+    acc = Accelerator(project_config=project)
     model = torch.nn.Linear(2048, 2048)
     model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters()))
     acc.backward(model(torch.randn(2, 2048)).sum())
@@ -263,20 +309,53 @@ def test_the_optimizer_step_after_an_async_save_waits_until_the_weights_are_writ
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     seen = []
 
-    def written_when_stepping(optimizer, args, kwargs):
+    def on_disk_when_stepping(optimizer, args, kwargs):
         folder = next(p for p in (tmp_path / ".c.partial", tmp_path / "c") if p.is_dir())
-        seen.append({name: (folder / name).stat().st_size for name in ("model.safetensors", "optimizer.safetensors")})
+        seen.append({name: (folder / name).stat().st_size if (folder / name).exists() else None for name in ("model.safetensors", "optimizer.safetensors")})
 
     acc.save_state(tmp_path / "c", async_save=True)
-    handle = opt.optimizer.register_step_pre_hook(written_when_stepping)  # runs after hasten's gate
+    handle = opt.optimizer.register_step_pre_hook(on_disk_when_stepping)  # runs after hasten's gate
     acc.backward(model(torch.randn(2, 2048)).sum())
-    opt.step()
+    opt.step()  # changes every weight: the checkpoint must still hold the values before it
     handle.remove()
+    if released is not None:
+        released.set()
     wait_for_pending_save()
-    sizes = {name: (tmp_path / "c" / name).stat().st_size for name in ("model.safetensors", "optimizer.safetensors")}
-    assert seen == [sizes]
     acc.load_state(tmp_path / "c")
     assert all(torch.equal(expected[k], v) for k, v in model.state_dict().items())
+    return seen, {name: (tmp_path / "c" / name).stat().st_size for name in ("model.safetensors", "optimizer.safetensors")}
+
+
+def test_an_async_save_stages_the_state_and_the_next_step_does_not_wait_for_the_write(tmp_path, monkeypatch):
+    from hasten.checkpointing import CheckpointWriter, staging_memory
+    from hasten.checkpointing.staging import _buffer
+
+    released, real_write = threading.Event(), CheckpointWriter.write_pending
+
+    def held_write(self):
+        released.wait(60)
+        real_write(self)
+
+    monkeypatch.setattr(CheckpointWriter, "write_pending", held_write)
+    seen, _ = _async_saving_step(tmp_path, released=released)
+    assert seen == [{"model.safetensors": None, "optimizer.safetensors": None}], "the step ran while the writes were held"
+    monkeypatch.setattr(CheckpointWriter, "write_pending", real_write)
+    held, address = staging_memory(), _buffer.memory.data_ptr()
+    params = 2048 * 2048 + 2048
+    assert held >= 3 * 4 * params  # the weights and AdamW's two moments
+    reset_state()
+    (tmp_path / "c").rename(tmp_path / "first")
+    _async_saving_step(tmp_path)
+    assert staging_memory() == held and _buffer.memory.data_ptr() == address, "the next save reuses the buffer"
+    Accelerator().end_training()
+    assert staging_memory() == 0, "end_training frees the staging memory"
+
+
+def test_with_no_staging_memory_the_next_optimizer_step_waits_until_the_weights_are_written(tmp_path):
+    from hasten.checkpointing import staging_memory
+
+    seen, written = _async_saving_step(tmp_path, ProjectConfiguration(async_staging_limit=0))
+    assert seen == [written] and staging_memory() == 0
 
 
 @pytest.mark.slow

@@ -1,38 +1,48 @@
-"""The settings tables (hasten.settings): every row reaches the config file schema, the launch flags, the
-documented environment variables, the `hasten config` dialogue and the plugin field it fills."""
+"""The settings tables (hasten.settings), judged by their effect: each row's launch flag, variable and config file key
+changes what a process (its plugin, its state) or the launcher gets, through `hasten launch`'s own resolution
+(flags, file and variables merged by resolve_settings, carried by launch_environment, read in the process); plus the
+plugins' own reads of the variables, the dialogue of each table, and the tables' independence from torch."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
+import warnings
+from dataclasses import dataclass, field
 from types import SimpleNamespace
+from typing import Any, Callable
 
 import pytest
 
 from hasten import config as cfg
-from hasten import environment
-from hasten.commands import config as config_cmd
-from hasten.commands.launch_args import FLAGS, flag_settings
+from hasten import environment, state
+from hasten.commands import launch as launch_cmd
+from hasten.commands import runners
 from hasten.commands.main import build_parser
 from hasten.config import Hardware
 from hasten.errors import ConfigError
 from hasten.plugins.dynamo import TorchDynamoPlugin
+from hasten.plugins.training import GradientAccumulationPlugin
 from hasten.runtime.parallelism import ParallelismConfig
 from hasten.settings.deepspeed import DEEPSPEED
+from hasten.settings.dialogue import ask_table
 from hasten.settings.dynamo import DYNAMO
 from hasten.settings.fp8 import FP8
 from hasten.settings.fsdp import FSDP
+from hasten.settings.launch import LAUNCH
 from hasten.settings.parallelism import PARALLELISM
+from hasten.strategies.base import EngineSettings
 from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin
 from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
+from hasten.strategies.plan import plan_strategy
+from helpers import free_port
 
-TABLES = (DYNAMO, DEEPSPEED, FSDP, FP8, PARALLELISM)
-ROWS = [(table, row) for table in TABLES for row in table.rows]
-KEYED = [(table, row) for table, row in ROWS if row.key]
-FLAGGED = [(table, row) for table, row in KEYED if row.flag_name]
-DOCUMENTED = [(table, row) for table, row in ROWS if row.env_name]
-EXPORTED = [(table, row) for table, row in KEYED if row.env_name]
+CPU = Hardware("cpu", 0)
+TABLES = (LAUNCH, *cfg.SECTIONS)
+KEYED = [(table, row) for table in TABLES for row in table.rows if row.key]
+SECTION_KEYS = [(table, row) for table, row in KEYED if table.name]
 
 
 def _fp8_recipes():
@@ -40,14 +50,21 @@ def _fp8_recipes():
     pytest.importorskip("torchao", reason="AORecipeKwargs needs torchao (pip install 'hasten[fp8]')")
     from hasten.utils import AORecipeKwargs, FP8RecipeKwargs
 
-    with pytest.warns(FutureWarning):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
         backend = FP8RecipeKwargs().backend
     recipe = AORecipeKwargs()
     return SimpleNamespace(backend=backend, pad_inner_dim=recipe.pad_inner_dim, enable_fsdp_float8_all_gather=recipe.enable_fsdp_float8_all_gather)
 
 
+def _deepspeed_plugin():
+    if importlib.util.find_spec("deepspeed") is None:
+        pytest.skip("deepspeed is not installed (pip install 'hasten[deepspeed]'): DeepSpeedPlugin cannot be built")
+    return DeepSpeedPlugin()
+
+
 PLUGINS = {
-    DYNAMO.name: TorchDynamoPlugin, DEEPSPEED.name: DeepSpeedPlugin, FSDP.name: FullyShardedDataParallelPlugin,
+    DYNAMO.name: TorchDynamoPlugin, DEEPSPEED.name: _deepspeed_plugin, FSDP.name: FullyShardedDataParallelPlugin,
     PARALLELISM.name: ParallelismConfig, FP8.name: _fp8_recipes,
 }
 
@@ -94,95 +111,255 @@ ENV_SAMPLES = {
 TABLE_SAMPLES = {(FP8.name, "backend"): ("ao", "AO"), (FP8.name, "pad_inner_dim"): ("false", False), (FP8.name, "enable_fsdp_float8_all_gather"): ("0", False)}
 # plugin field -> other variables its sample needs to be valid
 COMPANIONS = {"offload_param_device": {"DEEPSPEED_ZERO_STAGE": "3"}}
-# config key -> (text given as flag or in the environment, value in the config file)
-CONFIG_SAMPLES = {
-    "bool": ("true", True),
-    "int": ("7", 7),
-    "str": ("A,B", "A,B"),
-    "bool_or_strategy": ("false", False),
-    "float_or_auto": ("auto", "auto"),
-    "bool3": ("false,false,true", (False, False, True)),
+
+
+# ------------------------------------------------------------------------------ every row, by its effect
+
+
+@dataclass(frozen=True)
+class Effect:
+    """What a setting changes: ``read(plan)`` is what the process (after taking the launch's variables) or the launcher
+    gets; with the setting given as ``text`` it gets ``expected``, and something else without it. ``needs``: other
+    settings (config path -> value) the sample needs, given in the config file; ``hardware``: the machine seen."""
+
+    text: str
+    read: Callable[[Any], Any]
+    expected: Any
+    needs: dict = field(default_factory=dict)
+    hardware: Hardware = CPU
+
+
+def _outcome(build: Callable[[], Any], name: str) -> Any:
+    """``build().name``, or the name of the error building it raises."""
+    try:
+        return getattr(build(), name)
+    except Exception as exc:
+        return type(exc).__name__
+
+
+def _plugin_effect(table, row) -> Effect:
+    text, expected = TABLE_SAMPLES.get((table.name, row.field)) or ENV_SAMPLES[row.field]
+    needs = {"distributed_type": table.only_with} if table.only_with else {}
+    overrides = {  # samples equal to the field's fallback change nothing: these pick another value
+        "fsdp_version": ("1", "ConfigError"),
+        "cp_size": ("2", "NotSupportedError"),
+        "sp_size": ("2", "NotSupportedError"),
+        "backend": ("te", "NotSupportedError") if table is FP8 else (text, expected), "zero3_init_flag": ("true", True),
+        "dynamic": ("true", True),
+    }
+    text, expected = overrides.get(row.field, (text, expected))
+    if row.field in ("offload_param_device", "zero3_init_flag"):
+        needs["deepspeed_config.zero_stage"] = 3
+    return Effect(text, lambda plan: _outcome(PLUGINS[table.name], row.field), expected, needs)
+
+
+def _engine(plan) -> str:
+    """The engine a process of this launch trains with."""
+    return plan_strategy(EngineSettings("no", GradientAccumulationPlugin(num_steps=1)), 1).engine.name
+
+
+def _mpirun(plan) -> list[str] | None:
+    """The start of the mpirun command when the launch runs one."""
+    if not plan.settings.config.mpirun_config.mpirun_hostfile:
+        return None
+    return runners.mpirun_command(plan, "openmpi")[0][:3]
+
+
+def _rendezvous(part: int) -> Callable:
+    return lambda plan: runners._rendezvous(plan)[part]
+
+
+LOCAL, GPUS = "127.0.0.1", Hardware("cuda", 2)
+TWO_MACHINES = {"num_machines": 2, "num_processes": 2, "main_process_ip": LOCAL}
+PORT = free_port()
+LAUNCH_EFFECTS = {
+    "distributed_type": Effect("FSDP", _engine, "fsdp"),
+    "debug": Effect("true", lambda plan: environment.launch_setting("debug"), True),
+    "use_cpu": Effect("true", lambda plan: environment.launch_setting("use_cpu"), True),
+    "mixed_precision": Effect("bf16", lambda plan: state.resolve_mixed_precision(None), "bf16"),
+    "num_processes": Effect("3", lambda plan: plan.nproc_per_node, 3),
+    "num_machines": Effect("2", lambda plan: plan.nproc_per_node, 1, {"num_processes": 2, "main_process_ip": LOCAL}),
+    "enable_cpu_affinity": Effect("true", lambda plan: environment.launch_setting("enable_cpu_affinity"), True),
+    "gpu_ids": Effect("1", lambda plan: plan.env.get("CUDA_VISIBLE_DEVICES"), "1", {"num_processes": 1}, GPUS),
+    "machine_rank": Effect("1", lambda plan: runners._rendezvous(plan)[2].get("rank"), 1, TWO_MACHINES),
+    "main_process_ip": Effect("127.0.0.2", _rendezvous(1), f"127.0.0.2:{PORT}", {"main_process_port": PORT}),
+    "main_process_port": Effect(str(PORT), _rendezvous(1), f"127.0.0.1:{PORT}"),
+    "rdzv_backend": Effect("c10d", _rendezvous(0), "c10d", {**TWO_MACHINES, "machine_rank": 1}),
+    "mpirun_config.mpirun_hostfile": Effect(
+        "HOSTFILE", _mpirun, ["mpirun", "--hostfile", "HOSTFILE"], {**TWO_MACHINES, "use_cpu": True}
+    ),
+    "deepspeed_config.deepspeed_config_file": Effect(
+        "DSFILE", lambda plan: _outcome(_deepspeed_plugin, "config_name"), "DSFILE", {"distributed_type": "DEEPSPEED"}
+    ),
+    "deepspeed_config.deepspeed_multinode_launcher": Effect(
+        "pdsh", lambda plan: any("deepspeed_multinode_launcher" in line for line in plan.warnings), True,
+        {**TWO_MACHINES, "machine_rank": 1, "distributed_type": "DEEPSPEED"},
+    ),
+}
+# Settings hasten accepts (so that Accelerate's files and flags keep working) but does not act on, and why.
+NO_EFFECT = {
+    "compute_environment": "LOCAL_MACHINE is the only environment hasten launches on (a SageMaker file is refused)",
+    "same_network": "torch's rendezvous needs no answer about the network",
+    "main_training_function": "used by Accelerate's TPU launcher only",
+    "downcast_bf16": "used by Accelerate's TPU launcher only",
+    **dict.fromkeys(
+        ("tpu_name", "tpu_zone", "tpu_use_cluster", "tpu_use_sudo", "command_file", "commands", "tpu_vm", "tpu_env"),
+        "TPU settings: hasten does not run on TPUs",
+    ),
+    **dict.fromkeys(
+        (f"deepspeed_config.deepspeed_{key}" for key in ("hostfile", "exclusion_filter", "inclusion_filter")),
+        "DeepSpeed's own multi-machine launcher, which hasten does not use",
+    ),
+    **dict.fromkeys(
+        (
+            f"parallelism_config.parallelism_config_{key}"
+            for key in (
+                "cp_backend", "cp_comm_strategy", "sp_backend", "sp_seq_length", "sp_seq_length_is_variable",
+                "sp_attn_implementation",
+            )
+        ),
+        "context/sequence-parallel details; their sizes above 1 are refused",
+    ),
+    **dict.fromkeys(
+        (
+            f"fp8_config.{key}"
+            for key in (
+                "use_autocast_during_eval", "margin", "interval", "fp8_format", "amax_history_length",
+                "amax_compute_algorithm", "override_linear_precision", "optimization_level",
+            )
+        ),
+        "a Transformer Engine / MS-AMP recipe setting; hasten trains fp8 through torchao only",
+    ),
 }
 
 
-def _ids(pairs):
-    return [f"{table.name}.{row.key or row.env_name}" for table, row in pairs]
+def _effect(table, row) -> Effect | None:
+    path = table.path(row)
+    if path in LAUNCH_EFFECTS:
+        return LAUNCH_EFFECTS[path]
+    return _plugin_effect(table, row) if row.field else None
 
 
-def _config_sample(row):
-    if row.kind == "choice":
-        choice = row.choices[-1]
-        return str(choice).lower(), choice
-    return CONFIG_SAMPLES[row.kind]
+SOURCES = [
+    (table, row, source)
+    for table, row in KEYED
+    for source, given in (("flag", row.flag_name), ("variable", row.env_name), ("file", True))
+    if given
+]
 
 
-@pytest.mark.parametrize(("table", "row"), KEYED, ids=_ids(KEYED))
-def test_every_keyed_row_is_a_config_key_with_its_checks(table, row):
-    meta = cfg.leaf_fields()[f"{table.name}.{row.key}"]
-    assert (meta["kind"], meta["choices"]) == (row.kind, row.choices)
+def _ids(items):
+    return [f"{table.path(row)}-{source}" for table, row, source in items]
 
 
-@pytest.mark.parametrize(("table", "row"), KEYED, ids=_ids(KEYED))
-def test_a_config_file_key_round_trips(table, row, tmp_path):
-    text, value = _config_sample(row)
-    path = tmp_path / "c.yaml"
-    path.write_text(f"{table.name}:\n  {row.key}: {text}\n")
-    loaded = cfg.read_config_file(path)
-    assert cfg.get_path(loaded.config, f"{table.name}.{row.key}") == value
-    assert f"{table.name}.{row.key}" in loaded.present
-    cfg.save_config_file(loaded.config, tmp_path / "again.yaml")
-    assert cfg.get_path(cfg.load_config_file(tmp_path / "again.yaml"), f"{table.name}.{row.key}") == value
+@pytest.fixture
+def launch(tmp_path, monkeypatch):
+    """``launch(settings, hardware, row=None, source=None, text=None)``: run `hasten launch`'s preparation with
+    ``settings`` in a config file and ``row`` given by ``source``, then put the variables it exports into this
+    process's environment, as a started process sees them; returns the plan."""
+    script = tmp_path / "train.py"
+    script.write_text("")
+    plans = []
+
+    def run(settings: dict, hardware: Hardware, row=None, table=None, source=None, text=None):
+        data: dict = {}
+        for path, value in settings.items():
+            section, _, key = path.rpartition(".")
+            (data.setdefault(section, {}) if section else data)[key] = value
+        argv = []
+        if source == "file":
+            section = data.setdefault(table.name, {}) if table.name else data
+            section[row.key] = text
+        elif source == "flag":
+            argv = [f"--{row.flag_name}"] + ([] if row.switch else [text])
+        elif source == "variable":
+            monkeypatch.setenv(f"HASTEN_{row.env_name}", text)
+        config_file = tmp_path / f"launch{len(plans)}.yaml"
+        config_file.write_text(json.dumps(data))
+        args = build_parser(["launch"]).parse_args(["launch", "--config_file", str(config_file), *argv, str(script)])
+        plan = launch_cmd.prepare_launch(args, hardware=hardware)
+        plans.append(plan)
+        for name, value in plan.env.items():
+            monkeypatch.setenv(name, value)
+        return plan
+
+    yield run
+    for plan in plans:
+        if plan.owns_hang_dir:
+            plan.hang_dir.rmdir()
 
 
-@pytest.mark.parametrize(("table", "row"), FLAGGED, ids=_ids(FLAGGED))
-def test_the_flag_parses_into_the_setting(table, row):
-    flag = next(f for f in FLAGS if f.name == row.flag_name)
-    assert (flag.path, flag.help, flag.switch) == (f"{table.name}.{row.key}", row.flag_help, row.switch)
-    text, value = _config_sample(row)
-    argv = [f"--{row.flag_name.replace('_', '-')}"] + ([] if row.switch else [text])
-    args = build_parser(["launch"]).parse_args(["launch", *argv, "train.py"])
-    resolved = cfg.resolve_settings(flags=flag_settings(args), loaded=None, env={}, hardware=lambda: Hardware("cpu", 0))
-    assert cfg.get_path(resolved.config, flag.path) == (True if row.switch else value)
-    assert str(resolved.sources[flag.path]) == f"flag --{row.flag_name}"
+def _sample(effect: Effect, tmp_path) -> tuple[str, Any]:
+    """The effect's text and expected value, with the files it names made."""
+    if effect.text == "HOSTFILE":
+        (tmp_path / "hosts").write_text("node1\nnode2\n")
+        return str(tmp_path / "hosts"), ["mpirun", "--hostfile", str(tmp_path / "hosts")]
+    if effect.text == "DSFILE":
+        (tmp_path / "ds.json").write_text(json.dumps({"zero_optimization": {"stage": 1}}))
+        return str(tmp_path / "ds.json"), f"the DeepSpeed config {str(tmp_path / 'ds.json')!r}"
+    return effect.text, effect.expected
 
 
-@pytest.mark.parametrize(("table", "row"), DOCUMENTED, ids=_ids(DOCUMENTED))
-def test_every_row_is_a_documented_variable(table, row):
-    assert environment.SETTINGS[row.env_name] == row.env_help and row.env_help
-
-
-@pytest.mark.parametrize(("table", "row"), EXPORTED, ids=_ids(EXPORTED))
-def test_the_variable_is_a_launch_setting_and_is_exported(table, row, monkeypatch):
-    text, value = _config_sample(row)
-    monkeypatch.setenv(f"HASTEN_{row.env_name}", text)
-    env = cfg.environment_settings()
-    assert env[f"{table.name}.{row.key}"] == (text, f"HASTEN_{row.env_name}")
-    resolved = cfg.resolve_settings(flags={}, loaded=None, env=env, hardware=lambda: Hardware("cpu", 0))
-    exported = cfg.launch_environment(resolved)
-    if row.kind == "bool3":
+@pytest.mark.parametrize(("table", "row", "source"), SOURCES, ids=_ids(SOURCES))
+def test_each_flag_variable_and_file_key_changes_what_a_process_gets(table, row, source, launch, monkeypatch, tmp_path):
+    effect = _effect(table, row)
+    path = table.path(row)
+    if effect is None:
+        assert path in NO_EFFECT, f"{path} has no effect in this test and is not listed in NO_EFFECT"
+        samples = {"bool": "true", "bool3": "false,false,true", "int": "7", "list": ["a"]}
+        text = str(row.choices[0]) if row.choices else samples.get(row.kind, "x")
+        plan = launch({}, CPU, row, table, source, text)
+        assert cfg.get_path(plan.settings.config, path) is not None and plan.settings.sources[path].kind != "default"
         return
-    if table.only_with is None or row.always_export:
-        assert f"HASTEN_{row.env_name}" in exported
-    else:
-        assert f"HASTEN_{row.env_name}" not in exported
-        resolved.config.distributed_type = table.only_with
-        assert f"HASTEN_{row.env_name}" in cfg.launch_environment(resolved)
+    text, expected = _sample(effect, tmp_path)
+    needs = effect.needs
+    if source == "flag" and row.switch:  # a switch says true; where true is the default, it overrides a file's false
+        text, expected = None, True
+        needs = {**needs, path: False} if row.fallback is True else needs
+    with monkeypatch.context() as before:
+        for name, value in COMPANIONS.get(row.field, {}).items():
+            before.setenv(f"HASTEN_{name}", value)
+        without = effect.read(launch(needs, effect.hardware))
+    for name, value in COMPANIONS.get(row.field, {}).items():
+        monkeypatch.setenv(f"HASTEN_{name}", value)
+    got = effect.read(launch(needs, effect.hardware, row, table, source, text))
+    assert got == expected
+    assert without != expected, f"{path}: the sample {text!r} is what the process gets anyway"
 
 
-FIELDED = [(table, row) for table, row in ROWS if row.field]
+def test_the_settings_without_effect_are_rows():
+    assert set(NO_EFFECT) <= {table.path(row) for table, row in KEYED if _effect(table, row) is None}
 
 
-@pytest.mark.parametrize(("table", "row"), FIELDED, ids=_ids(FIELDED))
+# ------------------------------------------------------------------------------ the plugins' own reads
+
+
+FIELDED = [(table, row) for table in TABLES for row in table.rows if row.field]
+
+
+@pytest.mark.parametrize(("table", "row"), FIELDED, ids=[f"{t.name}.{r.key or r.env_name}" for t, r in FIELDED])
 @pytest.mark.parametrize("prefix", ["HASTEN_", "ACCELERATE_"])
 def test_the_plugin_reads_the_variable(table, row, prefix, monkeypatch):
-    if table.name == "deepspeed_config" and importlib.util.find_spec("deepspeed") is None:
-        pytest.skip("deepspeed is not installed (pip install 'hasten[deepspeed]'): DeepSpeedPlugin cannot be built")
     text, expected = TABLE_SAMPLES.get((table.name, row.field)) or ENV_SAMPLES[row.field]
     monkeypatch.setenv(f"{prefix}{row.env_name}", text)
     for name, value in COMPANIONS.get(row.field, {}).items():
         monkeypatch.setenv(f"{prefix}{name}", value)
     plugin = PLUGINS[table.name]()
     assert getattr(plugin, row.field) == expected
+
+
+@pytest.mark.parametrize(("table", "row"), SECTION_KEYS, ids=[table.path(row) for table, row in SECTION_KEYS])
+def test_a_config_file_key_round_trips(table, row, tmp_path):
+    text, value = (str(row.choices[-1]).lower(), row.choices[-1]) if row.kind == "choice" else {
+        "bool": ("true", True), "int": ("7", 7), "str": ("A,B", "A,B"), "bool_or_strategy": ("false", False),
+        "float_or_auto": ("auto", "auto"), "bool3": ("false,false,true", (False, False, True)),
+    }[row.kind]
+    path = tmp_path / "c.yaml"
+    path.write_text(f"{table.name}:\n  {row.key}: {text}\n")
+    loaded = cfg.read_config_file(path)
+    assert cfg.get_path(loaded.config, table.path(row)) == value
+    cfg.save_config_file(loaded.config, tmp_path / "again.yaml")
+    assert cfg.get_path(cfg.load_config_file(tmp_path / "again.yaml"), table.path(row)) == value
 
 
 def test_an_argument_wins_over_the_variable_and_fallbacks_apply(monkeypatch):
@@ -208,6 +385,9 @@ def test_a_bad_variable_names_itself(monkeypatch):
         FullyShardedDataParallelPlugin()
 
 
+# ------------------------------------------------------------------------------ the dialogue, the import cost
+
+
 class _Scripted:
     """Answers the dialogue: yes to every question, the last option of every choice, the default of every text
     (a file name where there is none)."""
@@ -228,7 +408,7 @@ class _Scripted:
         return "a.json" if default is None else default
 
 
-ASKED = [table for table in TABLES if any(row.question for row in table.rows)]
+ASKED = [table for table in cfg.SECTIONS if any(row.question and row.question.text for row in table.rows)]
 
 
 @pytest.mark.parametrize("table", ASKED, ids=[t.name for t in ASKED])
@@ -236,14 +416,14 @@ def test_the_dialogue_asks_the_table_and_writes_valid_keys(table):
     asker = _Scripted()
     answers: dict = {}
     for stage in dict.fromkeys(row.question.stage for row in table.rows if row.question):
-        answers |= config_cmd._ask_table(asker, table, stage, answers)
+        answers |= ask_table(asker, table, stage, answers)
     asked = [row.question.text for row in table.rows if row.question and not row.question.fixed and row.question.text in asker.asked]
     assert asked and set(answers) <= {row.key for row in table.rows}
     config, present, _ = cfg.config_from_dict({table.name: answers})
     assert {f"{table.name}.{key}" for key in answers} == set(present)
 
 
-def test_the_tables_do_not_import_torch():
-    code = "import sys\nimport hasten.settings.fsdp, hasten.settings.dynamo\nprint('torch' in sys.modules)"
+def test_the_tables_and_registrations_do_not_import_torch():
+    code = "import sys\nimport hasten.settings.fsdp, hasten.environment\nprint('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"

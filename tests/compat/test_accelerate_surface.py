@@ -49,6 +49,8 @@ ALLOWED = [
             ("accelerate.tracking", "MLflowTracker"),
             ("accelerate", "Accelerator.save_state"),
             ("accelerate.accelerator", "Accelerator.save_state"),
+            ("accelerate", "Accelerator"),
+            ("accelerate.accelerator", "Accelerator"),
             ("accelerate.utils", "ProjectConfiguration"),
             ("accelerate.utils.dataclasses", "ProjectConfiguration"),
             ("accelerate", "AutocastKwargs"),

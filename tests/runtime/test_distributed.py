@@ -1,6 +1,5 @@
 """Behaviour across 2 real processes over gloo, each launch checking many things (see tests/scripts/)."""
 
-import time
 
 import pytest
 
@@ -26,30 +25,29 @@ def test_training_two_processes():
     assert "rank 0: training checks passed" in out and "rank 1: training checks passed" in out
 
 
+# The time limits bound the runs: a mismatch that were not detected at once would wait for the hang timeout (300 s by
+# default) and pass the 60 s limit; the ranks' start-up alone takes 5 to 30 s on a busy 2-core machine.
+
+
 def test_debug_mode_reports_shape_mismatch_under_torchrun():
-    start = time.monotonic()
     proc = torchrun(SCRIPTS / "check_debug_mode.py", "shapes", env=clean_env(HASTEN_DEBUG_MODE="1"), check=False, timeout=60)
     assert proc.returncode != 0
-    assert time.monotonic() - start < 15
     assert "Operation: `hasten.runtime.operations.broadcast`" in proc.stderr
     assert "Process 0: [1, 5]" in proc.stderr and "Process 1: [1, 2, 5]" in proc.stderr
     assert "unreachable" not in proc.stdout
 
 
 def test_debug_mode_names_a_rank_that_skipped_a_collective():
-    start = time.monotonic()
     proc = torchrun(SCRIPTS / "check_debug_mode.py", "skip", env=clean_env(HASTEN_DEBUG_MODE="1", HASTEN_HANG_TIMEOUT="3"), check=False, timeout=60)
     assert proc.returncode != 0
-    assert time.monotonic() - start < 30
     assert "rank 0 has waited" in proc.stderr and "`hasten.runtime.operations.gather` (collective #2)" in proc.stderr
     assert "rank 1: last entered collective #1 `gather`, status: done" in proc.stderr
 
 
 def test_hasten_launch_debug_reports_shape_mismatch():
-    start = time.monotonic()
     proc = hasten_launch(SCRIPTS / "check_debug_mode.py", "shapes", launch_args=("--debug", "--num_processes", "2"), check=False, timeout=60)
     output = proc.stdout + proc.stderr
-    assert proc.returncode != 0 and time.monotonic() - start < 15, output
+    assert proc.returncode != 0, output
     assert "Process 0: [1, 5]" in output and "Process 1: [1, 2, 5]" in output, output
 
 

@@ -302,7 +302,7 @@ def test_launch_refuses_other_fp8_backends_before_starting_processes(tmp_path):
 
 
 def test_the_dialogue_writes_the_torchao_backend_and_asks_its_two_settings():
-    from hasten.commands import config as config_cmd
+    from hasten.settings.dialogue import ask_table
     from hasten.settings.fp8 import FP8
 
     class No:
@@ -313,7 +313,7 @@ def test_the_dialogue_writes_the_torchao_backend_and_asks_its_two_settings():
             return False
 
     asker = No()
-    assert config_cmd._ask_table(asker, FP8) == {
+    assert ask_table(asker, FP8) == {
         "backend": "AO",
         "enable_fsdp_float8_all_gather": False,
         "pad_inner_dim": False,

@@ -1,7 +1,7 @@
 """The DeepSpeed strategy: 2-process training against DDP, ZeRO-3 checkpoints and merging, fault messages.
 
 The first DeepSpeed run on a machine compiles two C++ extensions (the CPU communication op and
-DeepSpeedCPUAdam, several minutes); they are cached under ~/.cache/torch_extensions, and the launches
+DeepSpeedCPUAdam, several minutes); make setup builds them into .venv/torch_extensions, and the launches
 below get a longer time limit until they are.
 """
 

@@ -27,6 +27,7 @@ from .. import environment
 from .checkpoint_loading import load_checkpoint_in_model
 from .device_map import DEVICE_MAP_STRATEGIES, check_device_map, get_balanced_memory, infer_auto_device_map
 from ..errors import ConfigError, NotSupportedError, did_you_mean
+from .hook_attach import attach_align_device_hook, attach_align_device_hook_on_blocks
 from .hooks import (
     AlignDevicesHook,
     CpuOffload,
@@ -34,10 +35,9 @@ from .hooks import (
     UserCpuOffloadHook,
     add_hook_to_module,
     align_module_device,
-    attach_align_device_hook,
-    attach_align_device_hook_on_blocks,
 )
-from .modeling import as_device, find_tied_parameters, get_module_tensor, moved_parameter, named_module_tensors, retie_parameters
+from .modeling import find_tied_parameters, retie_parameters
+from .tensors import as_device, get_module_tensor, moved_parameter, named_module_tensors
 from .offload import OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict, read_offload_index
 
 
@@ -45,42 +45,42 @@ from .offload import OffloadedWeightsLoader, extract_submodules_state_dict, offl
 def init_on_device(device, include_buffers: bool | None = None):
     """Inside this context, new parameters (and buffers with ``include_buffers``) are created on ``device``.
 
+    As in Accelerate: with ``include_buffers`` every tensor is created on ``device`` directly (``device`` is the
+    default device inside the context) and nothing is patched; without it, ``nn.Module.register_parameter`` is
+    replaced for the context's duration, so that each parameter moves to ``device`` as it is registered (keeping
+    its class, ``requires_grad`` and transformers' ``_is_hf_initialized`` mark), and the original is put back on
+    exit, even when the body raises. ``register_buffer`` is never touched.
+
+    Unlike Accelerate, a parameter already on ``device`` is registered as it is, so weights tied inside the context
+    (``self.head.weight = self.embed.weight``) stay tied; Accelerate wraps it in a new parameter, which unties them.
+
     Args:
         device: e.g. ``"meta"``, ``"cuda:0"`` or a ``torch.device``.
-        include_buffers: put buffers on ``device`` too, and create every tensor there directly
-            (fastest). Defaults to the ``HASTEN_INIT_INCLUDE_BUFFERS`` setting (off).
+        include_buffers: put buffers on ``device`` too. Defaults to the ``HASTEN_INIT_INCLUDE_BUFFERS`` (or
+            ``ACCELERATE_INIT_INCLUDE_BUFFERS``) setting, off.
 
     Note:
-        The context patches ``nn.Module.register_parameter`` (and ``register_buffer``) for the whole
-        process while it is active; do not build modules in other threads meanwhile.
+        The patch is process-wide while the context is active; do not build modules in other threads meanwhile.
     """
     if include_buffers is None:
         include_buffers = environment.get_flag("INIT_INCLUDE_BUFFERS")
-    device = torch.device(device)
-    original_parameter = nn.Module.register_parameter
-    original_buffer = nn.Module.register_buffer
+    if include_buffers:
+        with torch.device(device) if not isinstance(device, torch.device) else device:
+            yield
+        return
+    original = nn.Module.register_parameter
 
     def register_parameter(module, name, param):
-        original_parameter(module, name, param)
-        current = module._parameters.get(name)
-        if current is not None and current.device != device:
-            module._parameters[name] = moved_parameter(current, current.to(device))
-
-    def register_buffer(module, name, tensor, persistent=True):
-        original_buffer(module, name, tensor, persistent=persistent)
-        current = module._buffers.get(name)
-        if current is not None and current.device != device:
-            module._buffers[name] = current.to(device)
+        original(module, name, param)
+        registered = module._parameters[name]
+        if param is not None and registered.device != torch.device(device):
+            module._parameters[name] = moved_parameter(registered, registered.to(device))
 
     nn.Module.register_parameter = register_parameter
-    if include_buffers:
-        nn.Module.register_buffer = register_buffer
     try:
-        with device if include_buffers else contextlib.nullcontext():
-            yield
+        yield
     finally:
-        nn.Module.register_parameter = original_parameter
-        nn.Module.register_buffer = original_buffer
+        nn.Module.register_parameter = original
 
 
 @contextlib.contextmanager
@@ -116,12 +116,11 @@ def _moves_device(args, kwargs) -> bool:
 
 
 def _guard_moves(model: nn.Module) -> None:
-    """Warn when a dispatched model is moved, and refuse when it has offloaded weights."""
-    guarded = []
-    for name in ("to", "cuda", "cpu", "xpu"):
-        method = getattr(model, name, None)
-        if method is None:
-            continue
+    """Warn when a dispatched model is moved, and refuse when it has offloaded weights (``to`` and the accelerator's
+    own method, the ones Accelerate wraps and :func:`~hasten.hooks.remove_hook_from_module` unwraps)."""
+    kind = environment.accelerator_type()
+    for name in ("to", "xpu" if kind == "xpu" else "cuda"):
+        method = getattr(model, name)
 
         def guard(*args, _method=method, _name=name, **kwargs):
             if _name == "to" and not _moves_device(args, kwargs):
@@ -135,8 +134,6 @@ def _guard_moves(model: nn.Module) -> None:
             return _method(*args, **kwargs)
 
         setattr(model, name, functools.update_wrapper(guard, method))
-        guarded.append(name)
-    model._hasten_guarded_methods = guarded
 
 
 def _offload_names(model: nn.Module, device_map: Mapping, offload_devices: set) -> list[str]:

@@ -16,9 +16,8 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from ..errors import CheckpointError, ConfigError
-from .modeling import as_device, get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
-from .offload import PrefixedDataset
+from ..errors import CheckpointError
+from .tensors import get_module_tensor, get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
 from ..runtime.tree import find_device, send_to_device
 
 
@@ -108,7 +107,11 @@ def _hooked_forward(module: nn.Module, *args, **kwargs):
 
 
 def _is_graph_module(module: nn.Module) -> bool:
-    return "GraphModuleImpl" in type(module).__name__
+    return "GraphModuleImpl" in str(type(module))
+
+
+# methods dispatch_model wraps on a model (Accelerate's names), dropped again by remove_hook_from_module
+_ADDED_METHODS = ("to", "cuda", "npu", "xpu", "mlu", "sdaa", "musa")
 
 
 def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False) -> nn.Module:
@@ -117,21 +120,24 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
     Args:
         module: the module.
         hook: the hook (its ``init_hook`` runs now).
-        append: keep a hook already there and run ``hook`` after it (a :class:`SequentialHook`);
-            otherwise an existing hook is removed first.
+        append: keep a hook already there and run ``hook`` after it (the old hook is detached and both are
+            attached again as a :class:`SequentialHook`). Otherwise a hook already there is replaced without
+            being detached (its ``detach_hook`` does not run), as in Accelerate.
 
     Returns:
         The module (as returned by ``hook.init_hook``).
     """
-    previous = getattr(module, "_hf_hook", None)
-    if previous is not None:
+    if append and getattr(module, "_hf_hook", None) is not None:
+        previous = module._hf_hook
         remove_hook_from_module(module)
-        if append:
-            hook = SequentialHook(previous, hook)
-    original = module.forward
+        hook = SequentialHook(previous, hook)
+    if hasattr(module, "_hf_hook") and hasattr(module, "_old_forward"):
+        original = module._old_forward
+    else:
+        original = module.forward
+        module._old_forward = original
     module = hook.init_hook(module)
     module._hf_hook = hook
-    module._old_forward = original
     forward = functools.update_wrapper(functools.partial(_hooked_forward, module), original)
     if _is_graph_module(module):
         module.__class__.forward = forward
@@ -141,49 +147,51 @@ def add_hook_to_module(module: nn.Module, hook: ModelHook, append: bool = False)
 
 
 def remove_hook_from_module(module: nn.Module, recurse: bool = False) -> nn.Module:
-    """Remove the hook of ``module`` (calling its ``detach_hook``) and restore the original forward.
+    """Remove the hook of ``module`` (calling its ``detach_hook``) and put back the forward it replaced.
+
+    The original forward is set back as an attribute of the module, and the device-moving methods that
+    :func:`hasten.dispatch_model` wrapped are dropped, as in Accelerate.
 
     Args:
         module: the module.
         recurse: do the same for every submodule.
     """
-    hook = module.__dict__.pop("_hf_hook", None)
-    if hook is not None:
-        hook.detach_hook(module)
-    original = module.__dict__.pop("_old_forward", None)
-    if original is not None:
+    if hasattr(module, "_hf_hook"):
+        module._hf_hook.detach_hook(module)
+        delattr(module, "_hf_hook")
+    if hasattr(module, "_old_forward"):
         if _is_graph_module(module):
-            module.__class__.forward = original
-        elif getattr(original, "__func__", None) is type(module).forward and getattr(original, "__self__", None) is module:
-            module.__dict__.pop("forward", None)
+            module.__class__.forward = module._old_forward
         else:
-            module.forward = original
-    for name in module.__dict__.pop("_hasten_guarded_methods", ()):
+            module.forward = module._old_forward
+        delattr(module, "_old_forward")
+    for name in _ADDED_METHODS:
         module.__dict__.pop(name, None)
     if recurse:
         for child in module.children():
-            remove_hook_from_module(child, recurse=True)
+            remove_hook_from_module(child, recurse)
     return module
 
 
-def remove_hook_from_submodules(module: nn.Module) -> None:
-    """Remove the hooks of every submodule of ``module`` (not of ``module`` itself)."""
-    for child in module.children():
-        remove_hook_from_module(child)
-        remove_hook_from_submodules(child)
+class MissingOffloadedWeightError(CheckpointError, KeyError):
+    """An offloaded weight that the hook's weights map does not hold."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class AlignDevicesHook(ModelHook):
     """Runs a module on ``execution_device``: moves its inputs there and, when offloaded, its weights too.
 
     Args:
-        execution_device: where the forward runs (None: leave inputs and weights where they are).
-        offload: keep the weights on the meta device between forwards and load them from
-            ``weights_map`` for each forward.
+        execution_device: where the forward runs (None: inputs and weights stay where they are).
+        offload: keep the weights on the meta device between forwards and load them from ``weights_map`` for each
+            forward.
         io_same_device: give the output back on the device the inputs came from.
         weights_map: name -> tensor for the offloaded weights (a dict, an
-            :class:`~hasten.big_modeling.offload.OffloadedWeightsLoader`, ...); the module's own weights when None.
-        offload_buffers: offload the buffers too (they stay on ``execution_device`` otherwise).
+            :class:`~hasten.big_modeling.offload.OffloadedWeightsLoader`, ...); a CPU copy of the module's own
+            weights when None.
+        offload_buffers: offload the buffers too (they go to ``execution_device`` otherwise).
         place_submodules: handle the submodules' tensors too (for a module used as one block).
         skip_keys: keys of mapping inputs/outputs that are not moved.
         tied_params_map: ``{data_ptr: {device: tensor}}`` so that a tied weight is brought to the
@@ -201,8 +209,6 @@ class AlignDevicesHook(ModelHook):
         skip_keys: str | list[str] | None = None,
         tied_params_map: dict | None = None,
     ):
-        if offload and execution_device is None:
-            raise ConfigError("AlignDevicesHook(offload=True) needs an execution_device to bring the weights to.")
         self.execution_device = execution_device
         self.offload = offload
         self.io_same_device = io_same_device
@@ -210,10 +216,12 @@ class AlignDevicesHook(ModelHook):
         self.offload_buffers = offload_buffers
         self.place_submodules = place_submodules
         self.skip_keys = skip_keys
-        self.tied_params_map = tied_params_map
         self.input_device = None
-        self.original_devices: dict = {}
-        self._tied_added: set = set()
+        self.param_original_devices: dict = {}
+        self.buffer_original_devices: dict = {}
+        self.tied_params_names: set = set()
+        self.tied_params_map = tied_params_map
+        self.tied_pointers_to_remove: set = set()
 
     def __repr__(self) -> str:
         return (
@@ -222,62 +230,85 @@ class AlignDevicesHook(ModelHook):
             f"place_submodules={self.place_submodules}, skip_keys={self.skip_keys!r})"
         )
 
-    def _offloaded_tensors(self, module: nn.Module):
-        return named_module_tensors(module, include_buffers=self.offload_buffers, recurse=self.place_submodules, remove_non_persistent=True)
+    def _offloaded(self, module: nn.Module) -> list[str]:
+        """The names of the tensors brought in for each forward (non-persistent buffers stay in place)."""
+        tensors = named_module_tensors(
+            module, include_buffers=self.offload_buffers, recurse=self.place_submodules, remove_non_persistent=True
+        )
+        return [name for name, _ in tensors]
+
+    def _offload_weights(self, module: nn.Module) -> None:
+        self.original_devices = {
+            name: tensor.device for name, tensor in named_module_tensors(module, recurse=self.place_submodules)
+        }
+        if self.weights_map is None:
+            tensors = named_module_tensors(module, include_buffers=self.offload_buffers, recurse=self.place_submodules)
+            self.weights_map = {name: tensor.to("cpu") for name, tensor in tensors}
+        for name in self._offloaded(module):
+            if self.tied_params_map is not None and get_module_tensor(module, name).data_ptr() in self.tied_params_map:
+                self.tied_params_names.add(name)
+            set_module_tensor_to_device(module, name, "meta")
+        if self.execution_device is None:
+            return
+        if self.offload_buffers:
+            staying = get_non_persistent_buffers(module, recurse=self.place_submodules)
+        else:
+            staying = [name for name, _ in module.named_buffers(recurse=self.place_submodules)]
+        for name in staying:
+            set_module_tensor_to_device(module, name, self.execution_device, tied_params_map=self.tied_params_map)
 
     def init_hook(self, module):
-        if str(self.execution_device) == "meta":
+        if self.execution_device in ("meta", torch.device("meta")):
             self.tied_params_map = None
-        if not self.offload:
-            if self.execution_device is not None:
-                for name, _ in list(named_module_tensors(module, recurse=self.place_submodules)):
-                    set_module_tensor_to_device(module, name, self.execution_device, tied_params_map=self.tied_params_map, clear_cache=False)
-            return module
-        self.original_devices = {name: tensor.device for name, tensor in named_module_tensors(module, recurse=self.place_submodules)}
-        if self.weights_map is None:
-            self.weights_map = {name: tensor.to("cpu") for name, tensor in self._offloaded_tensors(module)}
-        for name, _ in list(self._offloaded_tensors(module)):
-            set_module_tensor_to_device(module, name, "meta", clear_cache=False)
-        if self.execution_device is not None:
-            if self.offload_buffers:
-                stay = get_non_persistent_buffers(module, recurse=self.place_submodules, fqns=True)
-            else:
-                stay = [name for name, _ in module.named_buffers(recurse=self.place_submodules)]
-            for name in stay:
-                set_module_tensor_to_device(module, name, self.execution_device, clear_cache=False)
+        if not self.offload and self.execution_device is not None:
+            for name, _ in named_module_tensors(module, recurse=self.place_submodules):
+                set_module_tensor_to_device(module, name, self.execution_device, tied_params_map=self.tied_params_map)
+        elif self.offload:
+            self._offload_weights(module)
         return module
 
-    def _load(self, module: nn.Module, name: str) -> None:
+    def _weight(self, module: nn.Module, name: str) -> torch.Tensor:
         try:
-            value = self.weights_map[name]
+            return self.weights_map[name]
         except KeyError:
-            raise CheckpointError(
+            raise MissingOffloadedWeightError(
                 f"The offloaded weight {name!r} of {type(module).__name__} is not in its weights map; the offload "
                 "folder or state dict given to dispatch_model does not hold it."
             ) from None
-        if self.tied_params_map is not None:
-            key, device = value.data_ptr(), as_device(self.execution_device)
-            if key in self.tied_params_map and device not in self.tied_params_map[key]:
-                self._tied_added.add((key, device))
-        set_module_tensor_to_device(module, name, self.execution_device, value=value, tied_params_map=self.tied_params_map, clear_cache=False)
+
+    def _bring_in(self, module: nn.Module) -> None:
+        self.tied_pointers_to_remove = set()
+        for name in self._offloaded(module):
+            value = self._weight(module, name)
+            pointer = value.data_ptr()
+            if name in self.tied_params_names and pointer not in self.tied_params_map:
+                self.tied_params_map[pointer] = {}
+            if (
+                self.tied_params_map is not None
+                and pointer in self.tied_params_map
+                and self.execution_device not in self.tied_params_map[pointer]
+            ):
+                self.tied_pointers_to_remove.add((pointer, self.execution_device))
+            set_module_tensor_to_device(
+                module, name, self.execution_device, value=value, tied_params_map=self.tied_params_map
+            )
 
     def pre_forward(self, module, *args, **kwargs):
         if self.io_same_device:
             self.input_device = find_device([args, kwargs])
         if self.offload:
-            for name, _ in list(self._offloaded_tensors(module)):
-                self._load(module, name)
-        if self.execution_device is None:
-            return args, kwargs
-        return send_to_device(args, self.execution_device), send_to_device(kwargs, self.execution_device, skip_keys=self.skip_keys)
+            self._bring_in(module)
+        return send_to_device(args, self.execution_device), send_to_device(
+            kwargs, self.execution_device, skip_keys=self.skip_keys
+        )
 
     def post_forward(self, module, output):
         if self.offload:
-            for name, _ in list(self._offloaded_tensors(module)):
-                set_module_tensor_to_device(module, name, "meta", clear_cache=False)
-            for key, device in self._tied_added:
-                self.tied_params_map[key].pop(device, None)
-            self._tied_added = set()
+            for name in self._offloaded(module):
+                set_module_tensor_to_device(module, name, "meta")
+            for pointer, device in self.tied_pointers_to_remove:
+                self.tied_params_map[pointer].pop(device, None)
+            self.tied_pointers_to_remove = set()
         if self.io_same_device and self.input_device is not None:
             output = send_to_device(output, self.input_device, skip_keys=self.skip_keys)
         return output
@@ -285,8 +316,8 @@ class AlignDevicesHook(ModelHook):
     def detach_hook(self, module):
         if self.offload:
             for name, device in self.original_devices.items():
-                if device.type != "meta":
-                    set_module_tensor_to_device(module, name, device, value=self.weights_map.get(name), clear_cache=False)
+                if device != torch.device("meta"):
+                    set_module_tensor_to_device(module, name, device, value=self.weights_map.get(name, None))
         return module
 
 
@@ -299,25 +330,35 @@ class CpuOffload(ModelHook):
     Args:
         execution_device: where the forward runs (the process's default device when None).
         prev_module_hook: the hook of the model that runs before this one; it is offloaded when
-            this model's forward starts.
+            this model's forward starts (if it is not on the CPU already).
     """
 
     def __init__(self, execution_device=None, prev_module_hook: UserCpuOffloadHook | None = None):
+        self.prev_module_hook = prev_module_hook
         if execution_device is None:
             from ..state import PartialState
 
             execution_device = PartialState().default_device
         self.execution_device = execution_device
-        self.prev_module_hook = prev_module_hook
 
     def init_hook(self, module):
         return module.to("cpu")
 
     def pre_forward(self, module, *args, **kwargs):
-        if self.prev_module_hook is not None:
-            self.prev_module_hook.offload()
+        if isinstance(self.prev_module_hook, UserCpuOffloadHook):
+            if next(self.prev_module_hook.model.parameters()).device != torch.device("cpu"):
+                self.prev_module_hook.offload()
+                _empty_cache()
+        if next(module.parameters()).device == self.execution_device:
+            return args, kwargs
         module.to(self.execution_device)
         return send_to_device(args, self.execution_device), send_to_device(kwargs, self.execution_device)
+
+
+def _empty_cache() -> None:
+    from ..runtime.memory import clear_device_cache
+
+    clear_device_cache()
 
 
 class UserCpuOffloadHook:
@@ -336,164 +377,10 @@ class UserCpuOffloadHook:
         remove_hook_from_module(self.model)
 
 
-def _has_tensors(module: nn.Module) -> bool:
-    return next(named_module_tensors(module, recurse=False), None) is not None
-
-
-def attach_execution_device_hook(
-    module: nn.Module,
-    execution_device,
-    skip_keys: str | list[str] | None = None,
-    preload_module_classes: list[str] | None = None,
-    tied_params_map: dict | None = None,
-) -> None:
-    """Give every submodule holding tensors (and without a hook) a hook moving its inputs to ``execution_device``.
-
-    Modules whose class is in ``preload_module_classes`` are not descended into.
-    """
-    if not hasattr(module, "_hf_hook") and _has_tensors(module):
-        add_hook_to_module(module, AlignDevicesHook(execution_device, skip_keys=skip_keys, tied_params_map=tied_params_map))
-    if preload_module_classes is not None and type(module).__name__ in preload_module_classes:
-        return
-    for child in module.children():
-        attach_execution_device_hook(child, execution_device, skip_keys, preload_module_classes, tied_params_map)
-
-
-def _prefixed(weights_map: Mapping | None, module_name: str) -> Mapping | None:
-    if weights_map is None or not module_name:
-        return weights_map
-    return PrefixedDataset(weights_map, f"{module_name}.")
-
-
-def attach_align_device_hook(
-    module: nn.Module,
-    execution_device=None,
-    offload: bool = False,
-    weights_map: Mapping | None = None,
-    offload_buffers: bool = False,
-    module_name: str = "",
-    skip_keys: str | list[str] | None = None,
-    preload_module_classes: list[str] | None = None,
-    tied_params_map: dict | None = None,
-) -> None:
-    """Attach an :class:`AlignDevicesHook` to ``module`` and each submodule that holds tensors.
-
-    A module whose class is in ``preload_module_classes`` gets one hook that loads the weights of all
-    its submodules at once (for modules that use a submodule's weights without calling it).
-
-    Args:
-        module: the module.
-        execution_device: where the forwards run.
-        offload: offload the weights (see :class:`AlignDevicesHook`).
-        weights_map: name -> tensor for the whole of ``module`` (names relative to ``module_name``'s parent).
-        offload_buffers: offload buffers too.
-        module_name: the name of ``module`` in ``weights_map``.
-        skip_keys: keys of mapping inputs that are not moved.
-        preload_module_classes: class names loaded as one block.
-        tied_params_map: see :class:`AlignDevicesHook`.
-    """
-    whole = offload and preload_module_classes is not None and type(module).__name__ in preload_module_classes
-    if _has_tensors(module) or whole:
-        hook = AlignDevicesHook(
-            execution_device,
-            offload=offload,
-            weights_map=_prefixed(weights_map, module_name),
-            offload_buffers=offload_buffers,
-            place_submodules=whole,
-            skip_keys=skip_keys,
-            tied_params_map=tied_params_map,
-        )
-        add_hook_to_module(module, hook, append=True)
-    if whole:
-        return
-    for child_name, child in module.named_children():
-        child_full = f"{module_name}.{child_name}" if module_name else child_name
-        attach_align_device_hook(
-            child, execution_device, offload, weights_map, offload_buffers, child_full, skip_keys, preload_module_classes, tied_params_map
-        )
-
-
-def _direct_entries(module: nn.Module, module_name: str, table: Mapping) -> list[str]:
-    prefix = f"{module_name}." if module_name else ""
-    return [f"{prefix}{name}" for name, _ in named_module_tensors(module) if f"{prefix}{name}" in table]
-
-
-def attach_align_device_hook_on_blocks(
-    module: nn.Module,
-    execution_device=None,
-    offload=False,
-    weights_map: Mapping | None = None,
-    offload_buffers: bool = False,
-    module_name: str = "",
-    skip_keys: str | list[str] | None = None,
-    preload_module_classes: list[str] | None = None,
-    tied_params_map: dict | None = None,
-) -> None:
-    """Attach hooks block by block, following a device map.
-
-    Args:
-        module: the model (or a block of it).
-        execution_device: ``{block_name: device}`` (or one device for everything).
-        offload: ``{block_name: bool}`` (or one bool): whether each block's weights are offloaded.
-        weights_map: name -> tensor for the offloaded weights.
-        offload_buffers: offload buffers too.
-        module_name: the name of ``module`` in the maps.
-        skip_keys: keys of mapping inputs that are not moved.
-        preload_module_classes: class names loaded as one block.
-        tied_params_map: see :class:`AlignDevicesHook`.
-    """
-    if not isinstance(execution_device, Mapping) and not isinstance(offload, Mapping):
-        if offload:
-            attach_align_device_hook(
-                module, execution_device, True, weights_map, offload_buffers, module_name, skip_keys, preload_module_classes, tied_params_map
-            )
-        else:
-            hook = AlignDevicesHook(execution_device, io_same_device=True, skip_keys=skip_keys, place_submodules=True, tied_params_map=tied_params_map)
-            add_hook_to_module(module, hook)
-        return
-    if not isinstance(execution_device, Mapping):
-        execution_device = dict.fromkeys(offload, execution_device)
-    if not isinstance(offload, Mapping):
-        offload = dict.fromkeys(execution_device, bool(offload))
-    options = {"skip_keys": skip_keys, "tied_params_map": tied_params_map}
-    if module_name in execution_device and module_name in offload and not offload[module_name]:
-        device = execution_device[module_name]
-        hook = AlignDevicesHook(device, io_same_device=module_name == "", place_submodules=True, offload_buffers=offload_buffers, **options)
-        add_hook_to_module(module, hook)
-        attach_execution_device_hook(module, device, skip_keys, preload_module_classes, tied_params_map)
-        return
-    if module_name in execution_device and module_name in offload:
-        device = execution_device[module_name]
-        attach_align_device_hook(module, device, True, weights_map, offload_buffers, module_name, skip_keys, preload_module_classes, tied_params_map)
-        if not hasattr(module, "_hf_hook"):
-            add_hook_to_module(module, AlignDevicesHook(device, io_same_device=module_name == "", **options))
-        return
-    direct = _direct_entries(module, module_name, execution_device)
-    if direct:
-        block_offload = any(offload.get(name, False) for name in direct)
-        device = execution_device[direct[0]]
-        hook = AlignDevicesHook(
-            device,
-            offload=block_offload,
-            io_same_device=module_name == "",
-            weights_map=_prefixed(weights_map, module_name) if block_offload else None,
-            offload_buffers=offload_buffers,
-            **options,
-        )
-        add_hook_to_module(module, hook)
-    elif module_name == "":
-        add_hook_to_module(module, AlignDevicesHook(execution_device.get(""), io_same_device=True, **options))
-    for child_name, child in module.named_children():
-        child_full = f"{module_name}.{child_name}" if module_name else child_name
-        attach_align_device_hook_on_blocks(
-            child, execution_device, offload, weights_map, offload_buffers, child_full, skip_keys, preload_module_classes, tied_params_map
-        )
-
-
 def has_offloaded_params(module: nn.Module) -> bool:
     """True when ``module`` has an :class:`AlignDevicesHook` that offloads its weights."""
     hook = getattr(module, "_hf_hook", None)
-    return isinstance(hook, AlignDevicesHook) and hook.offload
+    return isinstance(hook, AlignDevicesHook) and bool(hook.offload)
 
 
 @contextlib.contextmanager
@@ -514,15 +401,16 @@ def align_module_device(module: nn.Module, execution_device=None):
             yield
         finally:
             hook.post_forward(module, None)
-            hook.execution_device = original
+            if execution_device is not None:
+                hook.execution_device = original
     elif execution_device is not None:
         devices = {name: param.device for name, param in module.named_parameters(recurse=False)}
         try:
             for name in devices:
-                set_module_tensor_to_device(module, name, execution_device, clear_cache=False)
+                set_module_tensor_to_device(module, name, execution_device)
             yield
         finally:
             for name, device in devices.items():
-                set_module_tensor_to_device(module, name, device, clear_cache=False)
+                set_module_tensor_to_device(module, name, device)
     else:
         yield

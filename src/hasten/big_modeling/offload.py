@@ -26,7 +26,8 @@ import torch
 
 from ..errors import CheckpointError
 from ..runtime.fileio import atomic_write
-from .modeling import find_tied_parameters, parse_dtype, retie_parameters, set_module_tensor_to_device
+from .modeling import find_tied_parameters, parse_dtype, retie_parameters
+from .tensors import set_module_tensor_to_device
 from ..runtime.safetensors_io import SafetensorsHeader, map_tensor, read_header
 
 OFFLOAD_INDEX_NAME = "index.json"

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint_loading import (
+from .checkpoint_files import (
     ALIASES_KEY,
     MODEL_NAME,
     SAFE_MODEL_NAME,
@@ -36,10 +36,10 @@ from .checkpoint_loading import (
     WEIGHTS_INDEX_NAME,
     WEIGHTS_NAME,
     WEIGHTS_PATTERN_NAME,
-    load_checkpoint_in_model,
     load_state_dict,
     refused_pickle_error,
 )
+from .checkpoint_loading import load_checkpoint_in_model
 from ..errors import ConfigError
 from ..runtime.fileio import atomic_write, parse_size
 from ..runtime.safetensors_io import dedupe_tensors, read_header, write_safetensors

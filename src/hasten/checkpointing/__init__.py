@@ -9,6 +9,7 @@ from .background import end_background_saves, wait_for_pending_save
 from .custom import load_custom_state, save_custom_state
 from .files import MANIFEST, CheckpointReader, CheckpointWriter, read_manifest
 from .naming import checkpoint_path, complete_checkpoints, latest_checkpoint, rotate
+from .staging import staging_memory
 
 
 def save_accelerator_state(
@@ -47,5 +48,6 @@ __all__ = [
     "save_accelerator_state",
     "save_custom_state",
     "save_state",
+    "staging_memory",
     "wait_for_pending_save",
 ]

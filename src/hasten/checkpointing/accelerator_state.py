@@ -14,6 +14,7 @@ A checkpoint holds, besides the manifest:
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from .accelerate_format import open_checkpoint
 from .files import CheckpointReader, CheckpointWriter
 from .integrity import corrupt_message
 from .naming import _NAME, checkpoint_path, latest_checkpoint, rotate
+from .publishing import finish_interrupted, resolve_target
 from .world_change import random_state_for
 
 
@@ -70,7 +72,7 @@ def _suffix(index: int) -> str:
 
 def _target(project, output_dir, check_free: bool = True) -> Path:
     if output_dir is not None:
-        return Path(output_dir)
+        return resolve_target(output_dir)
     if not project.automatic_checkpoint_naming:
         raise ConfigError("save_state() needs an output_dir, or Accelerator(project_config=ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)).")
     if project.project_dir is None:
@@ -88,9 +90,11 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
     """Write the training state to ``output_dir`` (or the next automatic checkpoint) and return its path.
 
     Under a replicated engine (one process, DDP) it works whether every process calls it or the main
-    process alone, and enters no collective; under a sharded engine every process must call it (see
-    :mod:`.participants`). ``async_save`` (default: ``project.async_save``) copies the state and returns;
-    the files are written, fsynced and published by a background thread (see ``background.py``).
+    process alone, and enters no collective; a process given another folder than the main process's
+    writes a complete checkpoint of its own there. Under a sharded engine every process must call it,
+    with the same folder (see :mod:`.participants`). ``async_save`` (default: ``project.async_save``)
+    copies the state and returns; the files are written, fsynced and published by a background thread
+    (see ``background.py``). A folder that holds other files keeps them (see ``publishing.py``).
     """
     wait_for_pending_save()
     state = PartialState()
@@ -104,20 +108,32 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
     target = _target(project, output_dir, check_free=is_writer or sharded)
     if sharded:
         participants.check_attendance(target.absolute(), contents.step, state.process_index, state.num_processes, type(contents.strategy).__name__)
-    writer = CheckpointWriter(
-        target,
-        is_main=is_writer,
-        rank=state.process_index,
-        group=state.launch.node_rank if on_each_node else 0,
-        solo=not sharded,
-        snapshot=asynchronous,
-        live=_live_memory(contents) if asynchronous else frozenset(),
-    )
+
+    def new_writer(writes: bool) -> CheckpointWriter:
+        live = _live_memory(contents) if asynchronous else frozenset()
+        group = state.launch.node_rank if on_each_node else 0
+        return CheckpointWriter(target, is_main=writes, rank=state.process_index, group=group, solo=not sharded, snapshot=asynchronous, live=live)
+
+    writer = new_writer(is_writer)
+    returned = target if output_dir is None else Path(output_dir)
+    own_folder = False
     if not sharded and not is_writer:
-        _hand_over(writer, contents, state, asynchronous)
-        _count_iteration(project, output_dir)
-        return writer.final
-    others = [] if sharded else _folder_peers(writer, state, on_each_node)
+        own_folder = _hand_over(writer, contents, state, asynchronous, _writer_rank(state, on_each_node)) == participants.ELSEWHERE
+        if not own_folder:
+            _count_iteration(project, output_dir)
+            return returned
+        writer = new_writer(True)  # the writer saves elsewhere: this process's folder gets its own checkpoint
+    others = [] if sharded or own_folder else _folder_peers(writer, state, on_each_node)
+    _write_and_publish(writer, contents, project, output_dir, others, started, asynchronous, sharded)
+    _count_iteration(project, output_dir)
+    return returned
+
+
+def _write_and_publish(writer: CheckpointWriter, contents: CheckpointContents, project, output_dir, others: list[int], started: float, asynchronous: bool, sharded: bool) -> None:
+    """On a writing process: write every file, collect the random states of ``others`` (the processes whose
+    states belong in this folder), then publish, now or in the background."""
+    state = PartialState()
+    record = (state.process_index, participants.open_record(writer.final, contents.step, state.process_index)) if others else None
 
     def after_failure(error: BaseException) -> None:
         if others:
@@ -128,7 +144,14 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
         participants.announce_begun(writer.final, contents.step)
     try:
         saved_models = _write_contents(writer, contents, state)
-        joined = _collect_other_rng_states(writer, contents, state, others, started + participants.JOIN_GRACE_S)
+    except BaseException as error:
+        writer.discard()
+        if record:
+            participants.close_record(writer.final, contents.step, *record, [])
+        after_failure(error)
+        raise
+    try:
+        joined = _collect_other_rng_states(writer, contents, state, others, started + participants.JOIN_GRACE_S, record)
     except BaseException as error:
         writer.discard()
         after_failure(error)
@@ -145,13 +168,14 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
         if sharded:
             participants.leave(writer.final, contents.step, state.process_index)
         elif joined:
-            participants.announce_published(writer.final, contents.step, joined)
+            participants.announce_published(writer.final, contents.step, joined, record[1])
         if automatic and writer.is_main:
             rotate(project.project_dir, project.total_limit)
 
     if asynchronous:
         group = side_group(state.num_processes) if sharded else None
-        start_background_save(writer, info, group, after_publish, [_torch_optimizer(o) for o in contents.optimizers], after_failure)
+        limit = getattr(project, "async_staging_limit", None)
+        start_background_save(writer, info, group, after_publish, [_torch_optimizer(o) for o in contents.optimizers], after_failure, limit)
     else:
         try:
             writer.finalize(info)
@@ -159,8 +183,11 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
             after_failure(error)
             raise
         after_publish()
-    _count_iteration(project, output_dir)
-    return target
+
+
+def _writer_rank(state: PartialState, on_each_node: bool) -> int:
+    """The rank that writes this process's checkpoint folder (its machine's first with ``save_on_each_node``)."""
+    return state.process_index - state.local_process_index if on_each_node else 0
 
 
 def _asynchronous(contents: CheckpointContents, project, async_save: bool | None) -> bool:
@@ -176,11 +203,11 @@ def _asynchronous(contents: CheckpointContents, project, async_save: bool | None
 
 
 def _live_memory(contents: CheckpointContents) -> frozenset[int]:
-    """Memory an asynchronous save writes without copying: CPU parameters and optimizer state, which only
-    ``optimizer.step()`` changes (held back until they are written)."""
+    """The memory of the parameters and the optimizer state, which only ``optimizer.step()`` changes: an
+    asynchronous save stages it (or writes it, under ``async_staging_limit``) before the next step may run."""
     tensors = [p for model in contents.models for p in model.parameters()]
     tensors += [value for optimizer in contents.optimizers for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
-    return frozenset(t.data_ptr() for t in tensors if t.device.type == "cpu")
+    return frozenset(t.data_ptr() for t in tensors)
 
 
 def _torch_optimizer(optimizer):
@@ -208,12 +235,17 @@ def _count_iteration(project, output_dir) -> None:
         project.iteration += 1
 
 
-def _hand_over(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, asynchronous: bool) -> None:
+def _hand_over(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, asynchronous: bool, writer_rank: int) -> str | None:
     """Replicated save on a process that writes nothing: run the hooks (in the writer's temporary folder,
     once it exists), give the writer this process's random states, and wait for the publish (in the
-    background for an asynchronous save). A hook that raises fails the save on every process."""
+    background for an asynchronous save). A hook that raises fails the save on every process.
+
+    Returns :data:`participants.ELSEWHERE` when the writer saves into another folder: nothing was handed
+    over, and this process writes its own checkpoint."""
     rank = state.process_index
-    arrived = bool(contents.save_hooks) and participants.arrive(writer.final, contents.step, rank)
+    arrived = bool(contents.save_hooks) and participants.arrive(writer.final, contents.step, rank, writer_rank)
+    if arrived == participants.ELSEWHERE:
+        return participants.ELSEWHERE
     if arrived:
         try:
             _run_save_hooks(writer, contents)
@@ -221,7 +253,9 @@ def _hand_over(writer: CheckpointWriter, contents: CheckpointContents, state: Pa
             message = _one_line(error, writer.final, f"a save hook on process {rank}")
             participants.report_failed(writer.final, contents.step, rank, message)
             raise CheckpointError(message) from error
-    wait_published = participants.hand_over(writer.final, contents.step, rank, _rng_states(), arrived)
+    wait_published = participants.hand_over(writer.final, contents.step, rank, writer_rank, _rng_states(), arrived)
+    if wait_published == participants.ELSEWHERE:
+        return participants.ELSEWHERE
     if wait_published is None:
         skipped = " and its save hooks did not run" if contents.save_hooks else ""
         warn_once(
@@ -233,6 +267,7 @@ def _hand_over(writer: CheckpointWriter, contents: CheckpointContents, state: Pa
         start_waiting(writer.final, wait_published)
     else:
         wait_published()
+    return None
 
 
 def _folder_peers(writer: CheckpointWriter, state: PartialState, on_each_node: bool) -> list[int]:
@@ -248,11 +283,11 @@ def _one_line(error: BaseException, final: Path, where: str = "the main process"
     return f"Could not save the checkpoint {final}: {where} failed ({type(error).__name__}: {error}). Earlier checkpoints are untouched."
 
 
-def _collect_other_rng_states(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, others: list[int], deadline: float) -> list[int]:
+def _collect_other_rng_states(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, others: list[int], deadline: float, record) -> list[int]:
     """Replicated save: write the random states the other processes of this folder handed over; returns their ranks."""
     if not others:
         return []
-    states, missing = participants.collect(writer.final, contents.step, others, deadline)
+    states, missing = participants.collect(writer.final, contents.step, others, deadline, record)
     for rank, rng in sorted(states.items()):
         writer.save_state(f"random_states_{rank}", rng)
     if missing:
@@ -330,6 +365,7 @@ def load_state(contents: CheckpointContents, project, input_dir=None) -> tuple[P
     wait_for_pending_save()
     state = PartialState()
     source = _source(project, input_dir)
+    finish_interrupted(Path(os.path.realpath(source)))  # a save into a shared folder that was cut short completes first
     reader = open_checkpoint(source, state.process_index, list(contents.models))  # hasten's format, or a folder Accelerate wrote
     _load_verified(reader, contents, state, source)
     match = _NAME.match(source.name)
@@ -363,14 +399,19 @@ def _load_verified(reader: CheckpointReader, contents: CheckpointContents, state
 
 
 def _verify(reader: CheckpointReader, state: PartialState) -> None:
-    """Check every file of the checkpoint; the processes of a machine share the work and agree on the verdict."""
+    """Check every file of the checkpoint; the processes of a machine share the work and agree on the verdict
+    (each checks all of its own folder when the processes load different folders, saved per process)."""
     names = sorted(reader.files)
     if state.num_processes == 1:
         reader.verify(names)
         return
     local = max(state.launch.local_world_size, 1)
-    found = reader.find_corrupt(names[state.local_process_index :: local])
-    bad = sorted(set(gather_object(found)))
+    found = reader.find_corrupt(names, share=(state.local_process_index, local))
+    verdicts = gather_object([(str(Path(reader.directory).resolve()), found)])
+    if len({folder for folder, _ in verdicts}) > 1:
+        reader.verify(names)
+        return
+    bad = sorted({name for _, names_found in verdicts for name in names_found})
     if bad:
         raise CheckpointError(corrupt_message(reader.directory / bad[0]))
     reader.mark_verified(names)

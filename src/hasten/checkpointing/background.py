@@ -1,12 +1,15 @@
-"""Asynchronous saves: the snapshot is taken in ``save_state``, the files are written in the background.
+"""Asynchronous saves: the state is staged in ``save_state``, the files are written in the background.
 
 ``save_state`` copies what is small or may change at any time (buffers, RNG states, schedulers, custom
-objects, GPU tensors into pinned memory) and keeps the parameters and the optimizer state as they are:
-the background thread writes them straight from their memory, and each optimizer's next ``step()``
-waits (a step pre-hook) until they are written. The step that saves is not held up by a copy of the
-model; the next optimizer step waits only if the writes are not done by then. So between ``save_state``
-and the next ``optimizer.step()``, change parameters only through the optimizer (or wait first with
-:func:`wait_for_pending_save`).
+objects) at once, and registers the parameters and the optimizer state (which only ``optimizer.step()``
+changes) and every GPU tensor for *staging*: copying into a host buffer kept between saves (pinned for GPU
+tensors, whose copies are queued on the current stream at once; see ``staging.py``). The background thread
+copies the CPU tensors first; each optimizer's next ``step()`` waits (a step pre-hook) only until that copy
+is done, then training goes on while the thread writes, checksums, fsyncs and publishes from the buffer, at a
+lower CPU priority than training (niceness +10 for the writing threads).
+So between ``save_state`` and the next ``optimizer.step()``, change parameters only through the optimizer
+(or wait first with :func:`wait_for_pending_save`). Under ``async_staging_limit`` the files that do not fit
+the buffer are written from the live tensors before the step may go on.
 
 One save at most is in flight per process. It is waited for (and its error, if any, raised) by the next
 ``save_state``, by ``load_state``, by ``Accelerator.end_training()`` and by :func:`wait_for_pending_save`;
@@ -23,12 +26,14 @@ previous checkpoint is still the latest complete one.
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 import threading
 from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import CheckpointError
+from .staging import release_staging_memory
 
 _pending: _PendingSave | None = None
 _side_group: Any = None
@@ -84,17 +89,22 @@ def side_group(num_processes: int):
     return _side_group
 
 
-def start(writer, info: dict[str, Any], group, after: Callable[[], None], optimizers: list, on_error: Callable[[BaseException], None]) -> None:
-    """Write, fsync and publish ``writer``'s snapshot in the background, then run ``after`` (rotation);
-    on a failure run ``on_error(error)`` (the error is raised at the next wait point).
+def start(writer, info: dict[str, Any], group, after: Callable[[], None], optimizers: list, on_error: Callable[[BaseException], None], limit: int | None = None) -> None:
+    """Stage ``writer``'s snapshot (``limit``: at most that many bytes), then write, fsync and publish it in the
+    background and run ``after`` (rotation); on a failure run ``on_error(error)`` (the error is raised at the
+    next wait point).
 
-    ``optimizers`` (torch optimizers) do not step until the live tensors the writer kept are written.
+    ``optimizers`` (torch optimizers) do not step until the live tensors the writer kept are staged or written.
     """
+    writer.stage(limit)
 
     def work(gate: _StepGate) -> None:
         try:
-            writer.write_pending()
+            writer.copy_staged()
+            writer.write_live()
             gate.open()
+            _yield_to_training()
+            writer.write_pending()
             writer.finalize(info, group=group)
         except BaseException as error:
             on_error(error)
@@ -102,6 +112,19 @@ def start(writer, info: dict[str, Any], group, after: Callable[[], None], optimi
         after()
 
     _begin(_PendingSave(writer.final, work, optimizers))
+
+
+_WRITER_NICENESS = 10  # added to this thread's niceness once training may go on (Linux: per thread)
+
+
+def _yield_to_training() -> None:
+    """Lower the writer thread's CPU priority (and that of the checksum and fsync threads it starts, which
+    inherit it): where cores are short, training threads run first and the writes take the rest."""
+    try:
+        thread = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + _WRITER_NICENESS))
+    except (AttributeError, OSError):
+        pass  # not Linux, or not allowed: the writes keep the normal priority
 
 
 def start_waiting(final: Path, wait: Callable[[], None]) -> None:
@@ -148,9 +171,11 @@ def _report_at_exit() -> None:
 
 
 def end_background_saves() -> None:
-    """Wait for the save in flight (raising its error) and forget the writers' process group (``end_training``)."""
+    """Wait for the save in flight (raising its error), forget the writers' process group and free the staging
+    memory (``end_training``)."""
     global _side_group
     try:
         wait_for_pending_save()
     finally:
         _side_group = None
+        release_staging_memory()

@@ -1,10 +1,12 @@
 """Writing and reading one checkpoint directory so that it appears complete or not at all.
 
-Every process writes into ``.<name>.partial`` beside the final directory. Each file is checksummed
-(xxh3-64, see ``integrity.py``) while it is written and fsynced. When all processes are done, the writing process collects
-every file's size and checksum into the manifest ``hasten_checkpoint.json``, written last, flushes
-the folder and renames it into place (swapping atomically with an older directory of the same name
-where the kernel allows). A crash at any moment leaves either the previous checkpoint or the new one.
+Every process writes into a staging folder (``.<name>.partial`` beside the target; see ``publishing.py``).
+Each file is checksummed (xxh3-64, see ``integrity.py``) while it is written and fsynced. When all processes
+are done, the writing process collects every file's size and checksum into the manifest
+``hasten_checkpoint.json``, written last, and publishes the folder at the target: a rename or an atomic
+swap for a new folder or one that holds only an older checkpoint, a file-by-file move (the manifest last)
+into a folder that also holds the user's files, which stay. A crash at any moment leaves either the
+previous checkpoint or the new one.
 
 The reader checks the manifest first (every file present, with its size); ``load_state`` then verifies
 every file's checksum before it changes any live object, and names the missing or corrupt file.
@@ -26,32 +28,18 @@ from ..errors import CheckpointError
 from ..runtime.fileio import atomic_write, fsync_directory
 from ..runtime.safetensors_io import read_header, safetensors_size, write_safetensors
 from ..big_modeling.serialization import ALIASES_KEY, dedupe_tensors
-from .disk import HashingFile, failure_message, fsync_path, publish
-from .integrity import HASH_KEY, Digest, HashQueue, corrupt_message, file_digest, find_corrupt, record_key
+from .disk import DirectFile, HashingFile, bounce_buffer, failure_message, fsync_path
+from . import integrity
+from .integrity import HASH_KEY, Digest, HashQueue, corrupt_message, file_digest, find_corrupt
+from .publishing import MANIFEST, publish, remove_staging, resolve_target, staging_folder
+from .staging import Stager
 from .state_io import decode, encode
 
-MANIFEST = "hasten_checkpoint.json"
-FORMAT_VERSION = 2  # 2: xxh3-64 checksums; 1: crc32 (still read)
+FORMAT_VERSION = 3  # 3: xxh3-64 of every 32 MiB piece; 2: xxh3-64 per file; 1: crc32 (both still read)
 
 
 def _file_record(path: Path) -> dict[str, Any]:
-    return {"size": path.stat().st_size, HASH_KEY: file_digest(path)}
-
-
-def _snapshot(tensor: torch.Tensor, live: frozenset[int]) -> torch.Tensor:
-    """What an asynchronous save keeps of ``tensor`` until it is written.
-
-    A contiguous CPU tensor whose memory is in ``live`` (parameters and optimizer state, which change only in
-    ``optimizer.step()``, held back until the tensors are written) is kept as it is: no copy. Any other
-    tensor is copied (into pinned memory for a CUDA tensor, so the copy runs at full speed).
-    """
-    tensor = tensor.detach()
-    if tensor.device.type == "cpu" and tensor.is_contiguous() and tensor.data_ptr() in live:
-        return tensor
-    if tensor.device.type == "cpu":
-        return tensor.clone(memory_format=torch.contiguous_format)
-    out = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=tensor.device.type == "cuda")
-    return out.copy_(tensor, non_blocking=True)
+    return {"size": path.stat().st_size, HASH_KEY: file_digest(path, HASH_KEY, integrity.PIECE_BYTES)}
 
 
 class CheckpointWriter:
@@ -69,17 +57,19 @@ class CheckpointWriter:
         rank: this process's global rank.
         group: the key of the processes whose files end up in the same folder (the machine's index with
             ``save_on_each_node``, 0 otherwise).
-        snapshot: keep the tensors handed over and write them later (:meth:`write_pending`), for
-            asynchronous saves: copied, except the CPU tensors whose ``data_ptr()`` is in ``live``.
-        live: the memory of tensors that the caller keeps unchanged until :meth:`write_pending` returns.
+        snapshot: keep the tensors handed over and write them later, for asynchronous saves: small CPU
+            tensors are copied at once; the CPU tensors whose ``data_ptr()`` is in ``live`` and the tensors on
+            a GPU are staged (:meth:`stage`, see ``staging.py``).
+        live: the memory of tensors that the caller keeps unchanged until :meth:`copy_staged` and
+            :meth:`write_live` return (the next optimizer step waits for them).
         solo: the writing process writes every file and no other process takes part (no collective;
             see :mod:`hasten.checkpointing.participants`).
     """
 
     def __init__(self, final_dir: str | os.PathLike, *, is_main: bool, rank: int, group: int = 0, snapshot: bool = False, live: frozenset[int] = frozenset(), solo: bool = False):
         self.solo = solo
-        self.final = Path(final_dir).absolute()
-        self.directory = self.final.parent / f".{self.final.name}.partial"
+        self.final = resolve_target(final_dir)
+        self.directory = staging_folder(self.final)
         self.is_main = is_main
         self.rank = rank
         self.group = group
@@ -93,7 +83,8 @@ class CheckpointWriter:
         self._pending: list[tuple[str, int, Any]] = []
         self._failure: tuple[str, int | None, str] | None = None  # (path, errno, message)
         self._bytes = 0  # bytes this process's files need (written or not)
-        self._copied: Any = None  # a CUDA event after the snapshot's device-to-host copies
+        self._stager = Stager()
+        self._bounce = None  # the aligned buffer of direct writes (asynchronous saves)
 
     def _fail(self, error: OSError, path: Path) -> None:
         if self._failure is None:
@@ -125,12 +116,14 @@ class CheckpointWriter:
         elif self._failure is None:
             self._write_now(name, fill)
 
-    def _write_now(self, name: str, fill) -> None:
+    def _write_now(self, name: str, fill, direct: bool = False) -> None:
         path = self.directory / name
-        digest = Digest()
+        digest = Digest(HASH_KEY, integrity.PIECE_BYTES)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "wb") as raw:
+            if direct and self._bounce is None:
+                self._bounce = bounce_buffer()
+            with (direct and DirectFile.open(path, self._bounce)) or open(path, "wb") as raw:
                 out = HashingFile(raw, digest, self._queue)
                 fill(out)
         except OSError as error:
@@ -140,14 +133,33 @@ class CheckpointWriter:
         self._digests[name] = digest  # resolved by finalize(), while the files are flushed
         self._unsynced.append(path)  # flushed to disk, all together, by finalize()
 
+    def stage(self, limit: int | None) -> int:
+        """Snapshot mode: reserve the staging memory and queue the device-to-host copies (in ``save_state``);
+        ``limit`` bounds the staged bytes (whole files, in write order). Returns the bytes staged."""
+        self._stager.stage(limit)
+        return self._stager.staged_bytes
+
+    def copy_staged(self) -> None:
+        """Snapshot mode, background: copy the staged CPU tensors (training's next optimizer step waits for it)."""
+        self._stager.copy()
+
+    def write_live(self) -> None:
+        """Snapshot mode, background: write the files that still read live memory (not staged under a limit);
+        returns once their bytes are hashed too (the live tensors may change after)."""
+        self._write_pending([entry for entry in self._pending if not self._stager.is_staged(entry[0])])
+        self._queue.wait()
+
     def write_pending(self) -> None:
-        """Write the files handed over in snapshot mode (on the background thread of an asynchronous save)."""
-        pending, self._pending = self._pending, []
-        if self._copied is not None:
-            self._copied.synchronize()
-        for name, _, fill in pending:
+        """Snapshot mode, background: write every file handed over and not written yet, from the staging buffer
+        to the disk directly (``O_DIRECT``) where the filesystem allows."""
+        self._stager.wait_for_device()
+        self._write_pending(list(self._pending), direct=True)
+
+    def _write_pending(self, entries: list, direct: bool = False) -> None:
+        for entry in entries:
+            self._pending.remove(entry)
             if self._failure is None:
-                self._write_now(name, fill)
+                self._write_now(entry[0], entry[2], direct)
 
     def save_tensors(self, name: str, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
         """Write ``tensors`` as a safetensors file; tensors sharing memory (tied weights) are stored once."""
@@ -156,11 +168,23 @@ class CheckpointWriter:
         if aliases:
             header[ALIASES_KEY] = json.dumps(aliases)
         if self.snapshot:
-            unique = {key: _snapshot(value, self._live) for key, value in unique.items()}
-            if any(value.is_pinned() for value in unique.values()):
-                self._copied = torch.cuda.Event()
-                self._copied.record()  # the copies run on the current stream: later steps cannot change them
+            unique = {key: self._keep(value) for key, value in unique.items()}
+            live = [value for value in unique.values() if value.data_ptr() in self._live]
+            volatile = [value for value in unique.values() if value.device.type != "cpu" and value.data_ptr() not in self._live]
+            self._stager.add(name, live, volatile)
+            size = safetensors_size(unique, header or None)
+            self._write(name, size, lambda out: write_safetensors(out, self._stager.resolve(unique), header or None))
+            return
         self._write(name, safetensors_size(unique, header or None), lambda out: write_safetensors(out, unique, header or None))
+
+    def _needs_staging(self, tensor: torch.Tensor) -> bool:
+        return tensor.device.type != "cpu" or tensor.data_ptr() in self._live
+
+    def _keep(self, tensor: torch.Tensor) -> torch.Tensor:
+        """What an asynchronous save keeps of ``tensor`` until it is staged or written: live and GPU tensors as
+        they are (staged later), any other tensor copied now (it may change at any time)."""
+        tensor = tensor.detach()
+        return tensor if self._needs_staging(tensor) else tensor.clone(memory_format=torch.contiguous_format)
 
     def save_json(self, name: str, obj: Any) -> None:
         """Write ``obj`` as JSON."""
@@ -237,8 +261,8 @@ class CheckpointWriter:
             except CheckpointError as error:
                 outcome = str(error)
         if self.is_main and failures:
-            shutil.rmtree(self.directory, ignore_errors=True)
-            outcome = failure_message(self.final, failures[0][1], sum(entry[4] for entry in everyone if entry[0] == self.group))
+            leftover = None if remove_staging(self.directory) else self.directory
+            outcome = failure_message(self.final, failures[0][1], sum(entry[4] for entry in everyone if entry[0] == self.group), leftover)
         outcomes = [found for found in self._gather(outcome, group) if found is not None]
         if outcomes:
             raise CheckpointError(outcomes[0])
@@ -250,7 +274,10 @@ class CheckpointWriter:
             if group == self.group:
                 files.update(recs)
         self._check_visible(files, everyone)
-        manifest = {"format": "hasten-checkpoint", "format_version": FORMAT_VERSION, "hasten_version": __version__, "torch_version": torch.__version__, **info, "files": dict(sorted(files.items()))}
+        manifest = {
+            "format": "hasten-checkpoint", "format_version": FORMAT_VERSION, "hasten_version": __version__, "torch_version": torch.__version__,
+            **info, "piece_bytes": integrity.PIECE_BYTES, "files": dict(sorted(files.items())),
+        }
         for folder in {self.directory / Path(name).parent for name in files}:
             fsync_directory(folder)
         atomic_write(self.directory / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1)))
@@ -320,7 +347,9 @@ class CheckpointReader:
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
         self.files: dict[str, dict[str, Any]] = self.manifest["files"]
+        self.piece: int | None = self.manifest.get("piece_bytes")  # format 3: each file's checksums cover pieces of this size
         self._verified: set[str] = set()
+        self._headers: dict[str, Any] = {}
         for name, record in self.files.items():
             path = self.directory / name
             if not path.is_file():
@@ -329,6 +358,12 @@ class CheckpointReader:
                 raise CheckpointError(
                     f"{path} is truncated or corrupt: {path.stat().st_size} bytes where the manifest says {record['size']}."
                 )
+
+    def _header(self, name: str):
+        """The checked header of safetensors file ``name`` (read once per reader)."""
+        if name not in self._headers:
+            self._headers[name] = read_header(self.directory / name)
+        return self._headers[name]
 
     def exists(self, name: str) -> bool:
         """True when the checkpoint holds file ``name``."""
@@ -341,7 +376,7 @@ class CheckpointReader:
 
     def tensor_shapes(self, name: str) -> dict[str, tuple[int, ...] | None]:
         """The shape of every tensor (tied aliases included) in safetensors file ``name``, read from its header."""
-        header = read_header(self.directory / name)
+        header = self._header(name)
         shapes = {key: tuple(entry.shape) for key, entry in header.entries.items()}
         for alias, source in json.loads(header.metadata.get(ALIASES_KEY, "{}")).items():
             shapes[alias] = shapes.get(source)
@@ -353,11 +388,16 @@ class CheckpointReader:
         groups = tree.get("param_groups") if isinstance(tree, dict) else None
         return [len(group.get("params", [])) for group in groups] if isinstance(groups, list) else None
 
-    def find_corrupt(self, names: list[str] | None = None) -> list[str]:
-        """The files among ``names`` (all by default) whose checksum does not match; the others count as verified."""
+    def find_corrupt(self, names: list[str] | None = None, share: tuple[int, int] = (0, 1)) -> list[str]:
+        """The files among ``names`` (all by default) whose checksum does not match; the others count as verified.
+
+        ``share`` ``(i, n)``: check only every n-th piece from the i-th (processes sharing the work; nothing is
+        then marked verified, see :meth:`mark_verified`).
+        """
         names = sorted(self.files) if names is None else [name for name in names if name not in self._verified]
-        bad = find_corrupt(self.directory, self.files, names)
-        self.mark_verified(set(names) - set(bad))
+        bad = find_corrupt(self.directory, self.files, names, self.piece, share)
+        if share == (0, 1):
+            self.mark_verified(set(names) - set(bad))
         return bad
 
     def mark_verified(self, names) -> None:
@@ -375,7 +415,7 @@ class CheckpointReader:
         record = self._record(name)
         if name in self._verified:
             return
-        digest = Digest(record_key(record))
+        digest = Digest.for_record(record, self.piece)
         digest.update(data)
         if digest.hexdigest() != record[digest.key]:
             raise CheckpointError(corrupt_message(self.directory / name))
@@ -397,8 +437,8 @@ class CheckpointReader:
         if into and name not in self._verified:
             self.verify([name])
         path = self.directory / name
-        header = read_header(path)
-        digest = None if name in self._verified else Digest(record_key(record))
+        header = self._header(name)
+        digest = None if name in self._verified else Digest.for_record(record, self.piece)
         queue = HashQueue()
         tensors, position, reads = {}, 0, []
         try:
@@ -477,33 +517,50 @@ def _read_into(handle, view: memoryview, path: Path) -> None:
 
 
 _READ_PIECE = 32 << 20  # a verified file is read in pieces of this size, several at once
-_READ_THREADS = max(1, min(8, (os.cpu_count() or 1) // 2))  # copies from the page cache are bound by memory bandwidth
+_READ_THREADS = max(1, min(16, os.cpu_count() or 1))  # every core copies (integrity.io_pool): a kernel memcpy from the page cache
 
 
 def _pread_all(fd: int, reads: list[tuple[int, torch.Tensor]], path: Path) -> None:
     """Read verified tensors' bytes straight into their tensors (``(file offset, tensor)`` pairs): one copy from
-    the page cache or the disk, in pieces spread over a few threads (``preadv`` releases the GIL), so that a
-    load from the page cache runs at the memory's speed rather than one core's."""
-    pieces = []
-    for offset, out in reads:
+    the page cache or the disk. Tensors that follow each other in the file are read by one ``preadv`` into
+    their several buffers, in jobs of about ``_READ_PIECE`` bytes spread over a thread per core (``preadv``
+    releases the GIL), so that a load from the page cache runs at the memory's speed rather than one core's."""
+    jobs, group, group_start, group_end = [], [], 0, -1
+    for offset, out in sorted(reads, key=lambda read: read[0]):
         view = memoryview(out.detach().reshape(-1).view(torch.uint8).numpy())
-        pieces += [(offset + start, view[start : start + _READ_PIECE]) for start in range(0, len(view), _READ_PIECE)]
-    if _READ_THREADS == 1 or len(pieces) < 2:
-        for offset, piece in pieces:
-            _pread_into(fd, offset, piece, path)
+        for start in range(0, len(view), _READ_PIECE):
+            piece = view[start : start + _READ_PIECE]
+            if group and (offset + start != group_end or group_end - group_start + len(piece) > _READ_PIECE or len(group) >= _MAX_IOVECS):
+                jobs.append((group_start, group))
+                group = []
+            if not group:
+                group_start = offset + start
+            group.append(piece)
+            group_end = offset + start + len(piece)
+    if group:
+        jobs.append((group_start, group))
+    if _READ_THREADS == 1 or len(jobs) < 2:
+        for offset, views in jobs:
+            _preadv_into(fd, offset, views, path)
         return
-    with ThreadPoolExecutor(max_workers=_READ_THREADS, thread_name_prefix="hasten-read") as pool:
-        list(pool.map(lambda job: _pread_into(fd, *job, path), pieces))  # list(): the first error is raised here
+    list(integrity.io_pool().map(lambda job: _preadv_into(fd, *job, path), jobs))  # list(): the first error is raised here
 
 
-def _pread_into(fd: int, offset: int, view: memoryview, path: Path) -> None:
-    """Read ``len(view)`` bytes at ``offset`` into ``view``."""
-    done = 0
-    while done < len(view):
-        count = os.preadv(fd, [view[done:]], offset + done)
+_MAX_IOVECS = 512  # buffers per preadv call (the kernel takes at most 1024)
+
+
+def _preadv_into(fd: int, offset: int, views: list[memoryview], path: Path) -> None:
+    """Fill ``views``, in order, with the bytes of the file from ``offset`` on."""
+    views = [view for view in views if len(view)]
+    while views:
+        count = os.preadv(fd, views, offset)
         if not count:
             raise CheckpointError(f"{path} is truncated: it ended while reading tensor data.")
-        done += count
+        offset += count
+        while views and count >= len(views[0]):
+            count -= len(views.pop(0))
+        if count:
+            views[0] = views[0][count:]
 
 
 def _hash_range(handle, digest: Digest | None, position: int, count: int | None) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -9,7 +10,7 @@ import uuid
 import warnings
 from pathlib import Path
 
-from .files import MANIFEST
+from .publishing import MANIFEST, holds_only_a_checkpoint
 
 _NAME = re.compile(r"^checkpoint_(\d+)$")
 _PARTIAL = re.compile(r"^\.checkpoint_(\d+)\.partial$")
@@ -53,18 +54,48 @@ def latest_checkpoint(project_dir: str | os.PathLike) -> Path | None:
     return found[-1][1] if found else None
 
 
-def rotate(project_dir: str | os.PathLike, total_limit: int | None) -> list[Path]:
-    """Delete the oldest complete checkpoints so that at most ``total_limit`` remain; returns what was deleted.
+def made_by_rotation(path: Path) -> bool:
+    """True when ``path`` is a checkpoint that automatic naming wrote: its hasten manifest records the
+    iteration its name carries (an explicit ``save_state(path)``, a copied folder or another tool's folder
+    of the same name does not)."""
+    match = _NAME.match(path.name)
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(match) and isinstance(manifest, dict) and manifest.get("format") == "hasten-checkpoint" and manifest.get("iteration") == int(match.group(1))
 
-    Call only after the newest checkpoint is complete. Each folder is first renamed out of the way
-    (atomically), so a crash during deletion never leaves a half-deleted checkpoint that looks complete.
+
+def rotate(project_dir: str | os.PathLike, total_limit: int | None) -> list[Path]:
+    """Delete the oldest automatic checkpoints so that at most ``total_limit`` remain; returns what was deleted.
+
+    Only folders automatic naming wrote count (:func:`made_by_rotation`); a folder of the same name saved
+    explicitly, or written by another tool, is neither counted nor deleted. Call only after the newest
+    checkpoint is complete. A folder holding nothing but its checkpoint is first renamed out of the way
+    (atomically), so a crash during deletion never leaves a half-deleted checkpoint that looks complete; in
+    one that also holds files of the user's, the manifest goes first, then the checkpoint's own files, and
+    the user's files stay.
     """
     if total_limit is None:
         return []
-    found = complete_checkpoints(project_dir)
-    doomed = [path for _, path in found[: max(len(found) - total_limit, 0)]]
+    found = [path for _, path in complete_checkpoints(project_dir) if made_by_rotation(path)]
+    doomed = found[: max(len(found) - total_limit, 0)]
     for path in doomed:
+        _delete_checkpoint(path)
+    return doomed
+
+
+def _delete_checkpoint(path: Path) -> None:
+    if holds_only_a_checkpoint(path):
         hidden = path.parent / f".{path.name}.deleting-{uuid.uuid4().hex[:8]}"
         os.rename(path, hidden)
         shutil.rmtree(hidden, ignore_errors=True)
-    return doomed
+        return
+    listed = json.loads((path / MANIFEST).read_text())["files"]
+    (path / MANIFEST).unlink()
+    for name in listed:
+        (path / name).unlink(missing_ok=True)
+    folders = {parent for name in listed for parent in Path(name).parents if str(parent) != "."}
+    for folder in sorted(folders, key=lambda p: -len(p.parts)):
+        if (path / folder).is_dir() and not any((path / folder).iterdir()):
+            (path / folder).rmdir()

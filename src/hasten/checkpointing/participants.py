@@ -21,15 +21,25 @@ key-value store (the one the process group was set up with), which is no collect
   run is marked *solo* in the store and the next saves do not wait: they take the states already handed
   over and close the door at once, so repeated main-only saves cost no grace. A process that then calls
   ``save_state`` after all (it finds the door closed) clears the mark, and the next saves wait again.
+* **Different folders** (replicated engines): a script may give each process its own folder
+  (Accelerate's own data-loop test saves into a ``tempfile.TemporaryDirectory()`` per process). The
+  writer keeps a record of its save in progress in the store (a sequence number, the step, the folder,
+  whether it still takes states; :func:`open_record`). A process that finds the writer saving into another
+  folder at the same step leaves a mark where its states would go (so the writer does not wait for it) and
+  writes a complete checkpoint of its own into its folder (it holds the same replicated state): each
+  folder then loads on the process that saved it, as in Accelerate. A record older than the last one a
+  process acted on, or of another step, is ignored; a closed record of another folder that did not see
+  this process is trusted only after :data:`JOIN_GRACE_S` (it may be a main-only save just before the
+  writer's save into this process's folder).
 * **Sharded engines** (FSDP, DeepSpeed): every process writes its shards, so every process must call
   ``save_state``. Each process registers, then waits at most :data:`ATTENDANCE_TIMEOUT_S` seconds for
   the others before any collective; a process that does not come is a clear :class:`CheckpointError`
-  on the processes that did, instead of a hang.
+  on the processes that did, instead of a hang. Processes that name different folders fail at once, on
+  every process, naming each process's folder (each process's shards must meet in one folder).
 """
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import json
 import time
@@ -43,8 +53,11 @@ ATTENDANCE_TIMEOUT_S = 60.0
 _CLOSED = b"closed"
 _FAILED = b"failed:"
 _PENDING = b"pending"
+_ELSEWHERE_MARK = b"elsewhere"
 _SOLO_KEY = "hasten/save/solo"
 _POLL_S = 0.02
+ELSEWHERE = "elsewhere"  # the writer saves into another folder: this process writes its own checkpoint
+_last_paired: dict[int, int] = {}  # writer rank -> the sequence number of its save this process last acted on
 
 
 def _store():
@@ -77,22 +90,97 @@ def _unpack(blob: bytes) -> Any:
     return decode(json.loads(blob[8 : 8 + size]), load(blob[8 + size :]))
 
 
+def _at_key(step: int, attempt: int, rank: int) -> str:
+    """Where a process of a sharded save names its folder (per attempt at a step: a failed one's stays)."""
+    return f"hasten/save/at/{step}/{attempt}/{rank}"
+
+
+def _record_key(writer: int) -> str:
+    return f"hasten/save/writer/{writer}"
+
+
+def open_record(target, step: int, writer: int) -> int:
+    """On the writer of a replicated save: record the save in progress; returns its sequence number."""
+    store = _store()
+    sequence = store.add(f"hasten/save/seq/{writer}", 1)
+    _write_record(store, writer, {"seq": sequence, "step": step, "target": str(target), "open": True, "elsewhere": []})
+    return sequence
+
+
+def _write_record(store, writer: int, record: dict) -> None:
+    store.set(_record_key(writer), json.dumps(record))
+
+
+def close_record(target, step: int, writer: int, sequence: int, elsewhere: list[int]) -> None:
+    """On the writer: its save takes no more states; ``elsewhere`` are the processes found saving elsewhere."""
+    _write_record(_store(), writer, {"seq": sequence, "step": step, "target": str(target), "open": False, "elsewhere": elsewhere})
+
+
+def _writer_says(store, target, step: int, rank: int, writer: int, waited: float) -> str | None:
+    """Whether the writer's save that this process's save at ``step`` pairs with goes to the same folder
+    ("same"), to another one (:data:`ELSEWHERE`), or is not known yet (None).
+
+    Records older than the last one this process acted on, or of another step, are not this save's. A closed
+    record of another folder is trusted at once only if the writer saw this process; otherwise after
+    :data:`JOIN_GRACE_S` (the writer may have saved alone just before its save into this process's folder).
+    Found saving elsewhere, this process tells that save not to wait for it (a mark where its states would go).
+    """
+    if not store.check([_record_key(writer)]):
+        return None
+    record = json.loads(store.get(_record_key(writer)))
+    if record["seq"] <= _last_paired.get(writer, 0) or record["step"] != step:
+        return None
+    same = record["target"] == str(target)
+    if not (same or record["open"] or rank in record["elsewhere"] or waited > JOIN_GRACE_S):
+        return None
+    _last_paired[writer] = record["seq"]
+    if same:
+        return "same"
+    store.compare_set(f"{_prefix(record['target'], step)}/rng/{rank}", "", _ELSEWHERE_MARK)
+    return ELSEWHERE
+
+
 def announce_begun(target, step: int) -> None:
     """On the writer of a replicated save: the temporary folder exists, save hooks elsewhere may write into it."""
     _store().set(f"{_prefix(target, step)}/begun", "1")
 
 
-def arrive(target, step: int, rank: int) -> bool:
+def arrive(target, step: int, rank: int, writer: int) -> bool | str:
     """On a non-writing process with save hooks, before it runs them: tell the writer to wait for this
     process, then wait until the temporary folder exists. False: the writer had already closed its door
-    (the hooks must not run; the folder may be published or gone)."""
+    (the hooks must not run; the folder may be published or gone). :data:`ELSEWHERE`: the writer saves
+    into another folder (this process writes its own checkpoint)."""
     store = _store()
     key = f"{_prefix(target, step)}/rng/{rank}"
     if store.compare_set(key, "", _PENDING) != _PENDING:
         store.delete_key(_SOLO_KEY)
         return False
-    store.wait([f"{_prefix(target, step)}/begun"])  # the writer holds the door open for a pending process
+    begun = f"{_prefix(target, step)}/begun"  # the writer holds the door open for a pending process
+    if _wait_for(store, begun, target, step, rank, writer, until_same=False) == ELSEWHERE:
+        store.delete_key(key)
+        return ELSEWHERE
     return True
+
+
+def _wait_for(store, key: str, target, step: int, rank: int, writer: int, until_same: bool) -> str:
+    """Wait until ``key`` exists ("ready"), the writer is found saving elsewhere (:data:`ELSEWHERE`), or, with
+    ``until_same``, saving into this folder ("same"). Bounded by the store's timeout."""
+    started = time.monotonic()
+    limit = store.timeout.total_seconds()
+    while True:
+        if store.check([key]):
+            return "ready"
+        waited = time.monotonic() - started
+        says = _writer_says(store, target, step, rank, writer, waited)
+        if says == ELSEWHERE or (until_same and says == "same"):
+            return says
+        if waited > limit:
+            raise CheckpointError(
+                f"save_state({str(target)!r}) on process {rank} waited {limit:.0f} s for process {writer} (which writes "
+                "the checkpoint) to save at the same step, in vain: call save_state on every process at the same "
+                "points, or on the main process alone."
+            )
+        time.sleep(_POLL_S)
 
 
 def report_failed(target, step: int, rank: int, message: str) -> None:
@@ -105,12 +193,13 @@ def report_failed(target, step: int, rank: int, message: str) -> None:
     store.delete_key(f"{key}/published")
 
 
-def hand_over(target, step: int, rank: int, states: Any, arrived: bool = False) -> Callable[[], None] | None:
+def hand_over(target, step: int, rank: int, writer: int, states: Any, arrived: bool = False) -> Callable[[], None] | str | None:
     """On a non-writing process of a replicated save: give ``states`` to the writer (``arrived``: after
     :func:`arrive` returned True).
 
-    Returns a function that waits until the checkpoint is published, or None when the writer had
-    already stopped waiting (the states are not in the checkpoint).
+    Returns a function that waits until the checkpoint is published; None when the writer had already
+    stopped waiting (the states are not in the checkpoint); :data:`ELSEWHERE` when the writer saves into
+    another folder (the states were taken back: this process writes its own checkpoint).
     """
     store = _store()
     key = f"{_prefix(target, step)}/rng/{rank}"
@@ -122,22 +211,28 @@ def hand_over(target, step: int, rank: int, states: Any, arrived: bool = False) 
         store.delete_key(f"{key}/published")
         if outcome.startswith(_FAILED):
             raise CheckpointError(outcome[len(_FAILED) :].decode("utf-8"))
+        _last_paired[writer] = int(outcome)
 
     if store.compare_set(key, _PENDING if arrived else "", blob) == blob:
-        return wait_published
+        if arrived or _wait_for(store, f"{key}/published", target, step, rank, writer, until_same=True) != ELSEWHERE:
+            return wait_published
+        store.delete_key(key)  # the writer never reads this folder's keys
+        return ELSEWHERE
     if arrived:  # the writer gave up on this process only because the save failed elsewhere
         wait_published()
     store.delete_key(_SOLO_KEY)  # this process does save: the writer waits for it again next time
     return None
 
 
-def collect(target, step: int, ranks: list[int], deadline: float) -> tuple[dict[int, Any], list[int]]:
+def collect(target, step: int, ranks: list[int], deadline: float, record: tuple[int, int]) -> tuple[dict[int, Any], list[int]]:
     """On the writing process: the states handed over by ``ranks`` until ``deadline`` (``time.monotonic()``).
 
-    In a solo run (an earlier save got no other process) it does not wait for the deadline. A process
-    that arrived before the door closed is waited for past the deadline (its save hooks are running);
-    one whose hooks raised fails the save (:class:`CheckpointError`). Returns ``(states by rank, ranks that did not
-    come)``; the door is closed for the latter.
+    In a solo run (an earlier save got no other process) it does not wait for the deadline. A process that
+    saves into another folder leaves a mark instead of its states (see :func:`_writer_says`). A process that
+    arrived before the door closed is waited for past the deadline (its save hooks are running); one whose
+    hooks raised fails the save (:class:`CheckpointError`). ``record``: the writer's rank and
+    :func:`open_record`'s number, closed here with the processes found saving elsewhere. Returns ``(states by
+    rank, ranks that did not come)``; the door is closed for the latter.
     """
     store = _store()
     prefix = _prefix(target, step)
@@ -145,7 +240,7 @@ def collect(target, step: int, ranks: list[int], deadline: float) -> tuple[dict[
     solo = store.check([_SOLO_KEY])
     while not solo and time.monotonic() < deadline and not all(store.check([key]) for key in pending.values()):
         time.sleep(_POLL_S)
-    states, missing = {}, []
+    states, missing, elsewhere = {}, [], []
     store.set(_SOLO_KEY, "1")  # before any door closes, so a late process's clearing (after its door closed) wins
     try:
         for rank, key in pending.items():
@@ -157,12 +252,16 @@ def collect(target, step: int, ranks: list[int], deadline: float) -> tuple[dict[
                 missing.append(rank)
                 continue
             store.delete_key(key)
+            if value == _ELSEWHERE_MARK:
+                elsewhere.append(rank)
+                continue
             if value.startswith(_FAILED):
                 raise CheckpointError(value[len(_FAILED) :].decode("utf-8"))
             states[rank] = _unpack(value)
     finally:
         store.delete_key(f"{prefix}/begun")
-    if states:
+        close_record(target, step, record[0], record[1], elsewhere)
+    if states or elsewhere:
         store.delete_key(_SOLO_KEY)
     return states, missing
 
@@ -173,11 +272,12 @@ def solo_run() -> bool:
     return store is not None and store.check([_SOLO_KEY])
 
 
-def announce_published(target, step: int, ranks) -> None:
-    """Tell the processes whose states were collected that the checkpoint is published."""
+def announce_published(target, step: int, ranks, sequence: int) -> None:
+    """Tell the processes whose states were collected that the checkpoint is published (by the writer's save
+    number ``sequence``, see :func:`open_record`)."""
     store = _store()
     for rank in ranks:
-        store.set(f"{_prefix(target, step)}/rng/{rank}/published", "1")
+        store.set(f"{_prefix(target, step)}/rng/{rank}/published", str(sequence))
 
 
 def announce_failed(target, step: int, ranks, message: str) -> None:
@@ -194,24 +294,46 @@ def announce_failed(target, step: int, ranks, message: str) -> None:
 
 
 def check_attendance(target, step: int, rank: int, world: int, what: str) -> None:
-    """Before a sharded save: wait (boundedly) until every process called ``save_state`` for ``target``."""
+    """Before a sharded save: wait (boundedly) until every process called ``save_state`` for ``target``; fail at
+    once, on every process, when the processes name different folders."""
     store = _store()
     if store is None or world == 1:
         return
     prefix = _prefix(target, step)
+    global _sharded_attempt
+    attempt = _sharded_attempt[1] + 1 if _sharded_attempt[0] == step else 1
+    _sharded_attempt = (step, attempt)
+    store.set(_at_key(step, attempt, rank), str(target))  # kept after a mismatch, so every process sees it
     store.set(f"{prefix}/here/{rank}", "1")
     keys = [f"{prefix}/here/{r}" for r in range(world)]
-    try:
-        store.wait(keys, datetime.timedelta(seconds=ATTENDANCE_TIMEOUT_S))
-    except RuntimeError:
-        absent = [r for r, key in enumerate(keys) if not store.check([key])]
-        store.delete_key(f"{prefix}/here/{rank}")
-        raise CheckpointError(
-            f"save_state({str(target)!r}) was called by process(es) {[r for r in range(world) if r not in absent]} but "
-            f"process(es) {absent} did not call it within {ATTENDANCE_TIMEOUT_S:.0f} s. Under {what} every process "
-            "writes its own shards, so call save_state on every process: remove the `if accelerator.is_main_process:` "
-            "around it (hasten writes shared files from the main process only)."
-        ) from None
+    deadline = time.monotonic() + ATTENDANCE_TIMEOUT_S
+    while not store.check(keys):
+        folders = {r: store.get(_at_key(step, attempt, r)).decode("utf-8") for r in range(world) if store.check([_at_key(step, attempt, r)])}
+        if len(set(folders.values())) > 1 or time.monotonic() > deadline:
+            absent = [r for r, key in enumerate(keys) if not store.check([key])]
+            store.delete_key(f"{prefix}/here/{rank}")
+            raise CheckpointError(_attendance_message(target, world, what, folders, absent))
+        time.sleep(_POLL_S)
+    store.delete_key(_at_key(step, attempt, rank))
+
+
+_sharded_attempt = (-1, 0)  # (step, how many sharded saves this process attempted at that step)
+
+
+def _attendance_message(target, world: int, what: str, folders: dict[int, str], absent: list[int]) -> str:
+    if len(set(folders.values())) > 1:
+        named = "; ".join(f"process {rank}: {folder}" for rank, folder in sorted(folders.items()))
+        return (
+            f"save_state was given different folders on different processes ({named}). Under {what} every process "
+            "writes its own shards of one checkpoint, so they must meet in one folder: give every process the same "
+            "path (a shared filesystem). Nothing was written."
+        )
+    return (
+        f"save_state({str(target)!r}) was called by process(es) {[r for r in range(world) if r not in absent]} but "
+        f"process(es) {absent} did not call it within {ATTENDANCE_TIMEOUT_S:.0f} s. Under {what} every process "
+        "writes its own shards, so call save_state on every process: remove the `if accelerator.is_main_process:` "
+        "around it (hasten writes shared files from the main process only)."
+    )
 
 
 def leave(target, step: int, rank: int) -> None:

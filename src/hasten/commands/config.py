@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -18,7 +17,6 @@ from typing import Any, Callable
 
 from .. import environment
 from ..config import (
-    RDZV_BACKENDS,
     Hardware,
     config_from_dict,
     detect_hardware,
@@ -28,11 +26,11 @@ from ..config import (
     write_basic_config,
 )
 from ..errors import ConfigError
-from ..settings import Section, Setting
-from ..settings.deepspeed import DEEPSPEED
+from ..settings.dialogue import ask_setting, ask_table
 from ..settings.dynamo import DYNAMO
+from ..settings.engines import Engine
 from ..settings.fp8 import FP8
-from ..settings.fsdp import FSDP
+from ..settings.launch import LAUNCH, MPIRUN
 
 # Accelerate's ``accelerate.commands.config`` names, which transformers' ``env`` command reads: the path of the
 # default launch config file (in hasten's config folder) and a loader returning the config object.
@@ -174,18 +172,32 @@ class _Asker:
 
 
 def ask_questions(ask: _Asker, hardware: Hardware) -> dict:
-    """Ask the setup questions in the walkthrough's order; returns the config as a mapping."""
-    ask.select("In which compute environment are you running?", [("This machine", "LOCAL_MACHINE", None), ("AWS (Amazon SageMaker)", "AMAZON_SAGEMAKER", "not supported by hasten")])
-    answers: dict[str, Any] = {"compute_environment": "LOCAL_MACHINE", "same_network": True}
+    """Ask the setup questions in the walkthrough's order; returns the config as a mapping.
+
+    The questions, their defaults and kinds are the rows' (the launch table's, the sections', the engines'); the
+    order and the conditions, which depend on the machine and the answers so far, are here.
+    """
+    environment_row = LAUNCH.by_key("compute_environment")
+    places = [
+        ("This machine", "LOCAL_MACHINE", None),
+        ("AWS (Amazon SageMaker)", "AMAZON_SAGEMAKER", "not supported by hasten"),
+    ]
+    ask.select(environment_row.question.text, places)
+    answers: dict[str, Any] = {"compute_environment": environment_row.default, "same_network": True}
     answers["distributed_type"] = _ask_machine_type(ask, hardware)
     _ask_machines(ask, answers)
     _ask_cpu(ask, answers, hardware)
     _ask_dynamo(ask, answers)
-    _ask_deepspeed(ask, answers)
-    _ask_fsdp(ask, answers)
+    for engine in environment.ENGINES:
+        _ask_engine(ask, answers, engine)
     _ask_processes(ask, answers, hardware)
     _ask_precision(ask, answers, hardware)
     return answers
+
+
+def _launch(ask: _Asker, key: str, **options) -> Any:
+    """Ask the launch table's question of ``key`` (see :func:`~hasten.settings.dialogue.ask_setting`)."""
+    return ask_setting(ask, LAUNCH.by_key(key), **options)
 
 
 def _ask_machine_type(ask: _Asker, hardware: Hardware) -> str:
@@ -199,170 +211,119 @@ def _ask_machine_type(ask: _Asker, hardware: Hardware) -> str:
         ("TPU", "XLA", "not supported by hasten"),
     ]
     default = {"cuda": "MULTI_GPU", "xpu": "MULTI_XPU"}.get(hardware.kind) if hardware.gpus > 1 else "NO"
-    return ask.select("Which type of machine are you using?", options, default)
+    return ask.select(LAUNCH.by_key("distributed_type").question.text, options, default)
 
 
 def _ask_machines(ask: _Asker, answers: dict) -> None:
     if answers["distributed_type"] not in _MULTI:
         return
-    machines = ask.text(
-        "How many different machines will you use (use more than 1 for multi-node training)?", 1, int, _at_least(1)
-    )
-    answers["num_machines"] = machines
+    machines = answers["num_machines"] = _launch(ask, "num_machines")
     if machines > 1:
-        answers["machine_rank"] = ask.text(
-            "What is the rank of this machine?", 0, int, lambda r: None if 0 <= r < machines else f"Enter a number from 0 to {machines - 1}."
+        last = machines - 1
+        answers["machine_rank"] = _launch(
+            ask, "machine_rank", check=lambda rank: None if 0 <= rank <= last else f"Enter a number from 0 to {last}."
         )
-        answers["main_process_ip"] = ask.text("What is the IP address of the machine that will host the main process?")
-        answers["main_process_port"] = ask.text("What is the port you will use to communicate with the main process?", 29500, int, _port)
-        answers["same_network"] = ask.yes_no(
-            "Are all the machines on the same local network? Answer `no` if nodes are on the cloud and/or on different network hosts",
-            True,
-        )
+        answers["main_process_ip"] = _launch(ask, "main_process_ip")
+        answers["main_process_port"] = _launch(ask, "main_process_port", check=_port)
+        answers["same_network"] = _launch(ask, "same_network")
         if not answers["same_network"]:
-            answers["rdzv_backend"] = ask.select(
-                "What rendezvous backend will you use?", [(name, name, None) for name in RDZV_BACKENDS], "static"
-            )
-    answers["debug"] = ask.yes_no(
-        "Should distributed operations be checked while running for errors? This can avoid timeout issues but will be slower."
-    )
+            answers["rdzv_backend"] = _launch(ask, "rdzv_backend")
+    answers["debug"] = _launch(ask, "debug")
 
 
 def _ask_cpu(ask: _Asker, answers: dict, hardware: Hardware) -> None:
     kind = answers["distributed_type"]
     if kind == "NO":
-        answers["use_cpu"] = hardware.kind == "cpu" or ask.yes_no(
-            "Do you want to run your training on CPU only (even if a GPU is available)?"
-        )
+        answers["use_cpu"] = hardware.kind == "cpu" or _launch(ask, "use_cpu")
     elif kind == "MULTI_CPU":
         answers["use_cpu"] = True
         if answers.get("num_machines", 1) > 1 and ask.yes_no("Do you want hasten to launch mpirun?"):
-            hostfile = ask.text("Please enter the path to the hostfile to use with mpirun", "~/hostfile")
-            answers["mpirun_config"] = {"mpirun_hostfile": os.path.expanduser(hostfile)}
+            hostfile = ask_setting(ask, MPIRUN.by_key("mpirun_hostfile"))
+            answers[MPIRUN.name] = {"mpirun_hostfile": os.path.expanduser(hostfile)}
 
 
 def _ask_dynamo(ask: _Asker, answers: dict) -> None:
     if not ask.yes_no("Do you wish to optimize your script with torch dynamo?"):
         return
-    dynamo = _ask_table(ask, DYNAMO)
+    dynamo = ask_table(ask, DYNAMO)
     if ask.yes_no("Do you want to customize the defaults sent to torch.compile?"):
-        dynamo |= _ask_table(ask, DYNAMO, "custom")
-    answers["dynamo_config"] = dynamo
+        dynamo |= ask_table(ask, DYNAMO, "custom")
+    answers[DYNAMO.name] = dynamo
 
 
-def _deepspeed_installed(wanted: bool) -> str | None:
-    if wanted and importlib.util.find_spec("deepspeed") is None:
-        return "DeepSpeed is not installed: pip install 'hasten[deepspeed]', or answer no."
-    return None
-
-
-def _ask_deepspeed(ask: _Asker, answers: dict) -> None:
-    if answers["distributed_type"] not in ("NO", *_MULTI):
+def _ask_engine(ask: _Asker, answers: dict, engine: Engine) -> None:
+    """Offer ``engine`` when the machine type answered allows it; after a yes, it runs and its questions are asked."""
+    dialogue = engine.dialogue
+    if dialogue is None or answers["distributed_type"] not in dialogue.offered_for:
         return
-    if not ask.yes_no("Do you want to use DeepSpeed?", check=_deepspeed_installed):
+    requirement = engine.requirement
+
+    def installed(wanted: bool) -> str | None:
+        if wanted and requirement is not None and not requirement.installed:
+            return f"{requirement.what} is not installed: {requirement.hint}, or answer no."
+        return None
+
+    if not ask.yes_no(dialogue.question, check=installed if requirement is not None else None):
         return
-    answers["distributed_type"] = "DEEPSPEED"
-    if ask.yes_no("Do you want to specify a json file to a DeepSpeed config?"):
-        ds = _ask_table(ask, DEEPSPEED, "file")
-    else:
-        ds = _ask_table(ask, DEEPSPEED, "zero")
-        if ask.yes_no("Do you want to use gradient clipping?"):
-            ds |= _ask_table(ask, DEEPSPEED, "clipping")
-        ds |= _ask_table(ask, DEEPSPEED, "zero3", ds)
-    ds |= _ask_table(ask, DEEPSPEED, "init")
-    answers["deepspeed_config"] = ds
-
-
-def _ask_fsdp(ask: _Asker, answers: dict) -> None:
-    if answers["distributed_type"] not in ("MULTI_GPU", "MULTI_XPU"):
-        return
-    if not ask.yes_no("Do you want to use FullyShardedDataParallel?"):
-        return
-    answers["distributed_type"] = "FSDP"
-    fsdp = _ask_table(ask, FSDP)
-    answers["fsdp_config"] = fsdp
-
-
-def _ask_table(ask: _Asker, table: Section, stage: str = "main", known: dict | None = None) -> dict:
-    """Ask the questions of one stage of a settings table in their order; returns key -> answer.
-
-    A question is skipped unless its ``when`` key (among its stage's answers and ``known``) has one of
-    the allowed answers; a fixed one writes its default, and an empty free-text answer leaves its key out.
-    """
-    values: dict[str, Any] = {}
-    seen = dict(known or {})
-    rows = sorted((row for row in table.rows if row.question and row.question.stage == stage), key=lambda row: row.question.step)
-    for row in rows:
-        question = row.question
-        if question.when and seen.get(question.when[0]) not in question.when[1]:
-            continue
-        answer = question.default if question.fixed else _ask_setting(ask, row)
-        if answer != "":
-            values[row.key] = seen[row.key] = answer
-    return values
-
-
-def _ask_setting(ask: _Asker, row: Setting) -> Any:
-    """Ask one setting: yes/no for a boolean default, a pick among its choices, a number, or free text."""
-    question = row.question
-    if isinstance(question.default, bool):
-        return ask.yes_no(question.text, question.default)
-    if row.kind == "int":
-        return ask.text(question.text, question.default, int, _at_least(1))
-    if row.kind in ("float", "float_or_auto"):
-        return ask.text(question.text, question.default, float)
-    if row.choices:
-        options = [(str(c).lower() if row.lower else str(c), c, None) for c in question.options or row.choices]
-        return ask.select(question.text, options, question.default)
-    return ask.text(question.text, question.default, check=_existing_file if question.must_exist else None)
-
-
-def _existing_file(path: str) -> str | None:
-    return None if Path(path).expanduser().is_file() else "No such file."
+    answers["distributed_type"] = engine.distributed_type
+    answers |= dialogue.ask(ask, answers)
 
 
 def _ask_processes(ask: _Asker, answers: dict, hardware: Hardware) -> None:
     kind = answers["distributed_type"]
     on_gpu = not answers.get("use_cpu") and kind != "MULTI_CPU" and hardware.gpus > 0
-    if kind in (*_MULTI, "DEEPSPEED", "FSDP"):
-        word = "XPU(s)" if on_gpu and hardware.kind == "xpu" else "GPU(s)" if on_gpu else "processes"
+    gpu_word = "XPU(s)" if hardware.kind == "xpu" else "GPU(s)"
+    if kind != "NO":
         machines = answers.get("num_machines", 1)
 
         def check(total: int) -> str | None:
             if total < machines or total % machines:
                 return f"Enter a multiple of the number of machines ({machines}): the total over all of them."
             if on_gpu and total // machines > hardware.gpus:
-                return f"This machine has {hardware.gpus} {word}; enter at most {hardware.gpus * machines}."
+                return f"This machine has {hardware.gpus} {gpu_word}; enter at most {hardware.gpus * machines}."
             if kind == "MULTI_GPU" and machines == 1 and total == 1:
                 return "One GPU on one machine is not distributed: enter 2 or more, or choose 'No distributed training'."
             return None
 
         where = f", in total over the {machines} machines" if machines > 1 else ""
-        answers["num_processes"] = ask.text(f"How many {word} should be used for distributed training{where}?", machines, int, check)
+        devices = gpu_word if on_gpu else "processes"
+        answers["num_processes"] = _launch(
+            ask, "num_processes", check=check, default=machines, devices=devices, where=where
+        )
     else:
         answers["num_processes"] = 1
-    if on_gpu and kind in ("NO", "MULTI_GPU", "MULTI_XPU", "FSDP"):
-        answers["gpu_ids"] = ask.text(
-            f"What {'XPU(s)' if hardware.kind == 'xpu' else 'GPU(s)'} (by id) should be used for training on this machine as a comma-separated list?",
-            "all",
-        )
+    if on_gpu and _asks_gpu_ids(kind):
+        answers["gpu_ids"] = _launch(ask, "gpu_ids", devices=gpu_word)
     if on_gpu and hardware.kind == "cuda" and kind in ("NO", "MULTI_GPU"):
-        answers["enable_cpu_affinity"] = ask.yes_no(
-            "Would you like to enable numa efficiency? (Currently only supported on NVIDIA hardware)."
-        )
+        answers["enable_cpu_affinity"] = _launch(ask, "enable_cpu_affinity")
+
+
+def _asks_gpu_ids(kind: str) -> bool:
+    """Whether the machine type (or the engine chosen) asks which GPUs to use (as Accelerate's: not DeepSpeed's)."""
+    engine = next((e for e in environment.ENGINES if kind in e.distributed_types), None)
+    return engine is None or engine.dialogue is None or engine.dialogue.gpu_ids
 
 
 def _ask_precision(ask: _Asker, answers: dict, hardware: Hardware) -> None:
     fp8 = None if hardware.kind == "cuda" and not answers.get("use_cpu") else "not available: needs a GPU with FP8 support"
-    options = [("no", "no", None), ("fp16", "fp16", None), ("bf16", "bf16", None), ("fp8", "fp8", fp8)]
-    answers["mixed_precision"] = ask.select("Do you wish to use FP16 or BF16 (mixed precision)?", options, "no")
+    row = LAUNCH.by_key("mixed_precision")
+    options = [(choice, choice, fp8 if choice == "fp8" else None) for choice in row.choices]
+    answers["mixed_precision"] = ask.select(row.question.text, options, row.question.default)
     if answers["mixed_precision"] == "fp8":
-        answers["fp8_config"] = _ask_table(ask, FP8)
-
-
-def _at_least(minimum: int) -> Callable[[int], str | None]:
-    return lambda value: None if value >= minimum else f"Enter a number of at least {minimum}."
+        answers[FP8.name] = ask_table(ask, FP8)
 
 
 def _port(value: int) -> str | None:
     return None if 0 < value < 65536 else "Enter a port number between 1 and 65535."
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``config`` with ``argv`` (default: this process's arguments): the ``accelerate-config`` console script, ``python -m hasten.commands.config``
+    and ``python -m accelerate.commands.config``."""
+    from .main import run_subcommand
+
+    return run_subcommand("config", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -101,3 +101,15 @@ def environment_report(config_file: str | None = None) -> str:
         *_config_lines(config_file),
     ]
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``env`` with ``argv`` (default: this process's arguments): ``python -m hasten.commands.env``
+    and ``python -m accelerate.commands.env``."""
+    from .main import run_subcommand
+
+    return run_subcommand("env", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

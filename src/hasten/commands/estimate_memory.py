@@ -97,11 +97,18 @@ def report(args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def build_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Parse ``hasten estimate-memory`` arguments (without the command name)."""
+def estimate_command_parser(subparsers=None) -> argparse.ArgumentParser:
+    """The ``estimate-memory`` parser (Accelerate's name): a subcommand of ``subparsers``, or a parser of its own."""
+    if subparsers is not None:
+        return add_parser(subparsers)
     parser = argparse.ArgumentParser(prog="hasten estimate-memory", description=__doc__, allow_abbrev=False)
     _add_arguments(parser)
-    return parser.parse_args(argv)
+    return parser
+
+
+def build_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse ``hasten estimate-memory`` arguments (without the command name)."""
+    return estimate_command_parser().parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

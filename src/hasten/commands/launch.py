@@ -28,13 +28,12 @@ from ..config import launch_environment, read_config_file, resolve_settings
 from ..enums import DistributedType
 from ..errors import ConfigError, HastenError, NotSupportedError, did_you_mean, require
 from ..launchers import check_port_free
+from ..settings.engines import Engine
 from ..settings.fp8 import unsupported_backend
 from .launch_args import add_launch_arguments, flag_settings
 from .launch_plan import LaunchPlan, parse_rdzv_conf
 
 DESCRIPTION = "Start a training script on one or many processes and machines, with the settings of the config file and the flags."
-_SUPPORTED = {t.value for t in (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.MULTI_XPU)}
-_SUPPORTED |= {DistributedType.DEEPSPEED.value, DistributedType.FSDP.value}
 _ALWAYS_SHOWN = ("distributed_type", "num_processes", "mixed_precision", "debug")
 
 
@@ -44,13 +43,13 @@ def add_parser(subparsers, help_text: str) -> argparse.ArgumentParser:
         "launch",
         help=help_text,
         description=DESCRIPTION,
-        usage="hasten launch [options] training_script [script arguments]",
+        usage="%(prog)s [options] training_script [script arguments]",
         allow_abbrev=False,
     )
     # Read by hasten's own parser class; harmless on the plain parser of a caller's subparsers (trl's CLI).
     parser.missing_arguments_help = (
-        "hasten launch needs the training script to run, after the options: hasten launch [options] "
-        "train.py [script arguments], for example `hasten launch --num_processes 2 train.py --lr 1e-3`."
+        f"{parser.prog} needs the training script to run, after the options: {parser.prog} [options] "
+        f"train.py [script arguments], for example `{parser.prog} --num_processes 2 train.py --lr 1e-3`."
     )
     add_launch_arguments(parser)
     parser.set_defaults(func=launch_command)
@@ -106,7 +105,8 @@ def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -
     env = launch_environment(settings)
     command = _command(args) if args.training_script is not None else []
     plan = LaunchPlan(args=args, settings=settings, loaded=loaded, nproc_per_node=nproc, command=command, env=env)
-    plan.warnings += settings.overridden + _unused_settings(settings)
+    engine = _running_engine(settings)
+    plan.warnings += settings.overridden + (engine.launch_warnings(settings) if engine and engine.launch_warnings else [])
     _add_process_environment(plan, hardware_once)
     _add_accelerate_alias(plan)
     if config.debug:
@@ -145,19 +145,6 @@ def _tell_other_machines(args: argparse.Namespace, exc: HastenError) -> None:
     report_failure_before_join(backend, host, port or 29500, "none", machines, rank, f"hasten launch: error: {exc}")
 
 
-def _unused_settings(settings: ResolvedSettings) -> list[str]:
-    """Settings that hasten does not act on although the user set them."""
-    config, sources = settings.config, settings.sources
-    launcher = config.deepspeed_config.deepspeed_multinode_launcher
-    if config.distributed_type == DistributedType.DEEPSPEED.value and config.num_machines > 1 and launcher not in (None, "standard"):
-        source = sources["deepspeed_config.deepspeed_multinode_launcher"]
-        return [
-            f"deepspeed_multinode_launcher={launcher!r} (from {source}) is not used: hasten launch starts the processes of "
-            "this machine only, so run the same command on every machine with its --machine_rank (DeepSpeed's 'standard' launcher)."
-        ]
-    return []
-
-
 def _load_config(config_file: str | None) -> LoadedConfig | None:
     if config_file:
         return read_config_file(config_file)
@@ -165,12 +152,19 @@ def _load_config(config_file: str | None) -> LoadedConfig | None:
     return read_config_file(default) if default.is_file() else None
 
 
+def _running_engine(settings: ResolvedSettings) -> Engine | None:
+    """The registered engine that runs ``settings``' distributed type (None for a type no engine runs)."""
+    return next((e for e in environment.ENGINES if settings.config.distributed_type in e.distributed_types), None)
+
+
 def _check_supported(settings: ResolvedSettings) -> None:
+    """The distributed type must be one a registered engine runs."""
     kind = settings.config.distributed_type
-    if kind not in _SUPPORTED:
+    if _running_engine(settings) is None:
+        supported = sorted(t for e in environment.ENGINES for t in e.distributed_types)
         raise NotSupportedError(
             f"distributed_type {kind} (from {settings.sources['distributed_type']}) is not supported by hasten; it runs "
-            f"{', '.join(sorted(_SUPPORTED))}. Pick one of those with `hasten config` or a flag (--multi_gpu, --cpu, ...)."
+            f"{', '.join(supported)}. Pick one of those with `hasten config` or a flag (--multi_gpu, --cpu, ...)."
         )
 
 
@@ -221,8 +215,9 @@ def _gpu_ids(settings: ResolvedSettings, available: int) -> list[int] | None:
 def _check_devices(settings: ResolvedSettings, nproc: int, hardware) -> None:
     config, sources = settings.config, settings.sources
     kind = config.distributed_type
-    if kind == DistributedType.DEEPSPEED.value:
-        require("deepspeed", "DeepSpeed (distributed_type DEEPSPEED)", "deepspeed")
+    requirement = _running_engine(settings).requirement
+    if requirement is not None:
+        require(requirement.module, f"{requirement.what} (distributed_type {kind})", requirement.extra)
     on_cpu = config.use_cpu or kind == DistributedType.MULTI_CPU.value
     backend = str(config.fp8_config.backend or "AO").upper()
     if config.mixed_precision == "fp8" and backend != "AO":
@@ -382,3 +377,15 @@ def _show(config, path: str) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``launch`` with ``argv`` (default: this process's arguments): the ``accelerate-launch`` console script, ``python -m hasten.commands.launch``
+    and ``python -m accelerate.commands.launch``."""
+    from .main import run_subcommand
+
+    return run_subcommand("launch", argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,11 @@
-"""The flags of ``hasten launch``: one table that builds the parser (grouped as Accelerate's ``-h``
-groups them) and says which config setting each flag fills.
+"""The flags of ``hasten launch``, built from the settings tables (grouped as Accelerate's ``-h`` groups them),
+and which config setting each flag fills.
+
+The options are the launch table's rows (:mod:`hasten.settings.launch`, in its order), each registered engine's
+``--use_<engine>`` switch (:mod:`hasten.settings.engines`) and the rows of every config section
+(``dynamo_config``, the engines' sections, ``fp8_config``, ``mpirun_config``). Within a ``-h`` group the engines'
+switches come first, then the launch table's options, then the sections' ones; a section with a group of its own
+comes after the launch table's groups, in the order of :data:`hasten.config.SECTIONS`.
 
 Every flag accepts the ``_`` and the ``-`` spelling. Flags that fill a config setting are parsed as
 plain strings and checked by :func:`hasten.config.resolve_settings`, so a bad value gets the same
@@ -11,15 +17,13 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from ..config import leaf_fields
-from ..settings import Section
-from ..settings.deepspeed import DEEPSPEED
-from ..settings.dynamo import DYNAMO
-from ..settings.fp8 import FP8
-from ..settings.fsdp import FSDP
-from ..settings.parallelism import PARALLELISM
+from .. import environment
+from ..config import SECTIONS, leaf_fields
+from ..settings import Section, Setting
+from ..settings.launch import LAUNCH, PARADIGM
 
 _BOOL = "{true,false}"
+_TYPES = {"int": int, "float": float}
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,92 +43,46 @@ class Flag:
     short: str | None = None
     type: type = str
     metavar: str | None = None
+    lower: bool = False
 
 
-def _table_flags(table: Section, group: str) -> tuple[Flag, ...]:
-    """The launch options of a settings table's rows (a boolean option that is not a switch takes true or false)."""
-    return tuple(
-        Flag(
-            row.flag_name,
-            group,
-            row.flag_help,
-            f"{table.name}.{row.key}",
-            switch=row.switch,
-            metavar=_BOOL if row.kind == "bool" and not row.switch else None,
-        )
-        for row in table.rows
-        if row.key and row.flag_name
-    )
+def _row_flag(table: Section, row: Setting) -> Flag:
+    """The option of a table's row: it fills the row's key (``distributed_type`` for a switch that chooses one), or,
+    without key, is an option of the launch alone (typed by its kind)."""
+    name, group, text = row.flag_name, row.group or table.group, row.flag_help
+    if row.chooses is not None:
+        return Flag(name, group, text, "distributed_type", switch=True, const=row.chooses, short=row.short)
+    if not row.key:
+        kind = _TYPES.get(row.kind, str)
+        return Flag(name, group, text, switch=row.switch, short=row.short, type=kind, metavar=row.metavar)
+    metavar = row.metavar or (_BOOL if row.kind == "bool" and not row.switch else None)
+    path = table.path(row)
+    return Flag(name, group, text, path, switch=row.switch, short=row.short, metavar=metavar, lower=row.lower)
 
 
-_GENERAL = "General arguments"
-_HARDWARE = "Hardware selection arguments"
-_RESOURCES = "Resource selection arguments"
-_PARADIGM = "Training paradigm arguments"
-_DISTRIBUTED = "Multi-process and multi-machine arguments (passed to torch.distributed.run)"
-_DEEPSPEED = "DeepSpeed arguments"
-_FSDP = "FSDP arguments"
-_FP8 = "FP8 arguments"
-_PARALLELISM = "N-D parallelism arguments (ParallelismConfig)"
-_MPI = "MPI arguments"
+def _flags() -> tuple[Flag, ...]:
+    """Every option, by ``-h`` group (the launch table's groups, then the sections' own ones); within a group the
+    engines' switches first, then the launch table's options, then the sections'."""
+    switches = [
+        Flag(engine.flag, PARADIGM, engine.flag_help, "distributed_type", switch=True, const=engine.distributed_type)
+        for engine in environment.ENGINES
+        if engine.flag
+    ]
+    launch = [_row_flag(LAUNCH, row) for row in LAUNCH.rows if row.flag_name]
+    sections = [_row_flag(table, row) for table in SECTIONS for row in table.rows if row.flag_name]
+    groups = dict.fromkeys([flag.group for flag in launch] + [table.group for table in SECTIONS])
+    return tuple(flag for group in groups for flag in (*switches, *launch, *sections) if flag.group == group)
 
-FLAGS: tuple[Flag, ...] = (
-    Flag("config_file", _GENERAL, "Launch config file to use (default: the file written by `hasten config`)."),
-    Flag("quiet", _GENERAL, "Do not print the summary of the settings in force.", switch=True, short="-q"),
-    Flag("module", _GENERAL, "Run the training script as a module (python -m).", switch=True, short="-m"),
-    Flag("no_python", _GENERAL, "Run the training script as an executable, without `python`.", switch=True),
-    Flag("debug", _GENERAL, "Check the inputs of every collective across processes, and report stuck ranks.", "debug", switch=True),
-    Flag(
-        "as_accelerate",
-        _GENERAL,
-        "Let every process import hasten as `accelerate` (for transformers, peft, diffusers, trl); also HASTEN_AS_ACCELERATE=1.",
-        switch=True,
-    ),
-    Flag("cpu", _HARDWARE, "Train on the CPU even when GPUs are present.", "use_cpu", switch=True),
-    Flag("multi_gpu", _HARDWARE, "Distributed training on several GPUs.", "distributed_type", switch=True, const="MULTI_GPU"),
-    Flag("tpu", _HARDWARE, "TPU training (not supported by hasten).", "distributed_type", switch=True, const="XLA"),
-    Flag("mixed_precision", _RESOURCES, "Mixed precision: no, fp16, bf16 or fp8.", "mixed_precision"),
-    Flag("num_processes", _RESOURCES, "Total number of processes, across all machines.", "num_processes"),
-    Flag("num_machines", _RESOURCES, "Number of machines taking part in the job.", "num_machines"),
-    Flag("num_cpu_threads_per_process", _RESOURCES, "Threads per process (OMP_NUM_THREADS).", type=int, metavar="N"),
-    Flag("enable_cpu_affinity", _RESOURCES, "Pin each process to the CPUs of its NUMA node.", "enable_cpu_affinity", switch=True),
-    *_table_flags(DYNAMO, _RESOURCES),
-    Flag("use_deepspeed", _PARADIGM, "Use DeepSpeed.", "distributed_type", switch=True, const="DEEPSPEED"),
-    Flag("use_fsdp", _PARADIGM, "Use fully sharded data parallel (FSDP2).", "distributed_type", switch=True, const="FSDP"),
-    Flag("use_megatron_lm", _PARADIGM, "Megatron-LM (not supported by hasten).", "distributed_type", switch=True, const="MEGATRON_LM"),
-    Flag("gpu_ids", _DISTRIBUTED, "GPUs of this machine to use, e.g. 0,1 (default: all).", "gpu_ids"),
-    Flag("same_network", _DISTRIBUTED, "All machines are on the same local network.", "same_network", switch=True),
-    Flag("machine_rank", _DISTRIBUTED, "Rank of this machine (0 hosts the rendezvous).", "machine_rank"),
-    Flag("main_process_ip", _DISTRIBUTED, "Address of machine rank 0 (required with several machines).", "main_process_ip"),
-    Flag("main_process_port", _DISTRIBUTED, "Port of the rendezvous on machine rank 0 (default: a free port).", "main_process_port"),
-    Flag("tee", _DISTRIBUTED, "Also write the processes' output to files: 0 none, 1 stdout, 2 stderr, 3 both.", short="-t"),
-    Flag("log_dir", _DISTRIBUTED, "Folder for the processes' log files (with --tee)."),
-    Flag("role", _DISTRIBUTED, "Role name of the workers."),
-    Flag("rdzv_backend", _DISTRIBUTED, "Rendezvous backend: static (default) or c10d, etcd, etcd-v2.", "rdzv_backend"),
-    Flag("rdzv_conf", _DISTRIBUTED, "Extra rendezvous settings, as key1=value1,key2=value2."),
-    Flag("max_restarts", _DISTRIBUTED, "Restarts of the whole group of processes before giving up (default 0).", type=int, metavar="N"),
-    Flag(
-        "requeue_on_preemption",
-        _DISTRIBUTED,
-        "After SIGTERM/SIGUSR1 (preemption), run `scontrol requeue $SLURM_JOB_ID` (Slurm jobs).",
-        switch=True,
-    ),
-    Flag("monitor_interval", _DISTRIBUTED, "Seconds between checks of the processes' state (default 0.1).", type=float, metavar="S"),
-    *_table_flags(DEEPSPEED, _DEEPSPEED),
-    *_table_flags(PARALLELISM, _PARALLELISM),
-    *_table_flags(FSDP, _FSDP),
-    *_table_flags(FP8, _FP8),
-    Flag("mpirun_hostfile", _MPI, "Start the job with mpirun on the hosts of this file (CPU jobs).", "mpirun_config.mpirun_hostfile"),
-)
 
-_HARDWARE_SWITCHES = ("multi_gpu", "tpu", "use_deepspeed", "use_fsdp", "use_megatron_lm")
+FLAGS: tuple[Flag, ...] = _flags()
+_CHOOSERS = tuple(flag.name for flag in FLAGS if flag.path == "distributed_type")
 
 
 def _metavar(flag: Flag) -> str | None:
     if flag.metavar or flag.path is None:
         return flag.metavar
     choices = leaf_fields()[flag.path].get("choices")
-    return "{" + ",".join(str(c).lower() if flag.path.startswith("dynamo") else str(c) for c in choices) + "}" if choices else None
+    return "{" + ",".join(str(c).lower() if flag.lower else str(c) for c in choices) + "}" if choices else None
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,12 +105,13 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
 
 def flag_settings(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
     """Config settings given on the command line: dotted path -> (raw value, ``--flag``)."""
-    given = [name for name in _HARDWARE_SWITCHES if getattr(args, name) is not None]
+    given = [name for name in _CHOOSERS if getattr(args, name) is not None]
     if len(given) > 1 or (given and given[0] == "multi_gpu" and args.cpu):
         from ..errors import ConfigError
 
         chosen = given + (["cpu"] if args.cpu else [])
-        raise ConfigError(f"Pass at most one of --cpu/--multi_gpu/--tpu/--use_deepspeed/--use_fsdp; got {', '.join('--' + n for n in chosen)}.")
+        names = "/".join(f"--{name}" for name in ("cpu", *_CHOOSERS))
+        raise ConfigError(f"Pass at most one of {names}; got {', '.join('--' + n for n in chosen)}.")
     settings: dict[str, tuple[object, str]] = {}
     for flag in FLAGS:
         value = getattr(args, flag.name)

@@ -1,13 +1,16 @@
 """Entry point of the ``hasten`` command: ``hasten <command> [<args>]``.
 
 Each subcommand lives in its own module with an ``add_parser(subparsers, help_text)`` function; none of them
-imports torch at module level, so ``hasten --help`` answers at once.
+imports torch at module level, so ``hasten --help`` answers at once. The same command line answers as
+``accelerate`` (the console scripts of hasten's ``accelerate`` distribution, ``python -m accelerate.commands.<x>``):
+it then names itself ``accelerate`` in its usage and messages (:func:`program_name`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from ..errors import did_you_mean
@@ -47,11 +50,19 @@ class HastenParser(argparse.ArgumentParser):
         self.error(f"{' '.join(hints)} `{self.prog} --help` lists the options.")
 
 
-def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The ``hasten`` parser. Only the subcommand named in ``argv`` is imported and fully built; the
-    others are listed by name (all of them are built when ``argv`` is None)."""
+def program_name() -> str:
+    """``"accelerate"`` when this process was started as Accelerate's command (the ``accelerate`` console scripts,
+    ``python -m accelerate.commands.<x>``), else ``"hasten"``: the name the command line gives itself."""
+    started = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = started.name if started is not None else os.path.basename(sys.argv[0])
+    return "accelerate" if name.startswith("accelerate") else "hasten"
+
+
+def build_parser(argv: list[str] | None = None, prog: str = "hasten") -> argparse.ArgumentParser:
+    """The ``hasten`` parser (named ``prog``). Only the subcommand named in ``argv`` is imported and fully built;
+    the others are listed by name (all of them are built when ``argv`` is None)."""
     parser = HastenParser(
-        prog="hasten",
+        prog=prog,
         description="Run one PyTorch training script on CPU, one or many GPUs, or many machines.",
         allow_abbrev=False,
     )
@@ -65,12 +76,13 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the ``hasten`` command line; returns the exit code."""
+def main(argv: list[str] | None = None, prog: str | None = None) -> int:
+    """Run the ``hasten`` command line (named ``prog``, by default :func:`program_name`); returns the exit code."""
     from ..errors import HastenError
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    parser = build_parser(argv)
+    prog = prog or program_name()
+    parser = build_parser(argv, prog)
     args, extras = parser.parse_known_args(argv)
     if extras:
         subparsers = parser._subparsers._group_actions[0].choices if parser._subparsers else {}
@@ -81,11 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args) or 0)
     except HastenError as exc:
-        print(f"hasten {args.command}: error: {exc}", file=sys.stderr)
+        print(f"{prog} {args.command}: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"hasten {args.command}: interrupted.", file=sys.stderr)
+        print(f"{prog} {args.command}: interrupted.", file=sys.stderr)
         return 130
+
+
+def run_subcommand(command: str, argv: list[str] | None = None) -> int:
+    """Run one subcommand with ``argv`` (default: this process's arguments): the ``main`` of each command module,
+    behind ``python -m hasten.commands.<x>``, ``python -m accelerate.commands.<x>`` and ``accelerate-launch``."""
+    return main([command, *(sys.argv[1:] if argv is None else argv)])
 
 
 if __name__ == "__main__":

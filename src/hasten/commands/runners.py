@@ -15,6 +15,7 @@ import sys
 import uuid
 from pathlib import Path
 
+from .. import environment
 from ..errors import ConfigError
 from . import preempted, worker_bootstrap
 from .launch_plan import LaunchPlan, parse_rdzv_conf
@@ -132,7 +133,7 @@ def run_elastic(plan: LaunchPlan) -> int:
         if preempted.saved_record(plan) is None:  # a worker signalled alone: its group saved and exited with 75
             machine = config.machine_rank if config.num_machines > 1 else None
             print(describe_failures(exc.failures, config.num_processes, machine), file=sys.stderr, flush=True)
-        _explain_deepspeed(plan, exc.failures)
+        _explain_failures(plan, exc.failures)
         first = exc.get_first_failure()[1].exitcode
         return first if first > 0 else 1
     except RendezvousError as exc:
@@ -179,18 +180,15 @@ def describe_failures(failures: dict, world_size: int, machine: int | None = Non
     return "\n".join(lines)
 
 
-def _explain_deepspeed(plan: LaunchPlan, failures: dict) -> None:
-    """Under DeepSpeed, add the advice for workers the operating system killed (usually out of CPU memory)."""
-    if plan.env.get("HASTEN_USE_DEEPSPEED", "").lower() not in ("1", "true", "yes"):
+def _explain_failures(plan: LaunchPlan, failures: dict) -> None:
+    """The running engine's advice on the first failure it can explain (DeepSpeed: a worker the operating system
+    killed, usually out of CPU memory)."""
+    kind = plan.settings.config.distributed_type
+    engine = next((e for e in environment.ENGINES if kind in e.distributed_types), None)
+    if engine is None or engine.explain_failure is None:
         return
-    from ..strategies.deepspeed.memory_estimate import explain_deepspeed_failure
-
     for failure in failures.values():
-        advice = explain_deepspeed_failure(
-            failure.exitcode,
-            plan.env.get("HASTEN_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE"),
-            plan.env.get("HASTEN_DEEPSPEED_OFFLOAD_PARAM_DEVICE"),
-        )
+        advice = engine.explain_failure(plan.env, failure.exitcode)
         if advice:
             print(advice, file=sys.stderr, flush=True)
             return

@@ -11,7 +11,7 @@ import operator
 
 import torch
 
-from ..big_modeling.checkpoint_loading import (  # noqa: F401 (Accelerate's names, defined where hasten uses them)
+from ..big_modeling.checkpoint_files import (  # noqa: F401 (Accelerate's names, defined where hasten uses them)
     MODEL_NAME,
     SAFE_MODEL_NAME,
     SAFE_WEIGHTS_INDEX_NAME,

@@ -7,13 +7,13 @@ from __future__ import annotations
 import contextlib
 import inspect
 import sys
-import warnings
 from typing import Mapping
 
 import torch
 from torch import nn
 
 from ..big_modeling.modeling import compute_module_sizes, get_max_layer_size
+from ..big_modeling.placement import check_tied_parameters_on_same_device  # noqa: F401 (Accelerate's name)
 
 
 def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]]]:
@@ -47,23 +47,6 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
     word_embeddings = bool(text_config is not None and getattr(text_config, "tie_word_embeddings", False) and model.get_output_embeddings())
     encoder_decoder = bool(getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False))
     return word_embeddings or encoder_decoder or any(hasattr(module, "_tie_weights") for module in model.modules())
-
-
-def _placed_device(name: str, device_map: Mapping):
-    probe = name
-    while probe not in device_map:
-        if probe == "":
-            raise ValueError(f"The device_map places neither {name!r} nor any module holding it.")
-        probe = probe.rsplit(".", 1)[0] if "." in probe else ""
-    return device_map[probe]
-
-
-def check_tied_parameters_on_same_device(tied_params: list[list[str]], device_map: Mapping) -> None:
-    """Warn about each group of tied parameters that ``device_map`` spreads over several devices."""
-    for group in tied_params:
-        devices = {name: _placed_device(name, device_map) for name in group}
-        if len(set(map(str, devices.values()))) > 1:
-            warnings.warn(f"Tied parameters are on different devices: {devices}. Keep them together in the device_map or use device_map='auto'.", stacklevel=2)
 
 
 def get_module_leaves(module_sizes: Mapping[str, int]) -> list[str]:

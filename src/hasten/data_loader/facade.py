@@ -6,14 +6,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 
-from ..enums import DistributedType
 from .loaders import DataLoaderShard, even_batches_overridden
-
-# Launch types whose model wrapper is DDP, the one engine torch's Join works with.
-_JOIN_TYPES = frozenset(
-    {DistributedType.MULTI_CPU, DistributedType.MULTI_GPU, DistributedType.MULTI_XPU, DistributedType.MULTI_NPU,
-     DistributedType.MULTI_MLU, DistributedType.MULTI_SDAA, DistributedType.MULTI_MUSA}
-)
 
 
 class DataLoaderSettings:
@@ -28,8 +21,9 @@ class DataLoaderSettings:
         prepared map-style dataloaders' setting for the block. Under other engines (FSDP, DeepSpeed) it
         warns and has no effect, as in Accelerate.
         """
-        if self.state.distributed_type not in _JOIN_TYPES:
-            if self.state.distributed_type != DistributedType.NO:
+        joins = self._strategy.joins_uneven_inputs
+        if not joins:
+            if joins is not None:
                 warnings.warn(
                     f"Joining uneven inputs is only supported for multi-GPU training (DDP, here {self.state.distributed_type}); "
                     "join_uneven_inputs has no effect. Keep even_batches=True under this engine.",

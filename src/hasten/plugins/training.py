@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
 from .. import environment
 from ..errors import ConfigError
+from ..runtime.fileio import parse_size
 from .kwargs import KwargsHandler
 
 
@@ -23,6 +25,10 @@ class ProjectConfiguration(KwargsHandler):
         save_on_each_node: write checkpoints on every machine (no shared filesystem).
         async_save: ``save_state()`` copies the state and writes the files in the background by default
             (``save_state(async_save=...)`` overrides it; see docs/checkpointing.md).
+        async_staging_limit: the most host memory an asynchronous save copies the state into (bytes, or a
+            size such as ``"2GB"``); None stages everything (as much memory as the parameters and optimizer
+            state). Files that do not fit are written from the live tensors, and the next optimizer step
+            waits for them.
     """
 
     project_dir: str | None = None
@@ -32,10 +38,13 @@ class ProjectConfiguration(KwargsHandler):
     iteration: int = 0
     save_on_each_node: bool = False
     async_save: bool = False
+    async_staging_limit: int | str | None = None
 
     def __post_init__(self):
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
+        if self.async_staging_limit is not None:
+            self.async_staging_limit = parse_size(self.async_staging_limit)
         if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
             raise ConfigError(f"ProjectConfiguration(total_limit={self.total_limit!r}): give a positive integer or None.")
 
@@ -102,9 +111,12 @@ class GradientAccumulationPlugin(KwargsHandler):
 
 
 def resolve_accumulation(steps: int, plugin=None):
-    """The ``GradientAccumulationPlugin`` of ``Accelerator(gradient_accumulation_steps=steps, gradient_accumulation_plugin=plugin)``.
+    """The ``GradientAccumulationPlugin`` of ``Accelerator(gradient_accumulation_steps=steps,
+    gradient_accumulation_plugin=plugin)``: a new one, which the Accelerator owns (the engine may settle its steps,
+    ``accelerator.gradient_accumulation_steps = n`` changes them; the user's plugin is left as given).
 
-    ``steps`` of 1 reads ``HASTEN_GRADIENT_ACCUMULATION_STEPS``; giving both ``steps`` and ``plugin`` is an error.
+    ``steps`` of 1 reads ``HASTEN_GRADIENT_ACCUMULATION_STEPS`` (which ``hasten launch`` sets from its flag or the
+    config file); giving both ``steps`` and ``plugin`` is an error.
     """
     if plugin is not None:
         if steps != 1:
@@ -112,7 +124,7 @@ def resolve_accumulation(steps: int, plugin=None):
                 f"Pass either gradient_accumulation_steps={steps} or a gradient_accumulation_plugin, not both: "
                 "set num_steps in the plugin."
             )
-        return plugin
+        return dataclasses.replace(plugin)
     if steps == 1:
         steps = environment.get_int("GRADIENT_ACCUMULATION_STEPS", 1)
     if not isinstance(steps, int) or steps < 1:

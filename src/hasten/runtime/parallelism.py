@@ -73,7 +73,7 @@ class ParallelismConfig:
     @classmethod
     def from_launch_settings(cls) -> ParallelismConfig | None:
         """The layout the launch settings ask for, or None when they set no ``parallelism_config_*`` size."""
-        if not any(environment.setting_source(row.env_name) for row in PARALLELISM.rows if row.field):
+        if not environment.any_set(PARALLELISM.rows):
             return None
         return cls()
 

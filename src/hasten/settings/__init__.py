@@ -1,13 +1,16 @@
 """One table per group of launch settings: each setting is declared once, as a :class:`Setting` row.
 
-From a section's rows hasten builds the config file's section dataclass (:mod:`hasten.config`), the
+From a section's rows hasten builds the config file's dataclasses (:mod:`hasten.config`), the
 ``hasten launch`` flags (:mod:`hasten.commands.launch_args`), the documented environment variables
 (:data:`hasten.environment.SETTINGS`), the ``hasten config`` questions (:mod:`hasten.commands.config`)
-and the plugin fields filled from the environment (:func:`hasten.environment.fill_unset`).
+and the values the processes read from the environment (:func:`hasten.environment.fill_unset`,
+:func:`hasten.environment.launch_setting`).
 
 This package imports neither torch nor the hasten modules built on it, so that the command line
-stays fast. Tables: :mod:`.dynamo` (``dynamo_config``), :mod:`.deepspeed` (``deepspeed_config``),
+stays fast. Tables: :mod:`.launch` (the top-level keys and the other ``hasten launch`` options, and
+``mpirun_config``), :mod:`.dynamo` (``dynamo_config``), :mod:`.deepspeed` (``deepspeed_config``),
 :mod:`.fsdp` (``fsdp_config``), :mod:`.fp8` (``fp8_config``), :mod:`.parallelism` (``parallelism_config``).
+The engines and the sections they bring are listed by :mod:`.engines`.
 """
 
 from __future__ import annotations
@@ -53,12 +56,21 @@ class Setting:
         flag: the ``hasten launch`` option (without ``--``); ``""`` is ``key``, None is no option.
         flag_help: the option's help text.
         switch: the option takes no value (it stores true).
-        lower: the dialogue shows the choices in lower case.
+        lower: the dialogue and the launch option show the choices in lower case.
         field: the plugin field filled from the variable when left unset.
         fallback: the plugin field's value when neither the argument nor the variable gives one.
         question: how ``hasten config`` asks for it (None: not asked).
         always_export: ``hasten launch`` exports the variable whatever the distributed type (the
             section's ``only_with`` does not apply).
+        default: the config file's value when no source sets the key (top-level keys; a section's keys
+            are None, "not set", and their plugin's ``fallback`` applies).
+        group: the ``hasten launch -h`` group of the option (default: its section's ``group``).
+        short: the option's one-letter spelling (``-q``).
+        metavar: how the help shows the option's value.
+        chooses: the option is a switch that sets ``distributed_type`` to this value (``--multi_gpu``).
+
+    A row with neither ``key`` nor variable but with a ``flag`` is an option of ``hasten launch`` alone
+    (``--quiet``, ``--max_restarts``): an ``int`` or ``float`` one is parsed as such.
     """
 
     key: str | None
@@ -74,6 +86,11 @@ class Setting:
     fallback: Any = None
     question: Question | None = None
     always_export: bool = False
+    default: Any = None
+    group: str = ""
+    short: str | None = None
+    metavar: str | None = None
+    chooses: str | None = None
 
     @property
     def env_name(self) -> str | None:
@@ -91,7 +108,8 @@ class Section:
     """A config file section and its rows, in the order of the ``hasten launch`` options.
 
     ``only_with`` is the distributed type under which ``hasten launch`` exports the section's
-    variables to the processes (None: always).
+    variables to the processes (None: always); ``group`` is the ``hasten launch -h`` group of its
+    options. The launch table's ``name`` is empty: its keys are the file's top-level keys.
     """
 
     name: str
@@ -99,14 +117,23 @@ class Section:
     doc: str
     rows: tuple[Setting, ...]
     only_with: str | None = None
+    group: str = ""
 
     def by_field(self, name: str) -> Setting:
         """The row that fills plugin field ``name``."""
         return next(row for row in self.rows if row.field == name)
 
+    def by_key(self, key: str) -> Setting:
+        """The row of config key ``key``."""
+        return next(row for row in self.rows if row.key == key)
+
+    def path(self, row: Setting) -> str:
+        """The dotted config path of ``row`` (its key alone in the launch table)."""
+        return f"{self.name}.{row.key}" if self.name else str(row.key)
+
     def env_paths(self) -> dict[str, str]:
         """Dotted config path -> variable name (without prefix) for the rows with a config key."""
-        return {f"{self.name}.{row.key}": row.env_name for row in self.rows if row.key and row.env_name}
+        return {self.path(row): row.env_name for row in self.rows if row.key and row.env_name}
 
     def env_help(self) -> dict[str, str]:
         """Variable name (without prefix) -> meaning, for :data:`hasten.environment.SETTINGS`."""

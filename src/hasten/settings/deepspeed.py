@@ -19,6 +19,7 @@ DEEPSPEED = Section(
     name="deepspeed_config",
     class_name="DeepSpeedSection",
     doc="``deepspeed_config``: DeepSpeed settings (a JSON file, or the ZeRO settings one by one).",
+    group="DeepSpeed arguments",
     only_with="DEEPSPEED",
     rows=(
         Setting(

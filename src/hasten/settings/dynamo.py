@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ..enums import DynamoBackend
 from . import Question, Section, Setting
+from .launch import RESOURCES
 
 DYNAMO_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 _CUSTOM = "custom"
@@ -13,6 +14,7 @@ DYNAMO = Section(
     name="dynamo_config",
     class_name="DynamoSection",
     doc="``dynamo_config``: torch.compile settings.",
+    group=RESOURCES,
     rows=(
         Setting(
             "dynamo_backend", "choice", tuple(DynamoBackend.list()), env_help="torch.compile backend (no, eager, inductor, ...)",

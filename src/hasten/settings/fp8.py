@@ -20,11 +20,12 @@ FP8 = Section(
     name="fp8_config",
     class_name="Fp8Section",
     doc="``fp8_config``: FP8 recipe settings.",
+    group="FP8 arguments",
     rows=(
         Setting(
             "backend", "choice", FP8_BACKENDS, env="FP8_BACKEND",
             env_help="fp8 backend: ao (torchao; te and msamp are refused)", flag="fp8_backend",
-            flag_help="FP8 backend: ao (torchao). te and msamp are not supported by hasten.", lower=True,
+            flag_help="FP8 backend: ao (torchao). te and msamp are not supported by hasten.",
             field="backend", fallback="AO",
             question=Question("Which FP8 backend do you want to use?", "AO", fixed=True),
         ),

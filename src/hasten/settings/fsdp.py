@@ -18,6 +18,7 @@ FSDP = Section(
     name="fsdp_config",
     class_name="FsdpSection",
     doc="``fsdp_config``: fully sharded data parallel settings (hasten runs FSDP2).",
+    group="FSDP arguments",
     only_with="FSDP",
     rows=(
         Setting(

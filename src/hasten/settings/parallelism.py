@@ -12,6 +12,7 @@ PARALLELISM = Section(
     name="parallelism_config",
     class_name="ParallelismSection",
     doc="``parallelism_config``: N-D parallelism sizes (``ParallelismConfig``; hasten runs dp_replicate, dp_shard and tp).",
+    group="N-D parallelism arguments (ParallelismConfig)",
     rows=(
         Setting(
             "parallelism_config_dp_replicate_size", "int", env_help="ParallelismConfig: data-parallel replicas of the sharded model (HSDP)",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar, Iterable, Mapping
 
 import torch
 
@@ -21,21 +21,26 @@ from ..runtime.precision import Precision
 class EngineSettings:
     """What an Accelerator trains with, settled before its state and precision policy are built.
 
-    :func:`hasten.strategies.plan_strategy` builds one from the script's arguments and the launch, and
-    the chosen strategy's :meth:`Strategy.resolve` settles it against the engine's own configuration
+    :func:`hasten.strategies.plan.plan_strategy` builds one from the script's arguments and the launch,
+    and the chosen strategy's :meth:`Strategy.resolve` settles it against the engine's own configuration
     (a DeepSpeed config may fix the precision and the accumulation steps).
 
     Args:
         mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"``.
-        accumulation: the :class:`~hasten.utils.GradientAccumulationPlugin` in force.
-        deepspeed_plugin, fsdp_plugin, parallelism_config: the engine settings (None when unused).
+        accumulation: the :class:`~hasten.utils.GradientAccumulationPlugin` in force: the one object that
+            holds the accumulation settings from the Accelerator's arguments to ``accumulate``/``no_sync``.
+        arguments: the engines' ``Accelerator`` arguments by keyword (``deepspeed_plugin``,
+            ``parallelism_config``, ...); once planned, the chosen engine's other than its plugin.
+        engine: the name of the chosen engine (None until planned).
+        plugin: the chosen engine's settings object (``DeepSpeedPlugin``, ``FullyShardedDataParallelPlugin``;
+            None for engines without one).
     """
 
     mixed_precision: str
     accumulation: Any
-    deepspeed_plugin: Any = None
-    fsdp_plugin: Any = None
-    parallelism_config: Any = None
+    arguments: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    engine: str | None = None
+    plugin: Any = None
 
 
 class Strategy(ABC):
@@ -149,6 +154,18 @@ class Strategy(ABC):
         from ..data_loader import gather_for_metrics
 
         return gather_for_metrics(input_data, use_gather_object=use_gather_object)
+
+    @property
+    def replicates_model(self) -> bool:
+        """True when every process holds the whole model (one device, DDP), so that ``LocalSGD`` can average it;
+        sharded engines (the default) answer False."""
+        return False
+
+    @property
+    def joins_uneven_inputs(self) -> bool | None:
+        """How ``join_uneven_inputs`` works: True under DDP (torch's ``Join`` shadows the collectives of ranks that ran
+        out of batches), None with nothing to join (one process), False where it has no effect (a warning says so)."""
+        return False
 
     # ---------------------------------------------------------------------------------- unwrapping
 

@@ -16,7 +16,7 @@ def _names(module: str, names: str) -> dict[str, str]:
 
 
 _CHECKPOINT_NAMES = _names(
-    "big_modeling.checkpoint_loading",
+    "big_modeling.checkpoint_files",
     "MODEL_NAME SAFE_MODEL_NAME WEIGHTS_NAME SAFE_WEIGHTS_NAME WEIGHTS_INDEX_NAME SAFE_WEIGHTS_INDEX_NAME "
     "WEIGHTS_PATTERN_NAME SAFE_WEIGHTS_PATTERN_NAME",
 )
@@ -141,22 +141,25 @@ LAYOUT: dict[str, dict[str, str]] = {
     ),
     "memory": _names("runtime.memory", "clear_device_cache find_executable_batch_size release_memory should_reduce_batch_size"),
     "modeling": {
-        "clean_device_map": "big_modeling.device_map",
-        "WEIGHTS_INDEX_NAME": "big_modeling.checkpoint_loading",
+        "clean_device_map": "big_modeling.placement",
+        "WEIGHTS_INDEX_NAME": "big_modeling.checkpoint_files",
         "load_checkpoint_in_model": "big_modeling.checkpoint_loading",
-        "load_state_dict": "big_modeling.checkpoint_loading",
+        "load_state_dict": "big_modeling.checkpoint_files",
         "align_module_device": "big_modeling.hooks",
         "has_offloaded_params": "big_modeling.hooks",
         "get_state_dict_offloaded_model": "big_modeling",
         "load_offloaded_weights": "big_modeling.offload",
-        "convert_file_size_to_int": "runtime.fileio:parse_size",
+        "convert_file_size_to_int": "big_modeling.memory",
         "is_peft_model": "compat.modeling",
-        **_names("big_modeling.device_map", "check_device_map get_balanced_memory get_max_memory infer_auto_device_map"),
+        **_names("big_modeling.memory", "get_balanced_memory get_max_memory"),
+        **_names("big_modeling.placement", "check_device_map"),
+        "infer_auto_device_map": "big_modeling.planner",
         **_names(
             "big_modeling.modeling",
             "compute_module_sizes compute_module_total_buffer_size dtype_byte_size find_tied_parameters get_max_layer_size "
-            "get_non_persistent_buffers named_module_tensors retie_parameters set_module_tensor_to_device",
+            "retie_parameters",
         ),
+        **_names("big_modeling.tensors", "get_non_persistent_buffers named_module_tensors set_module_tensor_to_device"),
         **_names(
             "compat.modeling",
             "calculate_maximum_sizes check_device_same check_tied_parameters_in_config check_tied_parameters_on_same_device "

@@ -89,18 +89,20 @@ class DeepSpeedStrategy(Strategy):
 
     Args:
         plugin: the :class:`~hasten.strategies.deepspeed.plugin.DeepSpeedPlugin` (or a dict with one plugin).
+        accumulation: the Accelerator's ``GradientAccumulationPlugin`` (its steps fill the config's ``"auto"``).
     """
 
     distributed_type = DistributedType.DEEPSPEED
 
     @classmethod
     def build(cls, state, precision, settings, ddp_kwargs=None) -> DeepSpeedStrategy:
-        """The engine for the settled ``DeepSpeedPlugin``."""
-        return cls(state, precision, settings.deepspeed_plugin)
+        """The engine for the settled ``DeepSpeedPlugin`` and accumulation settings."""
+        return cls(state, precision, settings.plugin, settings.accumulation)
 
-    def __init__(self, state, precision, plugin):
+    def __init__(self, state, precision, plugin, accumulation):
         super().__init__(state, precision)
         self.plugin = _single_plugin(plugin)
+        self.accumulation = accumulation
         self.plugin.select()
         self.engine = None
         self._monitor = _OverflowMonitor()
@@ -118,7 +120,7 @@ class DeepSpeedStrategy(Strategy):
         enables one itself sets the precision in force. The config's ``gradient_accumulation_steps``
         becomes the Accelerator's when the script left it at 1; two different values are an error.
         """
-        plugin = _single_plugin(settings.deepspeed_plugin)
+        plugin = _single_plugin(settings.plugin)
         requested = settings.mixed_precision
         dsc.apply_mixed_precision(plugin.deepspeed_config, requested, plugin.config_name)
         chosen = dsc.mixed_precision_of(plugin.deepspeed_config)
@@ -208,7 +210,7 @@ class DeepSpeedStrategy(Strategy):
 
     def _script_values(self, model, dataloaders: list) -> dsc.ScriptValues:
         num = self.state.num_processes
-        steps = GradientState().num_steps
+        steps = self.accumulation.num_steps or 1
         script = dsc.ScriptValues(num_processes=num, mixed_precision=dsc.mixed_precision_of(self.plugin.deepspeed_config))
         script.gradient_accumulation_steps = dsc.Setting(steps, f"Accelerator(gradient_accumulation_steps={steps})")
         sizes = [_per_process_batch(loader, num) for loader in dataloaders]

@@ -73,7 +73,7 @@ class FSDPStrategy(Strategy):
     @classmethod
     def build(cls, state, precision, settings, ddp_kwargs=None) -> FSDPStrategy:
         """FSDP2 (and tensor parallelism) for the settled plugin and ``ParallelismConfig``."""
-        return cls(state, precision, settings.fsdp_plugin, parallelism_config=settings.parallelism_config)
+        return cls(state, precision, settings.plugin, parallelism_config=settings.arguments.get("parallelism_config"))
 
     def __init__(self, state, precision, fsdp_plugin: FullyShardedDataParallelPlugin, parallelism_config=None):
         super().__init__(state, precision)

@@ -7,8 +7,8 @@ import contextlib
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from ..plugins.kwargs import DistributedDataParallelKwargs
-from .base import Strategy
+from ...plugins.kwargs import DistributedDataParallelKwargs
+from ..base import Strategy
 
 
 class DDPStrategy(Strategy):
@@ -17,6 +17,9 @@ class DDPStrategy(Strategy):
     Args:
         ddp_kwargs: ``DistributedDataParallelKwargs`` (bucket size, unused parameters, comm hook, ...).
     """
+
+    joins_uneven_inputs = True
+    replicates_model = True
 
     @classmethod
     def build(cls, state, precision, settings, ddp_kwargs=None) -> DDPStrategy:

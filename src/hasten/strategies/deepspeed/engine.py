@@ -1,0 +1,76 @@
+"""The registration of the DeepSpeed engine (ZeRO), and what it adds to ``hasten launch`` and ``hasten config``.
+
+Imports nothing but the settings tables (see :mod:`hasten.settings.engines`); the failure advice imports the
+(torch-free) memory table when a worker failed.
+"""
+
+from __future__ import annotations
+
+from ...settings.deepspeed import DEEPSPEED
+from ...settings.dialogue import ask_table
+from ...settings.engines import Argument, Dialogue, Engine, Requirement
+
+
+def _ask(ask, answers: dict) -> dict:
+    """The DeepSpeed questions of ``hasten config``: a JSON file, or the ZeRO settings one by one."""
+    if ask.yes_no("Do you want to specify a json file to a DeepSpeed config?"):
+        settings = ask_table(ask, DEEPSPEED, "file")
+    else:
+        settings = ask_table(ask, DEEPSPEED, "zero")
+        if ask.yes_no("Do you want to use gradient clipping?"):
+            settings |= ask_table(ask, DEEPSPEED, "clipping")
+        settings |= ask_table(ask, DEEPSPEED, "zero3", settings)
+    settings |= ask_table(ask, DEEPSPEED, "init")
+    return {DEEPSPEED.name: settings}
+
+
+def _launch_variables(settings) -> dict[str, str]:
+    """``HASTEN_CONFIG_DS_FIELDS``: the DeepSpeed settings the launch gave (and mixed_precision, unless by default)."""
+    section = settings.config.deepspeed_config
+    fields = [row.key for row in DEEPSPEED.rows if row.key and getattr(section, row.key) is not None]
+    if settings.sources["mixed_precision"].kind != "default":
+        fields.append("mixed_precision")
+    return {"HASTEN_CONFIG_DS_FIELDS": ",".join(fields)}
+
+
+def _launch_warnings(settings) -> list[str]:
+    """A multi-machine launcher hasten does not use."""
+    config = settings.config
+    launcher = config.deepspeed_config.deepspeed_multinode_launcher
+    if config.num_machines > 1 and launcher not in (None, "standard"):
+        source = settings.sources["deepspeed_config.deepspeed_multinode_launcher"]
+        return [
+            f"deepspeed_multinode_launcher={launcher!r} (from {source}) is not used: hasten launch starts the "
+            "processes of this machine only, so run the same command on every machine with its --machine_rank "
+            "(DeepSpeed's 'standard' launcher)."
+        ]
+    return []
+
+
+def _explain_failure(env: dict, exitcode: int) -> str | None:
+    """The advice for a worker the operating system killed (usually out of CPU memory), with the offload in force."""
+    from .memory_estimate import explain_deepspeed_failure
+
+    offload = [env.get(f"HASTEN_DEEPSPEED_OFFLOAD_{part}_DEVICE") for part in ("OPTIMIZER", "PARAM")]
+    return explain_deepspeed_failure(exitcode, *offload)
+
+
+ENGINE = Engine(
+    name="deepspeed",
+    strategy="hasten.strategies.deepspeed.strategy:DeepSpeedStrategy",
+    distributed_types=("DEEPSPEED",),
+    arguments=(Argument("deepspeed_plugin", "hasten.strategies.deepspeed.plugin:DeepSpeedPlugin", DEEPSPEED),),
+    sections=(DEEPSPEED,),
+    switch="USE_DEEPSPEED",
+    switch_help="use the DeepSpeed strategy",
+    flag_help="Use DeepSpeed.",
+    requirement=Requirement("deepspeed", "DeepSpeed", "deepspeed"),
+    dialogue=Dialogue(
+        "Do you want to use DeepSpeed?", ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU"), _ask, gpu_ids=False
+    ),
+    settles_precision=True,
+    variables={"CONFIG_DS_FIELDS": "comma-separated DeepSpeed fields that came from the launch config"},
+    launch_variables=_launch_variables,
+    launch_warnings=_launch_warnings,
+    explain_failure=_explain_failure,
+)
