@@ -37,8 +37,9 @@ class LocalSGD:
         if not isinstance(local_sgd_steps, int) or local_sgd_steps < 1:
             raise ConfigError(f"LocalSGD(local_sgd_steps={local_sgd_steps!r}): give a positive integer.")
         if enabled and not accelerator._strategy.replicates_model:
+            kind = getattr(accelerator.distributed_type, "value", accelerator.distributed_type)
             raise NotSupportedError(
-                f"LocalSGD works with DDP (or one process); {accelerator.distributed_type} shards the model, so "
+                f"LocalSGD works with DDP (or one process); {kind} shards the model, so "
                 "there is nothing local to average."
             )
         self.accelerator = accelerator
