@@ -30,7 +30,7 @@ def member_values(enum_type: type[enum.Enum]) -> list:
 
 
 class EnumWithContains(enum.EnumMeta):
-    """Enum metaclass whose ``in`` accepts values as well as members: ``"MULTI_GPU" in DistributedType``."""
+    """Enum metaclass whose ``in`` accepts values as well as members: ``"bf16" in PrecisionType``."""
 
     def __contains__(cls, item) -> bool:
         try:
