@@ -126,7 +126,7 @@ def test_tensor_parallel_alone_trains_like_one_process():
 def test_launch_flags_lay_out_fsdp_x_tp_which_trains_like_one_process_on_a_quarter_of_the_bytes():
     flags = ("--cpu", "--num_processes", "4", "--parallelism_config_dp_shard_size", "2", "--parallelism_config_tp_size", "2")
     results = _results(hasten_launch(SCRIPTS / "parallelism_training.py", "launch", launch_args=flags, timeout=500).stdout, "launch", 4)
-    assert "{'dp_replicate': 1, 'dp_shard': 2, 'tp': 2}" in results["llama"]
+    assert "{'dp_shard': 2, 'tp': 2}" in results["llama"], "Accelerate's mesh: the axes above 1"
     ratio = float(results["llama"].rsplit("(", 1)[1].rstrip(")"))
     assert "identical losses" in results["orders"]
     assert 0.25 <= ratio < 0.26, f"only the norm weights stay whole on the tensor-parallel ranks: {results['llama']}"
@@ -135,7 +135,7 @@ def test_launch_flags_lay_out_fsdp_x_tp_which_trains_like_one_process_on_a_quart
 @pytest.mark.slow
 def test_hsdp_trains_like_one_process():
     results = _results(torchrun(SCRIPTS / "parallelism_training.py", "hsdp", nproc=4, timeout=500).stdout, "hsdp", 4)
-    assert "{'dp_replicate': 2, 'dp_shard': 2, 'tp': 1}" in results["mlp"] and "identical losses" in results["orders"]
+    assert "{'dp_replicate': 2, 'dp_shard': 2}" in results["mlp"] and "identical losses" in results["orders"]
 
 
 @pytest.mark.slow
