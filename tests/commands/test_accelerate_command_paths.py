@@ -77,3 +77,14 @@ def test_timm_hub_prefix():
     assert [add_timm_hub_prefix(n) for n in ("resnet50", "timm/resnet50.a1", "hf-hub:timm/x", "local-dir:/m")] == [
         "resnet50", "hf-hub:timm/resnet50.a1", "hf-hub:timm/x", "local-dir:/m"
     ]
+
+
+def test_env_command_returns_its_entries_and_names_the_accelerate_command(monkeypatch, capsys):
+    from hasten.commands import env
+
+    monkeypatch.setattr(env, "which", lambda name: None)
+    info = env.env_command(env.env_command_parser().parse_args([]))
+    assert info["`accelerate` bash location"] == "Not found" and info["hasten version"]
+    assert "- `accelerate` bash location: Not found" in capsys.readouterr().out
+    monkeypatch.setattr(env, "which", lambda name: f"/opt/bin/{name}")
+    assert env.environment_info()["`accelerate` bash location"] == "/opt/bin/accelerate"
