@@ -65,11 +65,8 @@ LAYOUT: dict[str, dict[str, str]] = {
             "compat.quantization",
             "TERecipeKwargs MSAMPRecipeKwargs BnbQuantizationConfig",
         ),
-        "TorchTensorParallelConfig": "runtime.parallelism",
-        **_names(
-            "compat.unsupported",
-            "TorchContextParallelConfig TorchTensorParallelPlugin DeepSpeedSequenceParallelConfig",
-        ),
+        **_names("runtime.parallelism", "TorchTensorParallelConfig TorchContextParallelConfig DeepSpeedSequenceParallelConfig"),
+        "TorchTensorParallelPlugin": "compat.unsupported",
         **_names(
             "compat.megatron_lm",
             "MegatronLMPlugin MODEL_CONFIGS_TO_MEGATRON_PARSERS add_model_config_to_megatron_parser parse_bert_config "
