@@ -23,7 +23,7 @@ PARTS = {**hf_trainers.PARTS, **diffusion.PARTS, **lora.PARTS, **embeddings.PART
 
 
 def main(out: Path, names: list[str]) -> None:
-    process = PartialState()
+    process = PartialState(cpu=True)  # Accelerate's bare PartialState() gives each torchrun CPU process its own world
     for name in names:
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
