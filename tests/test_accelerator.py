@@ -352,3 +352,18 @@ def test_prepared_objects_carry_accelerates_flag_and_are_not_prepared_twice():
     assert accelerator.prepare_data_loader(prepared[3]) is prepared[3] and accelerator.prepare_optimizer(prepared[1]) is prepared[1]
     assert accelerator.prepare(prepared[0], prepared[2]) == (prepared[0], prepared[2])
     assert (accelerator._models, accelerator._optimizers, accelerator._schedulers, accelerator._dataloaders) == ([prepared[0]], [prepared[1]], [prepared[2]], [prepared[3]])
+
+
+def test_a_missing_state_attribute_is_a_plain_attribute_error_and_a_reset_state_says_why():
+    from hasten.state import AcceleratorState
+
+    accelerator = Accelerator(cpu=True)
+    for state, name in ((PartialState(), "PartialState"), (accelerator.state, "AcceleratorState")):
+        with pytest.raises(AttributeError, match=f"^'{name}' object has no attribute 'someotherthing'$"):
+            state.someotherthing
+    AcceleratorState._reset_state()
+    with pytest.raises(AttributeError, match=r"`AcceleratorState` object has no attribute `num_processes`.*This happens if `AcceleratorState._reset_state\(\)`"):
+        accelerator.state.num_processes
+    PartialState._reset_state()
+    with pytest.raises(AttributeError, match=r"`PartialState` object has no attribute `num_processes`.*This happens if `PartialState._reset_state\(\)`"):
+        PartialState.__new__(PartialState).num_processes

@@ -34,6 +34,7 @@ import importlib.abc
 import importlib.machinery
 import importlib.metadata
 import importlib.util
+import logging
 import os
 import re
 import sys
@@ -87,6 +88,13 @@ def install_as_accelerate() -> None:
     if current is not None and getattr(current, _SHIM_MARK, False):
         # The launcher's shim package replaces itself: the import machinery returns what sys.modules holds.
         sys.modules[_NAME] = _top_level_module()
+
+
+def logger_for(path: str) -> logging.Logger:
+    """The logger of hasten's module ``path`` (``"utils.environment"``), named as this process imports it:
+    ``accelerate.<path>`` once :func:`install_as_accelerate` has run (where Accelerate logs the same message, so
+    logging settings and tests written for Accelerate see it), else ``hasten.<path>``."""
+    return logging.getLogger(f"{_NAME if is_installed() else 'hasten'}.{path}")
 
 
 def is_installed() -> bool:

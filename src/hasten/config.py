@@ -95,13 +95,33 @@ def _to_dict(self) -> dict:
     return config_to_dict(self)
 
 
+# The keys every config has, whatever its compute environment (Accelerate's ``BaseConfig``).
+BASE_KEYS = ("compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug")
+
+
+def _base_config() -> type:
+    """``BaseConfig``: a field per key of :data:`BASE_KEYS`, from its launch table row (its default)."""
+    fields = [_row_field(LAUNCH.by_key(key), LAUNCH.by_key(key).default) for key in BASE_KEYS]
+    cls = dataclasses.make_dataclass("BaseConfig", fields, kw_only=True, slots=True, namespace={"to_dict": _to_dict})
+    cls.__module__ = __name__
+    cls.__doc__ = """The keys of every launch config (``compute_environment``, ``distributed_type``, ``mixed_precision``,
+    ``use_cpu``, ``debug``): the base of :class:`ClusterConfig` and :class:`SageMakerConfig`, as in Accelerate."""
+    return cls
+
+
+BaseConfig = _base_config()
+
+
 def _cluster_config() -> type:
-    """``ClusterConfig``: a field per top-level key of the launch table (its default), then a field per section."""
-    fields = [_row_field(row, row.default) for row in LAUNCH.rows if row.key]
+    """``ClusterConfig``: :class:`BaseConfig`, a field per other top-level key of the launch table (its default), then a
+    field per section."""
+    fields = [_row_field(row, row.default) for row in LAUNCH.rows if row.key and row.key not in BASE_KEYS]
     fields += [(name, Any, _section(cls)) for name, cls in SECTION_CLASSES.items()]
     megatron = field(default_factory=dict, metadata={"kind": "prefixed", "prefix": "megatron_lm_"})
     fields.append(("megatron_lm_config", dict, megatron))
-    cls = dataclasses.make_dataclass("ClusterConfig", fields, kw_only=True, slots=True, namespace={"to_dict": _to_dict})
+    cls = dataclasses.make_dataclass(
+        "ClusterConfig", fields, bases=(BaseConfig,), kw_only=True, slots=True, namespace={"to_dict": _to_dict}
+    )
     cls.__module__ = __name__
     cls.__doc__ = """A launch config for jobs on this machine or a cluster (``compute_environment: LOCAL_MACHINE``).
 
@@ -116,7 +136,7 @@ ClusterConfig = _cluster_config()
 
 
 @dataclass(kw_only=True, slots=True)
-class SageMakerConfig:
+class SageMakerConfig(BaseConfig):
     """A config for Amazon SageMaker (``compute_environment: AMAZON_SAGEMAKER``): it loads, but hasten
     does not launch on SageMaker."""
 

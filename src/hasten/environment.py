@@ -13,11 +13,11 @@ import functools
 import os
 import platform
 import re
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from .accelerate_alias import logger_for
 from .errors import ConfigError, DistributedSetupError
 from .settings import Setting
 from .settings.dynamo import DYNAMO
@@ -412,16 +412,16 @@ _kernel_warned = False
 
 
 def check_os_kernel() -> None:
-    """Warn once when the Linux kernel is older than 5.5, where processes are known to hang."""
+    """Log a warning once when the Linux kernel is older than 5.5, where processes are known to hang (on
+    Accelerate's logger ``accelerate.utils.environment`` under the alias, else ``hasten.utils.environment``)."""
     global _kernel_warned
     version = kernel_version()
     if _kernel_warned or version is None or version >= (5, 5):
         return
     _kernel_warned = True
-    warnings.warn(
-        f"Detected Linux kernel {platform.release()}, older than the minimum recommended 5.5: distributed jobs "
-        "are known to hang on such kernels. Upgrade the kernel if processes stall.",
-        stacklevel=2,
+    logger_for("utils.environment").warning(
+        f"Detected Linux kernel {platform.release()}, older than the minimum recommended 5.5.0: distributed jobs "
+        "are known to hang on such kernels. Upgrade the kernel if processes stall."
     )
 
 
@@ -537,12 +537,15 @@ def purge_accelerate_environment(func_or_cls):
 
 def convert_dict_to_env_variables(current_env: dict) -> list[str]:
     """``KEY=value\\n`` lines for an environment file, leaving out (with a warning) entries that are empty or hold a
-    character that would break the file (``;``, a newline, ``<``, ``>`` or a space)."""
+    character that would break the file (``;``, a newline, ``<``, ``>`` or a space); each is logged as a warning on
+    the logger of ``utils.environment`` (see :func:`hasten.accelerate_alias.logger_for`)."""
     lines = []
     for key, value in current_env.items():
         text = f"{key}{value}"
         if key and value and not any(char in text for char in ";\n<> "):
             lines.append(f"{key}={value}\n")
         else:
-            warnings.warn(f"Skipping the environment variable {key}={value!r}: it is empty or holds a forbidden character.", stacklevel=2)
+            logger_for("utils.environment").warning(
+                f"Skipping the environment variable {key}={value!r}: it is empty or holds a forbidden character."
+            )
     return lines

@@ -39,6 +39,14 @@ class CheckpointTargetError(CheckpointError, FileExistsError):
     A ``FileExistsError`` too, as Accelerate's ``save_state`` raises for the same call."""
 
 
+class ConfigFileMissingError(HastenError, FileNotFoundError):
+    """A command was given a config file that does not exist (a ``FileNotFoundError``, as in Accelerate)."""
+
+
+class ConfigFileExistsError(HastenError, FileExistsError):
+    """A command would overwrite a file it was not allowed to (a ``FileExistsError``, as in Accelerate)."""
+
+
 class MissingDependencyError(HastenError, ImportError):
     """An optional package needed by the requested feature is not installed."""
 

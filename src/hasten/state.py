@@ -166,13 +166,13 @@ class PartialState(ProcessControl):
         torch.set_num_threads(max(1, cores // max(self.launch.local_world_size, 1)))
 
     def __getattr__(self, name: str):
-        # Only reached when the attribute is missing, i.e. before __init__ ran for this process.
-        if name.startswith("__"):
-            raise AttributeError(name)
+        # Only reached when the attribute is missing: a name the state never has, or any name before __init__ ran.
+        if name.startswith("__") or self._shared_state.get("initialized"):
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         raise _NotInitialized(
             f"`PartialState` object has no attribute `{name}`: the process state is not initialized. This happens "
-            "before the first Accelerator() or PartialState(), or if `PartialState._reset_state()` (hasten.state.reset_state()) "
-            "was called and none was created again: create an Accelerator() (or PartialState()) before using it."
+            "if `PartialState._reset_state()` (hasten.state.reset_state()) was called and no state was created again, "
+            "or before the first Accelerator() or PartialState(): create an Accelerator() (or PartialState()) before using it."
         )
 
     def __eq__(self, other) -> bool:
@@ -355,7 +355,7 @@ class AcceleratorState(ProcessControl):
 
     def __getattr__(self, name: str):
         if name.startswith("__"):
-            raise AttributeError(name)
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'")
         partial = self.__dict__.get("_partial")
         if partial is None:
             raise _NotInitialized(
@@ -364,7 +364,12 @@ class AcceleratorState(ProcessControl):
                 "and no `Accelerator` was created again: create an Accelerator() first (objects prepared by the old one "
                 "belong to the old state)."
             )
-        return getattr(partial, name)
+        try:
+            return getattr(partial, name)
+        except _NotInitialized:
+            raise
+        except AttributeError:
+            raise AttributeError(f"'{type(self).__name__}' object has no attribute '{name}'") from None
 
     @property
     def debug(self) -> bool:

@@ -149,8 +149,8 @@ def test_save_state_errors_are_clear(tmp_path):
     acc = Accelerator()
     with pytest.raises(ConfigError, match="needs an output_dir"):
         acc.save_state()
-    with pytest.raises(ConfigError, match=r"#0 \(object\)"):
-        acc.register_for_checkpointing(object())
+    with pytest.raises(ValueError, match=r"these have not: Item at index 0, `object`; Item at index 2, `Tensor`\. Wrap"):
+        acc.register_for_checkpointing(object(), torch.optim.SGD([torch.zeros(1, requires_grad=True)]), torch.zeros(1))
     build(acc)
     acc.save_state(tmp_path / "a")
     reset_state()

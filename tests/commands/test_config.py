@@ -208,9 +208,9 @@ def test_merge_order_and_sources(tmp_path):
     assert str(sources["debug"]) == f"config file {loaded.path}"
     assert str(sources["dynamo_config.dynamo_backend"]) == "environment ACCELERATE_DYNAMO_BACKEND"
     assert str(sources["machine_rank"]) == "default"
-    assert settings.overridden == [
-        f"debug: True from config file {loaded.path} overrides False from environment HASTEN_DEBUG_MODE",
+    assert settings.overridden == [  # BaseConfig's keys come first, as in Accelerate's ClusterConfig
         f"mixed_precision: 'bf16' from flag --mixed_precision overrides 'fp16' from config file {loaded.path}",
+        f"debug: True from config file {loaded.path} overrides False from environment HASTEN_DEBUG_MODE",
     ]
 
 

@@ -142,8 +142,8 @@ def _plugin_effect(table, row) -> Effect:
     needs = {"distributed_type": table.only_with} if table.only_with else {}
     overrides = {  # samples equal to the field's fallback change nothing: these pick another value
         "fsdp_version": ("1", "ConfigError"),
-        "cp_size": ("2", "NotSupportedError"),
-        "sp_size": ("2", "NotSupportedError"),
+        "cp_size": ("2", 2),
+        "sp_size": ("2", 2),
         "backend": ("te", "NotSupportedError") if table is FP8 else (text, expected), "zero3_init_flag": ("true", True),
         "dynamic": ("true", True),
     }

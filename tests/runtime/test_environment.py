@@ -104,16 +104,19 @@ def test_config_home_resolution(monkeypatch, tmp_path):
     assert environment.default_config_file() == tmp_path / "own" / "default_config.yaml"
 
 
-def test_old_kernel_warns_once(monkeypatch):
+def test_old_kernel_logs_once_on_accelerates_logger_under_the_alias(monkeypatch, caplog):
     monkeypatch.setattr(environment, "kernel_version", lambda: (4, 19))
     monkeypatch.setattr(environment, "_kernel_warned", False)
-    with pytest.warns(UserWarning, match="older than the minimum recommended 5.5"):
-        environment.check_os_kernel()
-    import warnings
+    import hasten.accelerate_alias as alias
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    monkeypatch.setattr(alias, "is_installed", lambda: False)
+    with caplog.at_level("WARNING"):
         environment.check_os_kernel()
+        environment.check_os_kernel()
+    assert [(r.name, r.levelname) for r in caplog.records] == [("hasten.utils.environment", "WARNING")]
+    assert "older than the minimum recommended 5.5.0" in caplog.records[0].msg
+    monkeypatch.setattr(alias, "is_installed", lambda: True)
+    assert alias.logger_for("utils.environment").name == "accelerate.utils.environment"
 
 
 def test_patch_environment_restores(monkeypatch):

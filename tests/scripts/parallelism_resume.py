@@ -17,7 +17,6 @@ from parallelism_training import LOCAL_BATCH, llama_case
 from safetensors.torch import load_file, save_file
 
 from hasten import Accelerator, ParallelismConfig
-from hasten.runtime.parallelism import data_parallel_mesh
 from hasten.state import reset_state
 from hasten.strategies.fsdp.checkpoint import merge_fsdp_weights
 
@@ -36,7 +35,7 @@ def setup(seed):
                 parameter.normal_(0, 0.02)
     model = acc.prepare(raw)
     opt = acc.prepare(torch.optim.AdamW(model.parameters(), lr=1e-2))
-    rank, dp = acc.data_parallel_rank, data_parallel_mesh(acc.torch_device_mesh).size()
+    rank, dp = acc.data_parallel_rank, acc.parallelism_config.data_parallel_size
     x, y = data.tensors
     batches = [(x[i:i + LOCAL_BATCH], y[i:i + LOCAL_BATCH]) for i in range(rank * LOCAL_BATCH, len(x), LOCAL_BATCH * dp)]
     return acc, model, opt, loss_fn, batches

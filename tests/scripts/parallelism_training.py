@@ -16,7 +16,6 @@ from torch.distributed.tensor import DTensor
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, ParallelismConfig
-from hasten.runtime.parallelism import data_parallel_mesh
 from hasten.state import reset_state
 
 LAYOUTS = {"fsdp_tp": dict(dp_shard_size=2, tp_size=2), "hsdp": dict(dp_replicate_size=2, dp_shard_size=2), "tp": dict(tp_size=2)}
@@ -103,7 +102,7 @@ def check(layout, name, case):
     make, data, loss_fn = case()
     acc = Accelerator(parallelism_config=ParallelismConfig(**LAYOUTS[layout]) if layout in LAYOUTS else None)
     mesh = acc.torch_device_mesh
-    dp = data_parallel_mesh(mesh).size()
+    dp = acc.parallelism_config.data_parallel_size
     raw = make()
     full = local_bytes(raw)
     opt = torch.optim.SGD(raw.parameters(), lr=0.2)

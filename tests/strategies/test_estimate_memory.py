@@ -11,7 +11,8 @@ import torch
 from hasten.commands import estimate_memory
 from hasten.errors import ConfigError, MissingDependencyError
 from hasten.runtime.fileio import format_bytes
-from hasten.strategies.deepspeed.memory_estimate import ModelSize, count_parameters, dtype_rows, model_size, zero2_rows, zero3_rows
+from hasten.commands.model_size import ModelSize, count_parameters, dtype_rows, model_size
+from hasten.strategies.deepspeed.memory_estimate import zero2_rows, zero3_rows
 
 # The Transformers DeepSpeed guide, bigscience/T0_3B on 1 node with 1 GPU.
 GUIDE_ROWS = [

@@ -15,14 +15,59 @@ from helpers import SCRIPTS, hasten_launch, torchrun
 
 
 def test_sizes_fill_the_shard_dimension_and_must_multiply_to_the_world():
-    assert ParallelismConfig(tp_size=2).sizes(4) == {"dp_replicate": 1, "dp_shard": 2, "tp": 2}
-    assert ParallelismConfig(dp_replicate_size=2, dp_shard_size=2).sizes(4) == {"dp_replicate": 2, "dp_shard": 2, "tp": 1}
+    assert ParallelismConfig(tp_size=2).sizes(4) == {"dp_replicate": 1, "dp_shard": 2, "cp": 1, "sp": 1, "tp": 2}
+    assert ParallelismConfig(dp_replicate_size=2, dp_shard_size=2).sizes(4)["dp_replicate"] == 2
     with pytest.raises(ConfigError, match="lays out 6 processes, but 4 run"):
         ParallelismConfig(dp_shard_size=3, tp_size=2).sizes(4)
     with pytest.raises(ConfigError, match="at least 1"):
         ParallelismConfig(tp_size=0)
+
+
+def test_context_and_sequence_parallel_layouts_build_but_an_accelerator_refuses_them():
+    from hasten import Accelerator
+    from hasten.runtime.parallelism import DeepSpeedSequenceParallelConfig, TorchContextParallelConfig
+
+    config = ParallelismConfig(dp_shard_size=2, cp_size=2)
+    assert config.cp_handler.cp_comm_strategy == "allgather"
+    assert config._get_mesh() == (("dp_shard", "cp"), (2, 2))
+    assert (config.dp_shard_cp_dim_names, config.dp_cp_dim_names) == (["dp_shard", "cp"], ["dp_shard", "cp"])
+    with patch_environment(PARALLELISM_CONFIG_CP_COMM_STRATEGY="alltoall"):
+        assert ParallelismConfig(cp_size=2).cp_handler.cp_comm_strategy == "alltoall"
+    with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
+        TorchContextParallelConfig(cp_comm_strategy="ring")
+    with pytest.raises(ValueError, match="Invalid sp_attn_implementation: eager"):
+        DeepSpeedSequenceParallelConfig(sp_attn_implementation="eager")
+    sequence = ParallelismConfig(sp_size=2)
+    assert sequence.sp_handler.sp_seq_length_is_variable is True and sequence.build_device_mesh("cpu") is None
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        ParallelismConfig(cp_size=2, sp_size=2)
+    with pytest.raises(ValueError, match="need a shard dimension"):
+        ParallelismConfig(dp_replicate_size=2, dp_shard_size=1, tp_size=2)
     with pytest.raises(NotSupportedError, match="context and sequence parallelism are not supported"):
-        ParallelismConfig(cp_size=2)
+        Accelerator(cpu=True, parallelism_config=ParallelismConfig(cp_size=2))
+
+
+def test_the_mesh_has_the_axes_above_one_in_accelerates_order(monkeypatch):
+    """Accelerate's layout, read without processes: the shape and names given to init_device_mesh, and the
+    sub-meshes flattened (the real meshes are built by the multi-process tests below)."""
+    import torch.distributed.device_mesh as device_mesh
+
+    built = {}
+
+    class Mesh:
+        def __init__(self, device_type, shape, mesh_dim_names):
+            built.update(shape=shape, names=mesh_dim_names, flattened=[])
+
+        def __getitem__(self, dims):
+            return type("Sub", (), {"_flatten": lambda _, name: built["flattened"].append((tuple(dims), name))})()
+
+    monkeypatch.setattr(device_mesh, "init_device_mesh", Mesh)
+    ParallelismConfig(dp_replicate_size=2, dp_shard_size=2, tp_size=2).build_device_mesh("cpu")
+    assert (built["shape"], built["names"]) == ((2, 2, 2), ("dp_replicate", "dp_shard", "tp"))
+    pair = ("dp_replicate", "dp_shard")
+    assert built["flattened"] == [(pair, "dp"), (("dp_shard",), "dp_shard_cp"), (pair, "dp_cp")]
+    assert ParallelismConfig(dp_replicate_size=8, dp_shard_size=1)._get_mesh() == (("dp_replicate",), (8,))
+    assert ParallelismConfig(dp_shard_size=1).build_device_mesh("cpu") is None, "no axis above 1: no mesh"
 
 
 def test_launch_settings_fill_unset_sizes():
@@ -81,7 +126,7 @@ def test_tensor_parallel_alone_trains_like_one_process():
 def test_launch_flags_lay_out_fsdp_x_tp_which_trains_like_one_process_on_a_quarter_of_the_bytes():
     flags = ("--cpu", "--num_processes", "4", "--parallelism_config_dp_shard_size", "2", "--parallelism_config_tp_size", "2")
     results = _results(hasten_launch(SCRIPTS / "parallelism_training.py", "launch", launch_args=flags, timeout=500).stdout, "launch", 4)
-    assert "{'dp_replicate': 1, 'dp_shard': 2, 'tp': 2}" in results["llama"]
+    assert "{'dp_shard': 2, 'tp': 2}" in results["llama"], "Accelerate's mesh: the axes above 1"
     ratio = float(results["llama"].rsplit("(", 1)[1].rstrip(")"))
     assert "identical losses" in results["orders"]
     assert 0.25 <= ratio < 0.26, f"only the norm weights stay whole on the tensor-parallel ranks: {results['llama']}"
@@ -90,7 +135,7 @@ def test_launch_flags_lay_out_fsdp_x_tp_which_trains_like_one_process_on_a_quart
 @pytest.mark.slow
 def test_hsdp_trains_like_one_process():
     results = _results(torchrun(SCRIPTS / "parallelism_training.py", "hsdp", nproc=4, timeout=500).stdout, "hsdp", 4)
-    assert "{'dp_replicate': 2, 'dp_shard': 2, 'tp': 1}" in results["mlp"] and "identical losses" in results["orders"]
+    assert "{'dp_replicate': 2, 'dp_shard': 2}" in results["mlp"] and "identical losses" in results["orders"]
 
 
 @pytest.mark.slow
@@ -112,4 +157,4 @@ def test_the_config_file_section_reaches_the_processes(tmp_path):
     assert (env["HASTEN_PARALLELISM_CONFIG_DP_SHARD_SIZE"], env["HASTEN_PARALLELISM_CONFIG_TP_SIZE"]) == ("2", "2")
     with patch_environment(**{k: v for k, v in env.items() if k.startswith("HASTEN_PARALLELISM_CONFIG_")}):
         config = ParallelismConfig.from_launch_settings()
-    assert config.sizes(4) == {"dp_replicate": 1, "dp_shard": 2, "tp": 2}
+    assert config.sizes(4) == {"dp_replicate": 1, "dp_shard": 2, "cp": 1, "sp": 1, "tp": 2}

@@ -302,13 +302,13 @@ def test_all_means_every_installed_tracker(tmp_path, no_optional_trackers):
     custom = RecordingTracker()
     assert filter_trackers([custom, "all"], tmp_path) == [custom, LoggerType.TENSORBOARD]
     assert filter_trackers([custom, "all", "jsonl"], tmp_path) == [custom, LoggerType.TENSORBOARD, LoggerType.JSONL]
-    with pytest.raises(ConfigError, match=r"The 'tensorboard' tracker \(log_with='all'\) writes files and needs a logging directory"):
+    with pytest.raises(ConfigError, match=r"Logging with `tensorboard` requires a `logging_dir` to be passed in \(log_with='all'\)"):
         filter_trackers("all")
 
 
 def test_log_with_errors():
     assert filter_trackers(None) == []
-    with pytest.raises(ConfigError, match=r"needs a logging directory, but none is set. Pass Accelerator\(project_dir=...\)"):
+    with pytest.raises(ConfigError, match=r"no logging directory is set. Pass Accelerator\(project_dir=...\)"):
         filter_trackers("jsonl")
     with pytest.raises(ConfigError, match=r"log_with='tensorbord' is not a known tracker; .* Did you mean 'tensorboard'\?"):
         filter_trackers("tensorbord")
@@ -362,8 +362,21 @@ def test_custom_tracker_instance_and_registration(tmp_path, restore_registry):
     class Clash(RecordingTracker):
         name = "jsonl"
 
-    with pytest.raises(ConfigError, match=r"A tracker named 'jsonl' is already registered \(hasten.tracking.jsonl_tracker.JSONLTracker\)"):
-        register_tracker_class(Clash)
+    from hasten.tracking.registry import LOGGER_TYPE_TO_CLASS
+
+    jsonl = LOGGER_TYPE_TO_CLASS["jsonl"]
+    try:
+        with pytest.warns(UserWarning, match=r"A tracker named 'jsonl' is already registered \(hasten.tracking.jsonl_tracker.JSONLTracker\)"):
+            register_tracker_class(Clash)
+        assert LOGGER_TYPE_TO_CLASS["jsonl"] is Clash, "as in Accelerate, the later registration wins"
+    finally:
+        LOGGER_TYPE_TO_CLASS["jsonl"] = jsonl
+
+    class NoFlag(GeneralTracker):
+        name = "no_flag"
+
+    with pytest.raises(ConfigError, match="needs a class attribute `requires_logging_directory`"):
+        register_tracker_class(NoFlag)
     with pytest.raises(ConfigError, match=r"register_tracker_class expects a subclass of hasten.tracking.GeneralTracker"):
         register_tracker_class(dict)
 

@@ -29,15 +29,16 @@ from .device_map import DEVICE_MAP_STRATEGIES, check_device_map, get_balanced_me
 from ..errors import ConfigError, NotSupportedError, did_you_mean
 from .hook_attach import attach_align_device_hook, attach_align_device_hook_on_blocks
 from .hooks import (
+    SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING,
     AlignDevicesHook,
     CpuOffload,
     LayerwiseCastingHook,
     UserCpuOffloadHook,
     add_hook_to_module,
-    align_module_device,
 )
 from .modeling import find_tied_parameters, retie_parameters
 from .tensors import as_device, get_module_tensor, moved_parameter, named_module_tensors
+from ..runtime.weights.offloaded import cpu_state_dict
 from .offload import OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict, read_offload_index
 
 
@@ -410,19 +411,12 @@ def load_checkpoint_and_dispatch(
 
 
 def get_state_dict_offloaded_model(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The full state dict of a model whose weights may be offloaded, every tensor on the CPU.
+    """The full state dict of a model whose weights may be offloaded, every parameter on the CPU.
 
-    Offloaded weights are brought in module by module (disk weights stay memory-mapped).
+    Offloaded weights are brought in module by module (disk weights stay memory-mapped); see
+    :func:`hasten.runtime.weights.offloaded.cpu_state_dict`, which engines and checkpoints use.
     """
-    state: dict[str, torch.Tensor] = {}
-    for prefix, module in model.named_modules():
-        own = {name for name, _ in named_module_tensors(module, remove_non_persistent=True)}
-        if not own:
-            continue
-        with align_module_device(module, torch.device("cpu")):
-            for name, tensor in named_module_tensors(module, remove_non_persistent=True):
-                state[f"{prefix}.{name}" if prefix else name] = tensor.detach()
-    return state
+    return cpu_state_dict(model)
 
 
 def attach_layerwise_casting_hooks(
@@ -439,8 +433,6 @@ def attach_layerwise_casting_hooks(
     Layers whose dotted name matches a regular expression of ``skip_modules_pattern`` (searched, not matched),
     or whose class is in ``skip_modules_classes``, and everything under them, keep their dtype.
     """
-    from ..compat.constants import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING
-
     patterns = (skip_modules_pattern,) if isinstance(skip_modules_pattern, str) else tuple(skip_modules_pattern or ())
     pending = [("", module)]
     while pending:

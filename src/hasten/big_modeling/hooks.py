@@ -19,6 +19,7 @@ from torch import nn
 from ..errors import CheckpointError
 from .tensors import get_module_tensor, get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
 from ..runtime.tree import find_device, send_to_device
+from ..runtime.weights.offloaded import OffloadingHook
 
 
 class ModelHook:
@@ -45,6 +46,12 @@ class ModelHook:
     def detach_hook(self, module: nn.Module) -> nn.Module:
         """Called when the hook is removed; undoes what :meth:`init_hook` did."""
         return module
+
+
+SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = (
+    nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d, nn.Linear,
+)  # fmt: skip
+"""The layers whose weights ``attach_layerwise_casting_hooks`` stores in a low dtype (Accelerate's constant)."""
 
 
 class LayerwiseCastingHook(ModelHook):
@@ -180,8 +187,11 @@ class MissingOffloadedWeightError(CheckpointError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-class AlignDevicesHook(ModelHook):
+class AlignDevicesHook(ModelHook, OffloadingHook):
     """Runs a module on ``execution_device``: moves its inputs there and, when offloaded, its weights too.
+
+    As an :class:`~hasten.runtime.weights.offloaded.OffloadingHook` it lets code that saves a model (which knows
+    nothing of big-model inference) read the offloaded weights.
 
     Args:
         execution_device: where the forward runs (None: inputs and weights stay where they are).
@@ -313,6 +323,26 @@ class AlignDevicesHook(ModelHook):
             output = send_to_device(output, self.input_device, skip_keys=self.skip_keys)
         return output
 
+    @property
+    def offloads_weights(self) -> bool:
+        """True when the weights are kept off the module between forwards (``offload``)."""
+        return bool(self.offload)
+
+    @contextlib.contextmanager
+    def weights_on(self, module: nn.Module, device=None):
+        """Inside this context the offloaded weights of ``module`` are real tensors on ``device`` (None: the
+        execution device); they go back out on exit, even when the body raises."""
+        original = self.execution_device
+        if device is not None:
+            self.execution_device = device
+        try:
+            self.pre_forward(module)
+            yield
+        finally:
+            self.post_forward(module, None)
+            if device is not None:
+                self.execution_device = original
+
     def detach_hook(self, module):
         if self.offload:
             for name, device in self.original_devices.items():
@@ -392,17 +422,8 @@ def align_module_device(module: nn.Module, execution_device=None):
     parameters are moved there and back.
     """
     if has_offloaded_params(module):
-        hook = module._hf_hook
-        original = hook.execution_device
-        if execution_device is not None:
-            hook.execution_device = execution_device
-        try:
-            hook.pre_forward(module)
+        with module._hf_hook.weights_on(module, execution_device):
             yield
-        finally:
-            hook.post_forward(module, None)
-            if execution_device is not None:
-                hook.execution_device = original
     elif execution_device is not None:
         devices = {name: param.device for name, param in module.named_parameters(recurse=False)}
         try:

@@ -1,7 +1,8 @@
 """Sizes and ties of models whose weights live on several devices: dtypes, module sizes, tied parameters.
 
 Names and results follow ``accelerate.utils.modeling`` (``compute_module_sizes``, ``dtype_byte_size``,
-``find_tied_parameters``, ...). Moving tensors is in :mod:`hasten.big_modeling.tensors`; device maps
+``find_tied_parameters``, ...); finding tied parameters is the weight-file layer's
+(:mod:`hasten.runtime.weights.tied`, re-exported here), which checkpoints use too. Moving tensors is in :mod:`hasten.big_modeling.tensors`; device maps
 (``infer_auto_device_map`` and friends) are in :mod:`hasten.big_modeling.device_map`.
 """
 
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError, did_you_mean
+from ..runtime.weights.tied import find_tied_parameters  # noqa: F401 (Accelerate's accelerate.utils.modeling name)
 from .tensors import get_module_tensor, get_tensor_owner, integral, named_module_tensors, resolve_dtype
 
 
@@ -148,28 +150,6 @@ def get_max_layer_size(modules, module_sizes: Mapping[str, int], no_split_module
         else:
             pending = [(f"{name}.{child}", module) for child, module in obj.named_children()] + pending
     return best, names
-
-
-def find_tied_parameters(model: nn.Module) -> list[list[str]]:
-    """Groups of parameter names that refer to the same parameter object (tied weights).
-
-    Works on the meta device, since ties are found by identity. Each group is sorted. The groups come in
-    Accelerate's order, which follows Python's string hashing (set by ``PYTHONHASHSEED``), so that a planner fed
-    with them decides as Accelerate's does in the same process.
-
-    Example:
-        >>> find_tied_parameters(model)   # a language model whose output layer reuses the embedding
-        [['lm_head.weight', 'transformer.wte.weight']]
-    """
-    every = dict(model.named_parameters(remove_duplicate=False))
-    unique = dict(model.named_parameters())
-    first_names = {id(param): name for name, param in reversed(unique.items())}
-    groups: dict[str, list[str]] = {}
-    # The set is built from key views, as Accelerate builds it: a set built from a dict is sized differently and
-    # would iterate in another order.
-    for name in set(every.keys()) - set(unique.keys()):
-        groups.setdefault(first_names[id(every[name])], []).append(name)
-    return [sorted([first, *set(others)]) for first, others in groups.items()]
 
 
 def retie_parameters(model: nn.Module, tied_params: list[list[str]]) -> None:

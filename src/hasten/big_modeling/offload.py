@@ -28,7 +28,7 @@ from ..errors import CheckpointError
 from ..runtime.fileio import atomic_write
 from .modeling import find_tied_parameters, parse_dtype, retie_parameters
 from .tensors import set_module_tensor_to_device
-from ..runtime.safetensors_io import SafetensorsHeader, map_tensor, read_header
+from ..runtime.weights.safetensors_io import SafetensorsHeader, map_tensor, read_header
 
 OFFLOAD_INDEX_NAME = "index.json"
 

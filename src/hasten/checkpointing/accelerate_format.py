@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import CheckpointError
-from ..runtime.safetensors_io import read_header, read_tensors
+from ..runtime.weights.safetensors_io import read_header, read_tensors
 from .files import MANIFEST, CheckpointReader
 
 
@@ -259,7 +259,7 @@ class AccelerateCheckpointReader:
 
 def _fill_tied(tensors: dict[str, torch.Tensor], model: torch.nn.Module) -> None:
     """Put back the tied weights Accelerate's safetensors files store under one of their names only."""
-    from ..big_modeling.modeling import find_tied_parameters
+    from ..runtime.weights.tied import find_tied_parameters
     from ..runtime.wrappers import extract_model_from_parallel
 
     for group in find_tied_parameters(extract_model_from_parallel(model, keep_torch_compile=False)):

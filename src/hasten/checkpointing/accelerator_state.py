@@ -58,10 +58,14 @@ class CheckpointContents:
 
 def check_checkpointable(objects) -> None:
     """Raise ``ConfigError`` for objects lacking ``state_dict`` / ``load_state_dict``."""
-    bad = [f"#{i} ({type(obj).__name__})" for i, obj in enumerate(objects) if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))]
+    bad = [
+        f"Item at index {i}, `{type(obj).__name__}`"
+        for i, obj in enumerate(objects)
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None)))
+    ]
     if bad:
         raise ConfigError(
-            f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); these have not: {', '.join(bad)}. "
+            f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); these have not: {'; '.join(bad)}. "
             "Wrap the object in a class that defines both."
         )
 

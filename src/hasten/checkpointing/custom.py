@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from ..runtime.fileio import atomic_write
-from ..runtime.safetensors_io import read_header, read_tensors, write_safetensors
+from ..runtime.weights.safetensors_io import read_header, read_tensors, write_safetensors
 from ..state import PartialState
 from .state_io import decode, encode
 

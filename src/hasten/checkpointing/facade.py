@@ -123,7 +123,7 @@ class CheckpointingMethods:
         Tied weights are stored once. Call it on every process (sharded engines gather the weights); the
         main process writes.
         """
-        from ..big_modeling.serialization import save_model_weights
+        from ..runtime.weights.saving import save_model_weights
 
         state_dict = self.get_state_dict(model)
         if self.is_main_process:
@@ -134,6 +134,6 @@ class CheckpointingMethods:
 
         A dict of tensors with ``safe_serialization=True`` is written as safetensors, anything else with ``torch.save``.
         """
-        from ..big_modeling.serialization import save
+        from ..runtime.weights.saving import save
 
         save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node, safe_serialization=safe_serialization)

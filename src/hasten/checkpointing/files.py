@@ -26,8 +26,8 @@ import torch
 from .._version import __version__
 from ..errors import CheckpointError
 from ..runtime.fileio import atomic_write, fsync_directory
-from ..runtime.safetensors_io import read_header, safetensors_size, write_safetensors
-from ..big_modeling.serialization import ALIASES_KEY, dedupe_tensors
+from ..runtime.weights.files import ALIASES_KEY
+from ..runtime.weights.safetensors_io import dedupe_tensors, read_header, safetensors_size, write_safetensors
 from .disk import DirectFile, HashingFile, bounce_buffer, failure_message, fsync_path
 from . import integrity
 from .integrity import HASH_KEY, Digest, HashQueue, corrupt_message, file_digest, find_corrupt

@@ -1,7 +1,8 @@
 """``hasten estimate-memory``: memory needed to train or load a model, without downloading or allocating it.
 
 Prints the size of the weights and of Adam training per dtype, and DeepSpeed ZeRO's table of memory
-per CPU and per GPU for each offload choice (ZeRO-3 by default; ``--zero_stage 2`` for ZeRO-2).
+per CPU and per GPU for each offload choice (ZeRO-3 by default; ``--zero_stage 2`` for ZeRO-2). The engines' tables
+come from their registrations (``Engine.memory_table``), so this command names no engine.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ def estimate_command(args: argparse.Namespace) -> int:
 
 def _model(args: argparse.Namespace):
     from ..errors import ConfigError
-    from ..strategies.deepspeed.memory_estimate import ModelSize, model_size
+    from .model_size import ModelSize, model_size
 
     if args.model_name is None and args.num_params is None:
         raise ConfigError("Name a model (a known model, a config.json, or module:factory) or give --num_params.")
@@ -75,7 +76,8 @@ def _model(args: argparse.Namespace):
 def report(args: argparse.Namespace) -> str:
     """The text ``hasten estimate-memory`` prints."""
     from ..runtime.fileio import format_bytes
-    from ..strategies.deepspeed.memory_estimate import dtype_rows, zero2_rows, zero3_rows
+    from ..environment import ENGINES
+    from .model_size import dtype_rows
 
     size = _model(args)
     lines = [f"Memory for {size.name}: {size.total_params // 10**6}M total parameters, {size.largest_layer_params // 10**6}M largest layer parameters.", ""]
@@ -86,14 +88,9 @@ def report(args: argparse.Namespace) -> str:
         lines.append("| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)) + " |")
         if index == 0:
             lines.append("|" + "|".join("-" * (width + 2) for width in widths) + "|")
-    lines += ["", f"DeepSpeed ZeRO-{args.zero_stage}: memory for parameters, gradients and optimizer states (fp16/bf16 mixed precision with Adam)"]
-    lines.append(f"on {args.num_nodes} node(s) with {args.num_gpus} GPU(s) per node; activations and CUDA kernels need more.")
-    if args.zero_stage == 3:
-        zero = zero3_rows(size.total_params, size.largest_layer_params, args.num_gpus, args.num_nodes)
-    else:
-        zero = zero2_rows(size.total_params, args.num_gpus, args.num_nodes)
-    lines.append("  per CPU |   per GPU | Options")
-    lines += [row.format() for row in zero]
+    for engine in ENGINES:
+        if engine.memory_table is not None:
+            lines += ["", *engine.memory_table(args, size.total_params, size.largest_layer_params)]
     return "\n".join(lines)
 
 

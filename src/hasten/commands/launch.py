@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from .. import environment
+from ..compat.launch_env import _validate_launch_command  # noqa: F401  (Accelerate's accelerate.commands.launch name)
 from ..config import Hardware, LoadedConfig, ResolvedSettings, Source, detect_hardware, environment_settings
 from ..config import launch_environment, read_config_file, resolve_settings
 from ..enums import DistributedType
@@ -300,6 +301,11 @@ def _add_process_environment(plan: LaunchPlan, hardware) -> None:
         plan.env["OMP_NUM_THREADS"] = str(threads)
         plan.launch_sources["num_cpu_threads_per_process"] = Source("inferred", f"({cores} cores / {plan.nproc_per_node} processes)")
     plan.args.num_cpu_threads_per_process = threads
+    if config.use_cpu and plan.nproc_per_node == 1 and config.num_machines == 1:
+        # Accelerate's one-process CPU launch: Intel OpenMP keeps its threads on fixed cores, and sleeps soon.
+        for name, value in (("KMP_AFFINITY", "granularity=fine,compact,1,0"), ("KMP_BLOCKTIME", "1")):
+            if name not in os.environ:
+                plan.env[name] = value
     ids = config.gpu_ids
     if ids is not None and str(ids).lower() != "all" and not config.use_cpu:
         variable = "ZE_AFFINITY_MASK" if hardware().kind == "xpu" else "CUDA_VISIBLE_DEVICES"

@@ -1,7 +1,8 @@
 """``hasten merge-weights``: turn a sharded checkpoint into one model file that plain PyTorch loads.
 
 Works on DeepSpeed ZeRO checkpoints (the fp32 master weights, as DeepSpeed's ``zero_to_fp32.py``
-rebuilds them) and on FSDP sharded checkpoints; which one is told by the folder's content. The
+rebuilds them) and on FSDP sharded checkpoints; which one is told by the folder's content. The engines' registrations
+say how (``Engine.merge_weights``), so this command names no engine. The
 checkpoint may be a folder written by ``accelerator.save_state`` or the engine's own folder.
 """
 
@@ -32,21 +33,19 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--remove_checkpoint_dir", "--remove-checkpoint-dir", action="store_true", help="Delete the checkpoint folder once the merged weights are written.")
 
 
-def detect_format(checkpoint: Path) -> str:
-    """``"deepspeed"`` or ``"fsdp"`` from what the folder holds; a ``CheckpointError`` otherwise."""
+def detect_format(checkpoint: Path):
+    """The registered engine whose sharded checkpoint ``checkpoint`` holds (its :class:`WeightsMerge`), asked in
+    registry order; a ``CheckpointError`` naming what each engine expects otherwise."""
+    from ..environment import ENGINES
     from ..errors import CheckpointError
-    from ..strategies.deepspeed.checkpoint import find_deepspeed_checkpoint
 
     if not checkpoint.is_dir():
         raise CheckpointError(f"{checkpoint} is not a folder: pass the checkpoint folder to merge.")
-    if find_deepspeed_checkpoint(checkpoint) is not None:
-        return "deepspeed"
-    if (checkpoint / ".metadata").is_file() or any((child / ".metadata").is_file() for child in checkpoint.iterdir() if child.is_dir()):
-        return "fsdp"
-    raise CheckpointError(
-        f"{checkpoint} holds neither a DeepSpeed ZeRO checkpoint (*_model_states.pt and *_optim_states.pt files, possibly under "
-        "deepspeed/<tag>/) nor an FSDP sharded checkpoint (a torch.distributed.checkpoint folder with a .metadata file)."
-    )
+    merges = [engine.merge_weights for engine in ENGINES if engine.merge_weights is not None]
+    for merge in merges:
+        if merge.holds(checkpoint):
+            return merge
+    raise CheckpointError(f"{checkpoint} holds neither {' nor '.join(merge.expects for merge in merges)}.")
 
 
 def merge_command(args: argparse.Namespace) -> int:
@@ -56,20 +55,16 @@ def merge_command(args: argparse.Namespace) -> int:
     checkpoint = Path(args.checkpoint_directory)
     output = Path(args.output_path)
     if args.remove_checkpoint_dir and output.resolve().is_relative_to(checkpoint.resolve()):
-        raise ConfigError(f"--remove_checkpoint_dir would delete the output {output}, which is inside {checkpoint}; write the merged weights elsewhere.")
-    kind = detect_format(checkpoint)
-    if kind == "deepspeed":
-        from ..strategies.deepspeed.checkpoint import merge_deepspeed_weights
-
-        written = merge_deepspeed_weights(checkpoint, output, safe_serialization=args.safe_serialization, max_shard_size=args.max_shard_size)
-    else:
-        from ..strategies.fsdp.checkpoint import merge_fsdp_weights
-
-        written = merge_fsdp_weights(checkpoint, output, safe_serialization=args.safe_serialization)
+        raise ConfigError(
+            f"--remove_checkpoint_dir would delete the output {output}, which is inside {checkpoint}; write the merged "
+            "weights elsewhere."
+        )
+    merge = detect_format(checkpoint)
+    written = merge.merge(checkpoint, output, args.safe_serialization, args.max_shard_size)
     if args.remove_checkpoint_dir:
         shutil.rmtree(checkpoint)
     names = ", ".join(str(path) for path in written)
-    print(f"Merged the {'DeepSpeed ZeRO' if kind == 'deepspeed' else 'FSDP'} checkpoint {checkpoint} into {names}")
+    print(f"Merged the {merge.label} checkpoint {checkpoint} into {names}")
     return 0
 
 

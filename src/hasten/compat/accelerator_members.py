@@ -60,8 +60,8 @@ class AcceleratorCompatibility:
     def torch_device_mesh(self):
         """The device mesh of the FSDP strategy (None for other strategies).
 
-        With a ``ParallelismConfig`` its dimensions are ``dp_replicate``, ``dp_shard``, ``tp``, and
-        ``mesh["dp"]`` is the flattened data-parallel sub-mesh.
+        With a ``ParallelismConfig`` its dimensions are the config's axes above 1 (of ``dp_replicate``,
+        ``dp_shard``, ``tp``), and ``mesh["dp"]`` is the flattened data-parallel sub-mesh (None when every size is 1).
         """
         return getattr(self._strategy, "device_mesh", None)
 
@@ -71,7 +71,10 @@ class AcceleratorCompatibility:
         mesh = self.torch_device_mesh if self.state.parallelism_config is not None else None
         if mesh is None:
             return default
-        return (data_parallel_mesh(mesh) if name == "dp" else mesh[name]).get_local_rank()
+        if name == "dp":
+            dp = data_parallel_mesh(mesh)
+            return 0 if dp is None else dp.get_local_rank()
+        return mesh[name].get_local_rank() if name in mesh.mesh_dim_names else 0
 
     @property
     def data_parallel_rank(self) -> int:

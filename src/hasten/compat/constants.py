@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import operator
 
-import torch
-
-from ..big_modeling.checkpoint_files import (  # noqa: F401 (Accelerate's names, defined where hasten uses them)
+from ..big_modeling.hooks import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING  # noqa: F401 (Accelerate's name)
+from ..runtime.weights.files import (  # noqa: F401 (Accelerate's names, defined where hasten uses them)
     MODEL_NAME,
     SAFE_MODEL_NAME,
     SAFE_WEIGHTS_INDEX_NAME,
@@ -51,10 +50,6 @@ CUDA_DISTRIBUTED_TYPES = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP"]
 TORCH_DISTRIBUTED_OPERATION_TYPES = CUDA_DISTRIBUTED_TYPES + [
     "MULTI_NPU", "MULTI_MLU", "MULTI_SDAA", "MULTI_MUSA", "MULTI_XPU", "MULTI_CPU", "MULTI_HPU", "MULTI_NEURON",
 ]  # fmt: skip
-SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING = (
-    torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d, torch.nn.ConvTranspose1d, torch.nn.ConvTranspose2d,
-    torch.nn.ConvTranspose3d, torch.nn.Linear,
-)  # fmt: skip
 
 # version floors of features (Accelerate's names; hasten itself requires torch >= 2.6)
 FSDP_PYTORCH_VERSION = "2.1.0.a0+32f93b1"

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 from .. import environment
 from ..enums import DistributedType
-from ..errors import NotSupportedError
+from ..errors import ConfigError, NotSupportedError
 
 
 def _plan(args: argparse.Namespace):
@@ -25,6 +26,44 @@ def _plan(args: argparse.Namespace):
     for name, value in vars(args).items():  # Accelerate's namespaces say False for a switch left out, hasten's None
         complete[name] = None if value is False and complete.get(name, False) is None else value
     return prepare_launch(argparse.Namespace(**complete))
+
+
+def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, object, bool]:
+    """Accelerate's check of a launch's flags: ``(args, the settings in force, whether mixed_precision came from the
+    config file)``. hasten plans the launch as ``hasten launch`` would (flags > config file > environment > defaults,
+    raising what it raises) and returns ``args`` as given: the helpers here resolve the settings again from them."""
+    settings = _plan(args).settings
+    source = settings.sources.get("mixed_precision")
+    return args, settings.config, source is not None and source.kind == "config file"
+
+
+def _convert_nargs_to_dict(nargs: list[str]) -> dict[str, Any]:
+    """A script's ``--name value`` arguments as SageMaker hyperparameters: ``{name: value}``, with whole numbers as
+    ``int``, other numbers as ``float`` and ``True``/``False`` as booleans. SageMaker passes every hyperparameter
+    with a value, so an option followed by another option, or last (a ``store_true`` switch), is a
+    :class:`~hasten.errors.ConfigError` (a ``ValueError``, as in Accelerate)."""
+    result: dict[str, Any] = {}
+    for index, argument in enumerate(nargs):
+        if not argument.startswith("-"):
+            continue
+        value = nargs[index + 1] if index + 1 < len(nargs) else None
+        if value is None or value.startswith("-"):
+            raise ConfigError(
+                f"SageMaker hyperparameter {argument} has no value: SageMaker does not pass store_true/store_false "
+                f"switches. Give it an explicit value ({argument} True) and a type in the script's parser."
+            )
+        result[argument.lstrip("-").replace("-", "_")] = _typed(value)
+    return result
+
+
+def _typed(text: str) -> Any:
+    if text in ("True", "False"):
+        return text == "True"
+    try:
+        number = float(text)
+    except ValueError:
+        return text
+    return int(number) if number.is_integer() else number
 
 
 def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:

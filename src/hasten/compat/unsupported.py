@@ -11,13 +11,6 @@ from ..runtime.parallelism import ParallelismConfig
 __all__ = ["ParallelismConfig", "is_rich_available", "prepare_pippy"]
 
 
-def _refuse_parallelism(name: str) -> NotSupportedError:
-    return NotSupportedError(
-        f"{name}: context and sequence parallelism are not supported by hasten. Use ParallelismConfig(dp_shard_size=..., "
-        "tp_size=...) (FSDP2 and tensor parallelism) or DeepSpeed ZeRO to fit a large model; see docs/parallelism.md."
-    )
-
-
 def prepare_pippy(model, split_points="auto", no_split_module_classes=None, example_args=(), example_kwargs=None, num_chunks=None, gather_output=False):
     """Pipeline-parallel inference (Accelerate's ``prepare_pippy``) is not supported by hasten."""
     raise NotSupportedError(
@@ -34,16 +27,6 @@ def is_rich_available() -> bool:
 
 
 @dataclass
-class TorchContextParallelConfig:
-    """Accelerate's TorchContextParallelConfig (context/sequence parallelism); not supported by hasten (creating one raises NotSupportedError)."""
-
-    cp_comm_strategy: Any = None
-
-    def __post_init__(self):
-        raise _refuse_parallelism("TorchContextParallelConfig")
-
-
-@dataclass
 class TorchTensorParallelPlugin:
     """Accelerate's older TorchTensorParallelPlugin; creating one raises NotSupportedError pointing to ``ParallelismConfig(tp_size=...)``."""
 
@@ -56,18 +39,6 @@ class TorchTensorParallelPlugin:
             f"ParallelismConfig: Accelerator(parallelism_config=ParallelismConfig(tp_size={self.tp_size!r})) or "
             "`hasten launch --parallelism_config_tp_size N`."
         )
-
-
-@dataclass
-class DeepSpeedSequenceParallelConfig:
-    """Accelerate's DeepSpeedSequenceParallelConfig (context/sequence parallelism); not supported by hasten (creating one raises NotSupportedError)."""
-
-    sp_seq_length: Any = None
-    sp_seq_length_is_variable: Any = None
-    sp_attn_implementation: Any = None
-
-    def __post_init__(self):
-        raise _refuse_parallelism("DeepSpeedSequenceParallelConfig")
 
 
 def install_xla(upgrade=False):

@@ -1,32 +1,49 @@
 """N-D parallelism: one ``ParallelismConfig`` lays every axis out on one ``DeviceMesh``.
 
-The mesh has the dimensions ``("dp_replicate", "dp_shard", "tp")`` (sizes of 1 included, so every
-name always exists) and a flattened ``"dp"`` sub-mesh (``dp_replicate`` x ``dp_shard``): the
-data-parallel ranks, which read different batches. Tensor-parallel peers (``"tp"``) share a batch
-and split each layer's weights. Ranks are laid out with ``tp`` innermost, so tensor-parallel peers
-are neighbours (on GPUs: the same machine).
+The mesh has a dimension for each axis of size above 1, in the order ``dp_replicate``, ``dp_shard``, ``cp``,
+``sp``, ``tp`` (Accelerate's layout: ``tp`` innermost, so tensor-parallel peers are neighbours, on GPUs the
+same machine), and flattened sub-meshes: ``dp`` (the data-parallel ranks, which read different batches),
+``dp_shard_cp`` (what FSDP shards over) and ``dp_cp`` (the ranks a loss is averaged over). Tensor-parallel
+peers (``tp``) share a batch and split each layer's weights. Context and sequence parallelism build (their
+options are checked as Accelerate checks them) but an ``Accelerator`` refuses to run them.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
 from .. import environment
 from ..errors import ConfigError, NotSupportedError
 from ..settings.parallelism import PARALLELISM
+from .parallelism_handlers import (
+    DeepSpeedSequenceParallelConfig,
+    TorchContextParallelConfig,
+    TorchTensorParallelConfig,
+    launch_option,
+)
 
-MESH_DIMS = ("dp_replicate", "dp_shard", "tp")
+__all__ = [
+    "DeepSpeedSequenceParallelConfig",
+    "ParallelismConfig",
+    "TorchContextParallelConfig",
+    "TorchTensorParallelConfig",
+    "data_parallel_mesh",
+]
+
+MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+_SIZES = tuple(f"{axis}_size" for axis in MESH_ORDER)
 
 
 def data_parallel_mesh(mesh):
     """The flattened ``dp`` (``dp_replicate`` x ``dp_shard``) sub-mesh of a mesh built by :meth:`ParallelismConfig.build_device_mesh`.
 
-    Flattening again returns the same mesh; reading it this way avoids torch's deprecation of
+    None when the mesh (or ``mesh`` itself) is None or has no data-parallel dimension: every rank then reads the
+    same batches. Flattening again returns the same mesh; reading it this way avoids torch's deprecation of
     slicing a flattened dimension from the root mesh (``mesh["dp"]``).
     """
-    return mesh["dp_replicate", "dp_shard"]._flatten("dp")
+    dims = [dim for dim in ("dp_replicate", "dp_shard") if mesh is not None and dim in (mesh.mesh_dim_names or ())]
+    return mesh[dims]._flatten("dp") if dims else None
 
 
 @dataclass
@@ -34,12 +51,14 @@ class ParallelismConfig:
     """Accelerate's N-D parallelism layout: data replicate / data shard / tensor / context / sequence sizes.
 
     Sizes left at None come from the launch settings (``--parallelism_config_dp_shard_size`` and the
-    other ``parallelism_config_*`` flags or config file keys, carried as ``HASTEN_PARALLELISM_CONFIG_*``),
-    else 1; an unset ``dp_shard_size`` then takes the processes the other sizes leave. The product of
-    the sizes must equal the number of processes. ``dp_shard_size`` shards parameters (FSDP2),
+    other ``parallelism_config_*`` flags or config file keys, carried as ``HASTEN_PARALLELISM_CONFIG_*``;
+    Accelerate's ``PARALLELISM_CONFIG_*`` variables are read too), else 1; an unset ``dp_shard_size`` then
+    takes the processes the other sizes leave when the mesh is built. An ``Accelerator`` needs the product
+    of the sizes to equal the number of processes. ``dp_shard_size`` shards parameters (FSDP2),
     ``dp_replicate_size`` replicates the shards (HSDP), ``tp_size`` splits layers as the model's
-    tensor-parallel plan says. Context and sequence parallelism (``cp_size``/``sp_size`` above 1)
-    raise :class:`~hasten.errors.NotSupportedError` (see docs/parallelism.md).
+    tensor-parallel plan says. A layout with context or sequence parallelism (``cp_size``/``sp_size`` above
+    1) builds, with its handler, but an ``Accelerator`` refuses it with :class:`~hasten.errors.NotSupportedError`
+    (see docs/parallelism.md).
     """
 
     dp_replicate_size: int | None = None
@@ -49,25 +68,50 @@ class ParallelismConfig:
     cp_backend: str | None = None
     sp_size: int | None = None
     sp_backend: str | None = None
-    tp_handler: object = None
-    cp_handler: object = None
-    sp_handler: object = None
+    tp_handler: TorchTensorParallelConfig | None = None
+    cp_handler: TorchContextParallelConfig | None = None
+    sp_handler: DeepSpeedSequenceParallelConfig | None = None
 
     def __post_init__(self):
         self.device_mesh = None
-        self.cp_backend = self.cp_backend or "torch"
-        self.sp_backend = self.sp_backend or "deepspeed"
         environment.fill_unset(self, PARALLELISM.rows)
-        for name in ("dp_replicate_size", "dp_shard_size", "tp_size", "cp_size", "sp_size"):
+        self.cp_backend = self.cp_backend or launch_option("cp_backend", "torch")
+        self.sp_backend = self.sp_backend or launch_option("sp_backend", "deepspeed")
+        for name in _SIZES:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f"ParallelismConfig({name}={value!r}): sizes are whole numbers of processes, at least 1.")
-        unsupported = {name: getattr(self, name) for name in ("cp_size", "sp_size") if getattr(self, name) > 1}
-        if unsupported:
-            raise NotSupportedError(
-                f"ParallelismConfig({', '.join(f'{k}={v}' for k, v in unsupported.items())}): context and sequence parallelism "
-                "are not supported by hasten (torch's context_parallel needs CUDA scaled-dot-product attention kernels). "
-                "Use dp_shard_size and tp_size to fit long sequences, or activation checkpointing; see docs/parallelism.md."
+        for name, value, known in (("cp_backend", self.cp_backend, "torch"), ("sp_backend", self.sp_backend, "deepspeed")):
+            if value != known:
+                raise ConfigError(f"ParallelismConfig({name}={value!r}): the only {name} is {known!r}.")
+        self._default_handlers()
+        if self.cp_enabled and self.sp_enabled:
+            raise ConfigError(
+                f"ParallelismConfig(cp_size={self.cp_size}, sp_size={self.sp_size}): context and sequence parallelism "
+                "are mutually exclusive; set one of them to 1."
+            )
+        self._check_pure_replication()
+
+    def _default_handlers(self) -> None:
+        if self.tp_enabled and self.tp_handler is None:
+            self.tp_handler = TorchTensorParallelConfig()
+        if self.cp_enabled:
+            if self.cp_handler is None:
+                self.cp_handler = TorchContextParallelConfig()
+            elif not isinstance(self.cp_handler, TorchContextParallelConfig):
+                raise ConfigError(
+                    f"ParallelismConfig(cp_backend='torch') takes a TorchContextParallelConfig as cp_handler, "
+                    f"got {type(self.cp_handler).__name__}."
+                )
+        if self.sp_enabled and self.sp_handler is None:
+            self.sp_handler = DeepSpeedSequenceParallelConfig()
+
+    def _check_pure_replication(self) -> None:
+        if (self.tp_enabled or self.cp_enabled) and self.dp_replicate_enabled and self.dp_shard_size == 1:
+            raise ConfigError(
+                f"ParallelismConfig(dp_replicate_size={self.dp_replicate_size}, dp_shard_size=1) with tensor or context "
+                "parallelism: replicas of a tensor-parallel model need a shard dimension. Set dp_shard_size > 1 "
+                "(FSDP x TP, or HSDP x TP with dp_replicate_size > 1)."
             )
 
     @classmethod
@@ -78,28 +122,58 @@ class ParallelismConfig:
         return cls()
 
     def sizes(self, world_size: int) -> dict[str, int]:
-        """The size of each mesh dimension for ``world_size`` processes; a :class:`ConfigError` when they do not fit."""
-        others = self.dp_replicate_size * self.tp_size
-        shard = self.dp_shard_size if self.dp_shard_size is not None else world_size // others
-        sizes = {"dp_replicate": self.dp_replicate_size, "dp_shard": max(shard, 1), "tp": self.tp_size}
-        product = sizes["dp_replicate"] * sizes["dp_shard"] * sizes["tp"]
+        """The size of each axis (``dp_replicate``, ``dp_shard``, ``cp``, ``sp``, ``tp``) for ``world_size`` processes,
+        an unset ``dp_shard_size`` taking the processes the others leave; a :class:`ConfigError` when they do not fit."""
+        others = self.dp_replicate_size * self.cp_size * self.sp_size * self.tp_size
+        shard = self.dp_shard_size if self.dp_shard_size is not None else max(world_size // others, 1)
+        sizes = {axis: shard if axis == "dp_shard" else getattr(self, f"{axis}_size") for axis in MESH_ORDER}
+        product = others * shard
         if product != world_size:
+            layout = ", ".join(f"{axis}_size={size}" for axis, size in sizes.items() if size > 1 or axis == "dp_shard")
             raise ConfigError(
-                f"ParallelismConfig(dp_replicate_size={sizes['dp_replicate']}, dp_shard_size={sizes['dp_shard']}, tp_size={sizes['tp']}) "
-                f"lays out {product} processes, but {world_size} run. Make the product of the sizes equal the number of processes "
-                "(--num_processes), or leave dp_shard_size unset to take the processes the other sizes leave."
+                f"ParallelismConfig({layout}) lays out {product} processes, but {world_size} run. Make the product of the "
+                "sizes equal the number of processes (--num_processes), or leave dp_shard_size unset to take the processes "
+                "the other sizes leave."
             )
         return sizes
 
+    def check_supported(self) -> None:
+        """Raise :class:`NotSupportedError` for a layout hasten cannot run: context or sequence parallelism."""
+        unsupported = {f"{axis}_size": getattr(self, f"{axis}_size") for axis in ("cp", "sp") if getattr(self, f"{axis}_size") > 1}
+        if unsupported:
+            raise NotSupportedError(
+                f"ParallelismConfig({', '.join(f'{k}={v}' for k, v in unsupported.items())}): context and sequence parallelism "
+                "are not supported by hasten (torch's context_parallel needs CUDA scaled-dot-product attention kernels). "
+                "Use dp_shard_size and tp_size to fit long sequences, or activation checkpointing; see docs/parallelism.md."
+            )
+
+    def _get_mesh(self) -> tuple:
+        """``(dimension names, shape)`` of the mesh: the axes of size above 1 in mesh order; ``()`` when there is none."""
+        active = set(self.active_mesh_dims)
+        axes = [(axis, self.dp_shard_size if axis == "dp_shard" else getattr(self, f"{axis}_size")) for axis in MESH_ORDER if axis in active]
+        return tuple(zip(*axes))
+
     def build_device_mesh(self, device_type: str):
-        """The ``DeviceMesh`` of this layout over the initialised process group's ranks, with the dimensions
-        ``dp_replicate``, ``dp_shard``, ``tp`` and the flattened ``dp``."""
+        """The ``DeviceMesh`` of this layout over the initialised process group's ranks: one dimension per axis of
+        size above 1, with the flattened ``dp``, ``dp_shard_cp`` and ``dp_cp`` sub-meshes where they have a
+        dimension. None when no axis is above 1, or with DeepSpeed sequence parallelism (DeepSpeed makes its
+        own groups). An unset ``dp_shard_size`` is settled here from the number of processes."""
+        if self.sp_enabled and self.sp_backend == "deepspeed":
+            return None
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
-        sizes = self.sizes(dist.get_world_size() if dist.is_initialized() else 1)
-        mesh = init_device_mesh(device_type, tuple(sizes[d] for d in MESH_DIMS), mesh_dim_names=MESH_DIMS)
-        data_parallel_mesh(mesh)
+        if self.dp_shard_size is None:
+            self.dp_shard_size = self.sizes(dist.get_world_size() if dist.is_initialized() else 1)["dp_shard"]
+            self._check_pure_replication()
+        mesh_layout = self._get_mesh()
+        if not mesh_layout:
+            return None
+        names, shape = mesh_layout
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        for dims, flat in ((self.dp_dim_names, "dp"), (self.dp_shard_cp_dim_names, "dp_shard_cp"), (self.dp_cp_dim_names, "dp_cp")):
+            if dims:
+                mesh[dims]._flatten(flat)
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None):
@@ -118,6 +192,51 @@ class ParallelismConfig:
         return json.dumps({name: getattr(self, name) for name in fields})
 
     @property
+    def dp_dim_names(self) -> list[str]:
+        """The mesh dimensions whose ranks read different batches (``dp_replicate``, ``dp_shard``; those above 1)."""
+        return [axis for axis, on in (("dp_replicate", self.dp_replicate_enabled), ("dp_shard", self.dp_shard_enabled)) if on]
+
+    @property
+    def non_dp_dim_names(self) -> list[str]:
+        """The mesh dimensions whose ranks share a batch (``tp``, ``cp``, ``sp``; those above 1)."""
+        return [axis for axis, on in (("tp", self.tp_enabled), ("cp", self.cp_enabled), ("sp", self.sp_enabled)) if on]
+
+    @property
+    def dp_shard_cp_dim_names(self) -> list[str]:
+        """The mesh dimensions flattened into ``dp_shard_cp``, over which FSDP shards the model."""
+        return [axis for axis, on in (("dp_shard", self.dp_shard_enabled), ("cp", self.cp_enabled)) if on]
+
+    @property
+    def dp_cp_dim_names(self) -> list[str]:
+        """The mesh dimensions flattened into ``dp_cp``, over which a loss is averaged."""
+        return self.dp_dim_names + (["cp"] if self.cp_enabled else [])
+
+    @property
+    def fsdp_dim_names(self) -> list[str]:
+        """The dimensions FSDP runs over: ``dp_replicate`` (when above 1) and the flattened ``dp_shard_cp``."""
+        return (["dp_replicate"] if self.dp_replicate_enabled else []) + ["dp_shard_cp"]
+
+    @property
+    def active_mesh_dims(self) -> list[str]:
+        """Every mesh dimension (axes of size above 1): the data-parallel ones, then the others."""
+        return self.dp_dim_names + self.non_dp_dim_names
+
+    @property
+    def total_size(self) -> int:
+        """The number of processes the sizes lay out (an unset ``dp_shard_size`` counting as 1)."""
+        return self.data_parallel_size * self.non_data_parallel_size
+
+    @property
+    def data_parallel_size(self) -> int:
+        """``dp_replicate_size`` x ``dp_shard_size``: the ranks that read different batches."""
+        return self.dp_replicate_size * (self.dp_shard_size or 1)
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        """``tp_size`` x ``cp_size`` x ``sp_size``: the ranks that share each batch."""
+        return self.tp_size * self.cp_size * self.sp_size
+
+    @property
     def tp_enabled(self) -> bool:
         """Whether layers are split across tensor-parallel ranks."""
         return self.tp_size > 1
@@ -134,33 +253,10 @@ class ParallelismConfig:
 
     @property
     def cp_enabled(self) -> bool:
-        """Always False: context parallelism is refused at construction."""
-        return False
+        """Whether sequences are split across context-parallel ranks (an ``Accelerator`` refuses it)."""
+        return self.cp_size > 1
 
     @property
     def sp_enabled(self) -> bool:
-        """Always False: sequence parallelism is refused at construction."""
-        return False
-
-    @property
-    def total_size(self) -> int:
-        """The number of processes the explicitly set sizes lay out."""
-        return self.dp_replicate_size * (self.dp_shard_size or 1) * self.tp_size * self.cp_size * self.sp_size
-
-
-@dataclass
-class TorchTensorParallelConfig:
-    """Accelerate's tensor-parallel options, given as ``ParallelismConfig(tp_handler=...)``.
-
-    Asynchronous tensor parallelism (``enable_async_tp=True``, CUDA symmetric memory) is not supported
-    and raises :class:`~hasten.errors.NotSupportedError`; plain tensor parallelism needs no options.
-    """
-
-    enable_async_tp: Any = False
-
-    def __post_init__(self):
-        if self.enable_async_tp:
-            raise NotSupportedError(
-                "TorchTensorParallelConfig(enable_async_tp=True): asynchronous tensor parallelism is not supported by hasten; "
-                "leave it False (tensor parallelism itself works: ParallelismConfig(tp_size=N))."
-            )
+        """Whether sequences are split across sequence-parallel ranks (an ``Accelerator`` refuses it)."""
+        return self.sp_size > 1

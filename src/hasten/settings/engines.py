@@ -69,6 +69,22 @@ class Argument:
 
 
 @dataclass(frozen=True, slots=True)
+class WeightsMerge:
+    """How ``hasten merge-weights`` turns an engine's sharded checkpoint into one model file.
+
+    ``label`` names the format in messages ("DeepSpeed ZeRO"), ``expects`` says what its folder holds (for the
+    error when no engine recognises a folder); ``holds(folder)`` tells whether a folder is such a checkpoint and
+    ``merge(folder, output, safe_serialization, max_shard_size)`` writes the merged weights and returns the files.
+    Both may import the engine's modules (they run only in that command).
+    """
+
+    label: str
+    expects: str
+    holds: Callable[[Any], bool]
+    merge: Callable[[Any, Any, bool, str], list]
+
+
+@dataclass(frozen=True, slots=True)
 class Dialogue:
     """How ``hasten config`` offers an engine: a yes/no ``question`` asked when the machine type answered is one of
     ``offered_for``; after a yes, ``ask(asker, answers)`` asks the engine's settings and returns the config sections
@@ -102,6 +118,9 @@ class Engine:
         launch_variables: ``f(settings) -> {variable: value}``, more variables ``hasten launch`` exports when it runs.
         launch_warnings: ``f(settings) -> [line]``, settings it does not act on, when it runs.
         explain_failure: ``f(variables, exit code) -> advice or None``, for a worker that failed under it.
+        merge_weights: how ``hasten merge-weights`` merges its sharded checkpoints (:class:`WeightsMerge`).
+        memory_table: ``f(arguments, total parameters, largest layer's parameters) -> [line]``, its part of
+            ``hasten estimate-memory``'s report (the parsed command line holds ``num_gpus``, ``num_nodes``, ...).
     """
 
     name: str
@@ -120,6 +139,8 @@ class Engine:
     launch_variables: Callable[[Any], dict[str, str]] | None = None
     launch_warnings: Callable[[Any], list[str]] | None = None
     explain_failure: Callable[[dict, int], str | None] | None = None
+    merge_weights: WeightsMerge | None = None
+    memory_table: Callable[[Any, int, int], list[str]] | None = None
 
     @property
     def flag(self) -> str | None:

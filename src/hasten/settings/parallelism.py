@@ -1,6 +1,7 @@
 """The ``parallelism_config`` table: N-D parallelism sizes (``ParallelismConfig``; hasten runs dp_replicate,
-dp_shard and tp). Each size row's ``field`` is the ``ParallelismConfig`` field it fills; the context- and
-sequence-parallel keys other than the sizes are accepted in the config file only."""
+dp_shard and tp). Each size row's ``field`` is the ``ParallelismConfig`` field it fills (a size set this way
+chooses FSDP); the backends and the context/sequence-parallel handlers' options are read by key when left
+unset, and have no launch flag."""
 
 from __future__ import annotations
 
@@ -30,15 +31,30 @@ PARALLELISM = Section(
             "parallelism_config_cp_size", "int", env_help=f"ParallelismConfig: context-parallel {_NOT_ABOVE_1}",
             flag_help=f"Context-parallel {_NOT_ABOVE_1}.", field="cp_size", fallback=1,
         ),
-        Setting("parallelism_config_cp_backend", env=None, flag=None),
-        Setting("parallelism_config_cp_comm_strategy", env=None, flag=None),
+        Setting(
+            "parallelism_config_cp_backend", env_help="ParallelismConfig: context-parallel backend (torch)", flag=None,
+        ),
+        Setting(
+            "parallelism_config_cp_comm_strategy", env_help="TorchContextParallelConfig: allgather or alltoall", flag=None,
+        ),
         Setting(
             "parallelism_config_sp_size", "int", env_help=f"ParallelismConfig: sequence-parallel {_NOT_ABOVE_1}",
             flag_help=f"Sequence-parallel {_NOT_ABOVE_1}.", field="sp_size", fallback=1,
         ),
-        Setting("parallelism_config_sp_backend", env=None, flag=None),
-        Setting("parallelism_config_sp_seq_length", "int", env=None, flag=None),
-        Setting("parallelism_config_sp_seq_length_is_variable", "bool", env=None, flag=None),
-        Setting("parallelism_config_sp_attn_implementation", env=None, flag=None),
+        Setting(
+            "parallelism_config_sp_backend", env_help="ParallelismConfig: sequence-parallel backend (deepspeed)", flag=None,
+        ),
+        Setting(
+            "parallelism_config_sp_seq_length", "int", env_help="DeepSpeedSequenceParallelConfig: fixed sequence length",
+            flag=None,
+        ),
+        Setting(
+            "parallelism_config_sp_seq_length_is_variable", "bool", flag=None,
+            env_help="DeepSpeedSequenceParallelConfig: sequence lengths vary between batches",
+        ),
+        Setting(
+            "parallelism_config_sp_attn_implementation", flag=None,
+            env_help="DeepSpeedSequenceParallelConfig: attention implementation",
+        ),
     ),
 )

@@ -15,6 +15,7 @@ import torch
 
 from ..enums import DistributedType
 from ..runtime.precision import Precision
+from ..runtime.weights.offloaded import cpu_state_dict, has_offloaded_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -190,12 +191,8 @@ class Strategy(ABC):
         The model itself is left as it is (its mixed precision forward stays in place).
         """
         target = self.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=False) if unwrap else model
-        from ..big_modeling.hooks import has_offloaded_params
-
-        if any(has_offloaded_params(module) for module in target.modules()):
-            from ..big_modeling import get_state_dict_offloaded_model
-
-            return get_state_dict_offloaded_model(target)
+        if has_offloaded_weights(target):
+            return cpu_state_dict(target)
         return target.state_dict()
 
     # ---------------------------------------------------------------------------------- checkpoints

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import warnings
 
 from ..enums import LoggerType
 from ..errors import ConfigError, did_you_mean, require
@@ -69,9 +70,12 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> type[GeneralT
     Returns:
         ``tracker_class``, unchanged.
 
+    A name already registered is taken over by ``tracker_class``, with a ``UserWarning`` (as in Accelerate):
+    shadowing a built-in tracker's name replaces that tracker.
+
     Raises:
-        ConfigError: it is not a GeneralTracker subclass, has no string ``name``, or its name is taken
-            by another class.
+        ConfigError: it is not a GeneralTracker subclass, or has no string ``name`` or no
+            ``requires_logging_directory``.
     """
     if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
         raise ConfigError(f"register_tracker_class expects a subclass of hasten.tracking.GeneralTracker, got {tracker_class!r}.")
@@ -80,11 +84,18 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> type[GeneralT
         raise ConfigError(f"{tracker_class.__name__} needs a class attribute `name` (a non-empty string) to be registered.")
     if name == LoggerType.ALL.value:
         raise ConfigError("'all' is reserved for every available tracker; choose another `name`.")
+    if not hasattr(tracker_class, "requires_logging_directory"):
+        raise ConfigError(
+            f"{tracker_class.__name__} needs a class attribute `requires_logging_directory`: True when its constructor "
+            "takes the logging directory (after the project name), else False."
+        )
     existing = LOGGER_TYPE_TO_CLASS.get(name)
     if existing is not None and existing is not tracker_class:
-        raise ConfigError(
+        warnings.warn(
             f"A tracker named {name!r} is already registered ({existing.__module__}.{existing.__qualname__}); "
-            f"give {tracker_class.__name__} another `name`."
+            f"{tracker_class.__name__} replaces it for log_with={name!r}. Give it another `name` to keep both.",
+            UserWarning,
+            stacklevel=2,
         )
     LOGGER_TYPE_TO_CLASS[name] = tracker_class
     return tracker_class
@@ -107,8 +118,9 @@ def _check_usable(name: str, logging_dir, requested_as: str) -> None:
         require(tracker_class._package, f"The {name!r} tracker ({requested_as})", tracker_class._extra)
     if tracker_class.requires_logging_directory and logging_dir is None:
         raise ConfigError(
-            f"The {name!r} tracker ({requested_as}) writes files and needs a logging directory, but none is set. "
-            "Pass Accelerator(project_dir=...) or Accelerator(project_config=ProjectConfiguration(logging_dir=...))."
+            f"Logging with `{name}` requires a `logging_dir` to be passed in ({requested_as}): the tracker writes files, "
+            "and no logging directory is set. Pass Accelerator(project_dir=...) or "
+            "Accelerator(project_config=ProjectConfiguration(logging_dir=...))."
         )
 
 

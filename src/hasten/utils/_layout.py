@@ -16,7 +16,7 @@ def _names(module: str, names: str) -> dict[str, str]:
 
 
 _CHECKPOINT_NAMES = _names(
-    "big_modeling.checkpoint_files",
+    "runtime.weights.files",
     "MODEL_NAME SAFE_MODEL_NAME WEIGHTS_NAME SAFE_WEIGHTS_NAME WEIGHTS_INDEX_NAME SAFE_WEIGHTS_INDEX_NAME "
     "WEIGHTS_PATTERN_NAME SAFE_WEIGHTS_PATTERN_NAME",
 )
@@ -30,12 +30,13 @@ LAYOUT: dict[str, dict[str, str]] = {
     ),
     "constants": {
         **_CHECKPOINT_NAMES,
+        "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING": "big_modeling.hooks",
         **_names(
             "compat.constants",
             "OPTIMIZER_NAME SCHEDULER_NAME SAMPLER_NAME SCALER_NAME RNG_STATE_NAME FSDP_MODEL_NAME PROFILE_PATTERN_NAME "
             "FSDP_SHARDING_STRATEGY FSDP_AUTO_WRAP_POLICY FSDP_BACKWARD_PREFETCH FSDP_STATE_DICT_TYPE FSDP2_STATE_DICT_TYPE "
             "DEEPSPEED_MULTINODE_LAUNCHERS TORCH_DYNAMO_MODES STR_OPERATION_TO_FUNC TORCH_LAUNCH_PARAMS CUDA_DISTRIBUTED_TYPES "
-            "TORCH_DISTRIBUTED_OPERATION_TYPES SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING FSDP_PYTORCH_VERSION FSDP2_PYTORCH_VERSION "
+            "TORCH_DISTRIBUTED_OPERATION_TYPES FSDP_PYTORCH_VERSION FSDP2_PYTORCH_VERSION "
             "DTENSOR_PYTORCH_VERSION ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION MITA_PROFILING_AVAILABLE_PYTORCH_VERSION "
             "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION BETA_TP_AVAILABLE_PYTORCH_VERSION BETA_TP_AVAILABLE_TRANSFORMERS_VERSION "
             "BETA_CP_AVAILABLE_PYTORCH_VERSION BETA_SP_AVAILABLE_DEEPSPEED_VERSION SAGEMAKER_PYTORCH_VERSION "
@@ -64,11 +65,8 @@ LAYOUT: dict[str, dict[str, str]] = {
             "compat.quantization",
             "TERecipeKwargs MSAMPRecipeKwargs BnbQuantizationConfig",
         ),
-        "TorchTensorParallelConfig": "runtime.parallelism",
-        **_names(
-            "compat.unsupported",
-            "TorchContextParallelConfig TorchTensorParallelPlugin DeepSpeedSequenceParallelConfig",
-        ),
+        **_names("runtime.parallelism", "TorchTensorParallelConfig TorchContextParallelConfig DeepSpeedSequenceParallelConfig"),
+        "TorchTensorParallelPlugin": "compat.unsupported",
         **_names(
             "compat.megatron_lm",
             "MegatronLMPlugin MODEL_CONFIGS_TO_MEGATRON_PARSERS add_model_config_to_megatron_parser parse_bert_config "
@@ -142,12 +140,13 @@ LAYOUT: dict[str, dict[str, str]] = {
     "memory": _names("runtime.memory", "clear_device_cache find_executable_batch_size release_memory should_reduce_batch_size"),
     "modeling": {
         "clean_device_map": "big_modeling.placement",
-        "WEIGHTS_INDEX_NAME": "big_modeling.checkpoint_files",
+        "WEIGHTS_INDEX_NAME": "runtime.weights.files",
         "load_checkpoint_in_model": "big_modeling.checkpoint_loading",
         "load_state_dict": "big_modeling.checkpoint_files",
         "align_module_device": "big_modeling.hooks",
         "has_offloaded_params": "big_modeling.hooks",
         "get_state_dict_offloaded_model": "big_modeling",
+        "find_tied_parameters": "runtime.weights.tied",
         "load_offloaded_weights": "big_modeling.offload",
         "convert_file_size_to_int": "big_modeling.memory",
         "is_peft_model": "compat.modeling",
@@ -156,7 +155,7 @@ LAYOUT: dict[str, dict[str, str]] = {
         "infer_auto_device_map": "big_modeling.planner",
         **_names(
             "big_modeling.modeling",
-            "compute_module_sizes compute_module_total_buffer_size dtype_byte_size find_tied_parameters get_max_layer_size "
+            "compute_module_sizes compute_module_total_buffer_size dtype_byte_size get_max_layer_size "
             "retie_parameters",
         ),
         **_names("big_modeling.tensors", "get_non_persistent_buffers named_module_tensors set_module_tensor_to_device"),

@@ -221,7 +221,7 @@ def merge_deepspeed_weights(checkpoint_dir: str | os.PathLike, output_path: str 
     Returns:
         The files written.
     """
-    from ...big_modeling.serialization import save_model_weights
+    from ...runtime.weights.saving import save_model_weights
 
     return save_model_weights(load_fp32_state_dict(checkpoint_dir), output_path, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
 

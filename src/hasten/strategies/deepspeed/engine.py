@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ...settings.deepspeed import DEEPSPEED
 from ...settings.dialogue import ask_table
-from ...settings.engines import Argument, Dialogue, Engine, Requirement
+from ...settings.engines import Argument, Dialogue, Engine, Requirement, WeightsMerge
 
 
 def _ask(ask, answers: dict) -> dict:
@@ -55,6 +55,36 @@ def _explain_failure(env: dict, exitcode: int) -> str | None:
     return explain_deepspeed_failure(exitcode, *offload)
 
 
+def _holds(folder) -> bool:
+    """Whether ``folder`` holds a ZeRO checkpoint (possibly under ``deepspeed/<tag>/``)."""
+    from .checkpoint import find_deepspeed_checkpoint
+
+    return find_deepspeed_checkpoint(folder) is not None
+
+
+def _merge(folder, output, safe_serialization: bool, max_shard_size: str) -> list:
+    """The fp32 weights of a ZeRO checkpoint, as DeepSpeed's ``zero_to_fp32.py`` rebuilds them, written to ``output``."""
+    from .checkpoint import merge_deepspeed_weights
+
+    return merge_deepspeed_weights(folder, output, safe_serialization=safe_serialization, max_shard_size=max_shard_size)
+
+
+def _memory_table(args, total_params: int, largest_layer_params: int) -> list[str]:
+    """ZeRO's memory per CPU and per GPU for each offload choice (``--zero_stage``, ``--num_gpus``, ``--num_nodes``)."""
+    from .memory_estimate import zero2_rows, zero3_rows
+
+    lines = [
+        f"DeepSpeed ZeRO-{args.zero_stage}: memory for parameters, gradients and optimizer states (fp16/bf16 mixed "
+        "precision with Adam)",
+        f"on {args.num_nodes} node(s) with {args.num_gpus} GPU(s) per node; activations and CUDA kernels need more.",
+    ]
+    if args.zero_stage == 3:
+        rows = zero3_rows(total_params, largest_layer_params, args.num_gpus, args.num_nodes)
+    else:
+        rows = zero2_rows(total_params, args.num_gpus, args.num_nodes)
+    return [*lines, "  per CPU |   per GPU | Options", *(row.format() for row in rows)]
+
+
 ENGINE = Engine(
     name="deepspeed",
     strategy="hasten.strategies.deepspeed.strategy:DeepSpeedStrategy",
@@ -73,4 +103,11 @@ ENGINE = Engine(
     launch_variables=_launch_variables,
     launch_warnings=_launch_warnings,
     explain_failure=_explain_failure,
+    merge_weights=WeightsMerge(
+        "DeepSpeed ZeRO",
+        "a DeepSpeed ZeRO checkpoint (*_model_states.pt and *_optim_states.pt files, possibly under deepspeed/<tag>/)",
+        _holds,
+        _merge,
+    ),
+    memory_table=_memory_table,
 )

@@ -351,7 +351,7 @@ def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.
     Under a process group, call it on every process: all check the checkpoint, the main process merges
     and the others wait for it.
     """
-    from ...big_modeling.serialization import save_model_weights
+    from ...runtime.weights.saving import save_model_weights
 
     _model_entries(_model_shards_folder(Path(checkpoint_dir)))
     written: list[Path] = []

@@ -11,7 +11,9 @@ Imports nothing but the settings tables (see :mod:`hasten.settings.engines`).
 from __future__ import annotations
 
 from ...settings.dialogue import ask_table
-from ...settings.engines import Argument, Dialogue, Engine
+from pathlib import Path
+
+from ...settings.engines import Argument, Dialogue, Engine, WeightsMerge
 from ...settings.fsdp import FSDP
 from ...settings.parallelism import PARALLELISM
 
@@ -19,6 +21,18 @@ from ...settings.parallelism import PARALLELISM
 def _ask(ask, answers: dict) -> dict:
     """The FSDP questions of ``hasten config``."""
     return {FSDP.name: ask_table(ask, FSDP)}
+
+
+def _holds(folder: Path) -> bool:
+    """Whether ``folder`` (or one of its subfolders) is a ``torch.distributed.checkpoint`` folder."""
+    return (folder / ".metadata").is_file() or any((child / ".metadata").is_file() for child in folder.iterdir() if child.is_dir())
+
+
+def _merge(folder, output, safe_serialization: bool, max_shard_size: str) -> list:
+    """The full state dict of an FSDP sharded checkpoint, written to ``output``."""
+    from .checkpoint import merge_fsdp_weights
+
+    return merge_fsdp_weights(folder, output, safe_serialization=safe_serialization)
 
 
 ENGINE = Engine(
@@ -34,4 +48,7 @@ ENGINE = Engine(
     switch_help="use the FSDP2 strategy",
     flag_help="Use fully sharded data parallel (FSDP2).",
     dialogue=Dialogue("Do you want to use FullyShardedDataParallel?", ("MULTI_GPU", "MULTI_XPU"), _ask),
+    merge_weights=WeightsMerge(
+        "FSDP", "an FSDP sharded checkpoint (a torch.distributed.checkpoint folder with a .metadata file)", _holds, _merge
+    ),
 )

@@ -26,13 +26,12 @@ from ...errors import ConfigError, did_you_mean
 from ...settings.fsdp import FSDP
 from ...settings.fsdp import FSDP_AUTO_WRAP_POLICIES as AUTO_WRAP_POLICIES
 from ...settings.fsdp import FSDP_BACKWARD_PREFETCH as _PREFETCH
+from ...settings.fsdp import FSDP_RESHARD_AFTER_FORWARD as _RESHARD
 from ...settings.fsdp import FSDP_SHARDING_STRATEGIES as SHARDING_STRATEGIES
 from ...settings.fsdp import FSDP_STATE_DICT_TYPES as STATE_DICT_TYPES
 
 DEFAULT_MIN_NUM_PARAMS = 100_000_000
 
-# sharding strategy -> reshard_after_forward (the mesh shape follows from the name)
-_RESHARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False, "NO_SHARD": False, "HYBRID_SHARD": True, "HYBRID_SHARD_ZERO2": False}
 _DTYPES = {
     "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,

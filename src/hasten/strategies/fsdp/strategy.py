@@ -59,9 +59,9 @@ def _prepared_root(model) -> torch.nn.Module | None:
 class FSDPStrategy(Strategy):
     """Shards models with FSDP2 as a :class:`~hasten.strategies.fsdp.plugin.FullyShardedDataParallelPlugin` says.
 
-    With a :class:`~hasten.runtime.parallelism.ParallelismConfig` the mesh is the config's (``dp_replicate``,
-    ``dp_shard``, ``tp``): models are first split over ``tp`` as their tensor-parallel plan says, then
-    sharded over the data-parallel ranks (not at all when there is one data-parallel rank).
+    With a :class:`~hasten.runtime.parallelism.ParallelismConfig` the mesh is the config's (its axes above 1 of
+    ``dp_replicate``, ``dp_shard``, ``tp``): models are first split over ``tp`` as their tensor-parallel plan
+    says, then sharded over the data-parallel ranks (not at all when there is one data-parallel rank).
 
     Args:
         fsdp_plugin: the settings (wrapping, resharding, offload, precision policy, state dict type, ...).
@@ -77,6 +77,8 @@ class FSDPStrategy(Strategy):
 
     def __init__(self, state, precision, fsdp_plugin: FullyShardedDataParallelPlugin, parallelism_config=None):
         super().__init__(state, precision)
+        if parallelism_config is not None:
+            parallelism_config.check_supported()
         self.parallelism_config = parallelism_config
         if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
             raise ConfigError(f"fsdp_plugin must be a hasten FullyShardedDataParallelPlugin, got {type(fsdp_plugin).__name__}.")
@@ -106,7 +108,8 @@ class FSDPStrategy(Strategy):
         mesh = self.device_mesh
         if self.parallelism_config is None:
             return mesh
-        return mesh["dp_replicate", "dp_shard"] if data_parallel_mesh(mesh).size() > 1 else None
+        dims = self.parallelism_config.dp_dim_names
+        return mesh[dims] if dims else None
 
     @property
     def data_parallel_world(self) -> tuple[int, int]:
@@ -114,7 +117,7 @@ class FSDPStrategy(Strategy):
         if self.parallelism_config is None:
             return super().data_parallel_world
         dp = data_parallel_mesh(self.device_mesh)
-        return dp.size(), dp.get_local_rank()
+        return (1, 0) if dp is None else (dp.size(), dp.get_local_rank())
 
     def gather_for_metrics(self, input_data, use_gather_object: bool = False):
         """As the base strategy; with tensor parallelism, one copy of each sample (tensor-parallel peers share batches)."""
@@ -130,6 +133,7 @@ class FSDPStrategy(Strategy):
         self.state.partial_state.ensure_process_group()
         world = self.state.num_processes
         if self.parallelism_config is not None:
+            self._check_layout(world)
             return self.parallelism_config.build_device_mesh(self.device.type)
         strategy = self.plugin.sharding_strategy
         device_type = self.device.type
@@ -141,6 +145,17 @@ class FSDPStrategy(Strategy):
                 raise ConfigError(f"sharding_strategy={strategy!r} needs the same number of processes on each machine; got {world} processes on {machines} machines.")
             return init_device_mesh(device_type, (machines, world // machines), mesh_dim_names=("dp_replicate", "dp_shard"))
         return init_device_mesh(device_type, (world,), mesh_dim_names=("dp_shard",))
+
+    def _check_layout(self, world: int) -> None:
+        """The ``ParallelismConfig`` must lay out exactly ``world`` processes and leave FSDP a shard dimension."""
+        config = self.parallelism_config
+        sizes = config.sizes(world)
+        if sizes["dp_replicate"] > 1 and sizes["dp_shard"] == 1:
+            raise ConfigError(
+                f"ParallelismConfig(dp_replicate_size={sizes['dp_replicate']}, dp_shard_size=1): FSDP has no dimension to "
+                "shard over. Set dp_shard_size > 1 (HSDP), or train without a ParallelismConfig and FSDP plugin (DDP) "
+                "to replicate the whole model."
+            )
 
     # ---------------------------------------------------------------------------------- preparing
 

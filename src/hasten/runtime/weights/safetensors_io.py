@@ -27,7 +27,7 @@ from typing import BinaryIO
 import numpy as np
 import torch
 
-from ..errors import CheckpointError, ConfigError
+from ...errors import CheckpointError, ConfigError
 
 DTYPES: dict[str, torch.dtype] = {
     "F64": torch.float64,

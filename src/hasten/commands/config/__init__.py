@@ -5,6 +5,9 @@
   (or ``--config_file``). Machine types whose hardware is absent are listed as unavailable.
 * ``hasten config default`` asks nothing: it looks at the hardware and writes a sensible file.
 * ``hasten config update`` rewrites an older hasten file, or an Accelerate-written one, in the current format.
+
+A package, as Accelerate's ``accelerate.commands.config`` is: ``config_args`` and ``default`` hold the names
+Accelerate's modules of those names give (the config classes and loader, ``write_basic_config``).
 """
 
 from __future__ import annotations
@@ -15,8 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import environment
-from ..config import (
+from ... import environment
+from ...config import (
     Hardware,
     config_from_dict,
     detect_hardware,
@@ -25,12 +28,12 @@ from ..config import (
     save_config_file,
     write_basic_config,
 )
-from ..errors import ConfigError
-from ..settings.dialogue import ask_setting, ask_table
-from ..settings.dynamo import DYNAMO
-from ..settings.engines import Engine
-from ..settings.fp8 import FP8
-from ..settings.launch import LAUNCH, MPIRUN
+from ...errors import ConfigError
+from ...settings.dialogue import ask_setting, ask_table
+from ...settings.dynamo import DYNAMO
+from ...settings.engines import Engine
+from ...settings.fp8 import FP8
+from ...settings.launch import LAUNCH, MPIRUN
 
 # Accelerate's ``accelerate.commands.config`` names, which transformers' ``env`` command reads: the path of the
 # default launch config file (in hasten's config folder) and a loader returning the config object.
@@ -320,10 +323,7 @@ def _port(value: int) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     """Run ``config`` with ``argv`` (default: this process's arguments): the ``accelerate-config`` console script, ``python -m hasten.commands.config``
     and ``python -m accelerate.commands.config``."""
-    from .main import run_subcommand
+    from ..main import run_subcommand
 
     return run_subcommand("config", argv)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
