@@ -24,7 +24,7 @@ def work(out_dir, tag):
     seen = {
         "rank": state.process_index,
         "world": state.num_processes,
-        "type": str(state.distributed_type),
+        "type": state.distributed_type.value,
         "sum": total.item(),
         "precision": os.environ.get("HASTEN_MIXED_PRECISION"),
         "use_cpu": os.environ.get("HASTEN_USE_CPU"),

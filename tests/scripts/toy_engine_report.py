@@ -20,7 +20,7 @@ else:
 model = accelerator.prepare(torch.nn.Linear(2, 2))
 report = {
     "strategy": type(accelerator._strategy).__name__,
-    "distributed_type": str(accelerator.distributed_type),
+    "distributed_type": accelerator.distributed_type,  # a str enum: JSON writes its value
     "plugin_scale": accelerator.state.toy_plugin.scale if accelerator.state.toy_plugin is not None else None,
     "model_scale": getattr(model, "toy_scale", None),
 }

@@ -162,3 +162,16 @@ def test_the_launch_help_reads_the_registrations_without_torch_or_any_strategy()
     result = _python("-c", code, env=clean_env(PYTHONPATH=str(ROOT / "src")))
     packages = [f"hasten.strategies.{name}" for name in ("ddp", "deepspeed", "fsdp", "single")]
     assert result.stdout.strip().splitlines()[-1] == str(packages)
+
+
+def test_ddp_joins_uneven_inputs_until_the_script_relabels_the_job_as_another_engine():
+    from types import SimpleNamespace
+
+    from hasten.enums import DistributedType
+    from hasten.strategies.ddp.strategy import DDPStrategy
+
+    strategy = DDPStrategy.__new__(DDPStrategy)
+    strategy.state = SimpleNamespace(distributed_type=DistributedType.MULTI_CPU)
+    assert strategy.joins_uneven_inputs is True
+    strategy.state.distributed_type = DistributedType.FSDP  # what Accelerate's test_distributed_data_loop.py does
+    assert strategy.joins_uneven_inputs is False

@@ -9,6 +9,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ...plugins.kwargs import DistributedDataParallelKwargs
 from ..base import Strategy
+from .engine import ENGINE
 
 
 class DDPStrategy(Strategy):
@@ -18,8 +19,15 @@ class DDPStrategy(Strategy):
         ddp_kwargs: ``DistributedDataParallelKwargs`` (bucket size, unused parameters, comm hook, ...).
     """
 
-    joins_uneven_inputs = True
     replicates_model = True
+
+    @property
+    def joins_uneven_inputs(self) -> bool:
+        """True (torch's ``Join`` works with DDP) while the job is labelled one of DDP's distributed types; a script
+        that relabels it as another engine's (``accelerator.state.distributed_type = DistributedType.FSDP``, as
+        Accelerate's own data-loop test does) gets Accelerate's warning and no join."""
+        kind = self.state.distributed_type
+        return str(getattr(kind, "value", kind)) in ENGINE.distributed_types
 
     @classmethod
     def build(cls, state, precision, settings, ddp_kwargs=None) -> DDPStrategy:
