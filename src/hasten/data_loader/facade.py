@@ -24,7 +24,7 @@ class DataLoaderSettings:
         joins = self._strategy.joins_uneven_inputs
         if not joins:
             if joins is not None:
-                kind = getattr(self.state.distributed_type, "value", self.state.distributed_type)  # FSDP, not DistributedType.FSDP
+                kind = getattr(self.state.distributed_type, "value", self.state.distributed_type)
                 warnings.warn(
                     f"Joining uneven inputs is only supported for multi-GPU training (DDP, here {kind}); "
                     "join_uneven_inputs has no effect. Keep even_batches=True under this engine.",
