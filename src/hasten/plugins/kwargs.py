@@ -24,7 +24,7 @@ class KwargsHandler:
     def to_kwargs(self) -> dict[str, Any]:
         """The fields whose value differs from the class default."""
         default = self.__class__().to_dict()
-        return {k: v for k, v in self.to_dict().items() if default[k] != v}
+        return {k: v for k, v in self.to_dict().items() if k not in default or default[k] != v}
 
 
 @dataclass
@@ -122,6 +122,14 @@ class AutocastKwargs(KwargsHandler):
     enabled: bool = True
     cache_enabled: bool | None = None
     convert_outputs_to_fp32: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a dict; ``convert_outputs_to_fp32`` only where it was turned off, so that a handler written
+        for Accelerate gives Accelerate's dict."""
+        fields = super().to_dict()
+        if fields["convert_outputs_to_fp32"]:
+            del fields["convert_outputs_to_fp32"]
+        return fields
 
     def autocast_kwargs(self) -> dict[str, Any]:
         """The keyword arguments ``torch.autocast`` takes: the changed fields, without ``convert_outputs_to_fp32``."""
