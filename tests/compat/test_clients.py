@@ -9,8 +9,8 @@ unconditional training pattern (save/load hooks, EMA, save and resume), sentence
 ``torchrun`` with ``ACCELERATE_USE_CPU=1``: ``accelerate launch --cpu`` starts several CPU processes only through
 mpirun). Dropout, shuffling, noise: every random stream is in play, so equal results mean hasten consumed each one
 as Accelerate does. The logged numbers (losses, evaluation metrics, predictions) and the final weights must be
-equal, bit for bit: the engine is the same (one process, or DDP over gloo). ``KNOWN`` lists the differences still
-to fix (expected failures), ``DELIBERATE`` those kept on purpose (checked to still differ).
+equal, bit for bit: the engine is the same (one process, or DDP over gloo). ``DELIBERATE`` lists the differences
+kept on purpose (checked to still differ).
 """
 
 from __future__ import annotations
@@ -38,17 +38,6 @@ NEEDS = {
     "setfit": ("setfit", "sklearn"),
 }
 PROCESSES = (1, 2)
-STREAMS = "data-loader streams: fixed on h22-loop"
-GATHER = "gather_for_metrics on one process with more rows than the last batch (raises): fixed on h22-loop"
-# (client, processes) -> why hasten's result differs from Accelerate's today; the test fails once it no longer does
-KNOWN = {
-    **{(part, 1): GATHER for part in ("trainer", "trl", "sentence_transformers")},
-    **{(part, 1): STREAMS for part in ("seq2seq", "peft", "diffusers")},
-    **{
-        (part, 2): STREAMS
-        for part in ("trainer", "seq2seq", "trl", "peft", "diffusers", "sentence_transformers", "setfit")
-    },
-}
 # client -> why hasten's result differs from Accelerate's on purpose (docs/migration.md): checked to still differ
 DELIBERATE = {
     "diffusers_resume": "a resumed epoch replays the states its generators started from and draws nothing; "
@@ -155,10 +144,7 @@ def _weight_differences(reference_file, hasten_file) -> list[str]:
 def _cases():
     for part in (part for part in NEEDS if part not in DELIBERATE):
         for processes in PROCESSES:
-            marks = [pytest.mark.slow]
-            if (part, processes) in KNOWN:
-                marks.append(pytest.mark.xfail(reason=KNOWN[part, processes], strict=True))
-            yield pytest.param(part, processes, marks=marks, id=f"{part}-{processes}proc")
+            yield pytest.param(part, processes, marks=[pytest.mark.slow], id=f"{part}-{processes}proc")
 
 
 def _compared(launched, part: str, processes: int) -> tuple[dict, list[str]]:
