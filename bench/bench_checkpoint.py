@@ -55,7 +55,12 @@ MODES = ("warm", "cold")
 def _model(blocks: int) -> torch.nn.Module:
     layers = []
     for _ in range(blocks):
-        layers += [torch.nn.LayerNorm(WIDTH), torch.nn.Linear(WIDTH, 4 * WIDTH), torch.nn.GELU(), torch.nn.Linear(4 * WIDTH, WIDTH)]
+        layers += [
+            torch.nn.LayerNorm(WIDTH),
+            torch.nn.Linear(WIDTH, 4 * WIDTH),
+            torch.nn.GELU(),
+            torch.nn.Linear(4 * WIDTH, WIDTH),
+        ]
     return torch.nn.Sequential(*layers)
 
 
@@ -76,7 +81,11 @@ def _trained(blocks: int):
 def _optimizer_tensors(optimizer) -> dict[str, torch.Tensor]:
     """The optimizer's state tensors, keyed ``optimizer.<param index>.<name>``."""
     index = {id(p): i for i, p in enumerate(p for group in optimizer.param_groups for p in group["params"])}
-    return {f"optimizer.{index[id(p)]}.{name}": value for p, state in optimizer.state.items() for name, value in state.items()}
+    return {
+        f"optimizer.{index[id(p)]}.{name}": value
+        for p, state in optimizer.state.items()
+        for name, value in state.items()
+    }
 
 
 def _all_tensors(model, optimizer) -> dict[str, torch.Tensor]:
@@ -213,7 +222,13 @@ class Remote:
 
     def __init__(self, blocks: int, path: str):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")]))}
-        self.process = subprocess.Popen([sys.executable, __file__, "--worker", "--blocks", str(blocks)], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--worker", "--blocks", str(blocks)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         self.version = self._reply()
 
     def _reply(self):
@@ -252,7 +267,13 @@ def _async_stall(blocks: int, repeats: int, steps_after: int = 3) -> dict[str, l
     import hasten
     from hasten.checkpointing import staging_memory, wait_for_pending_save
 
-    times: dict[str, list[float]] = {"step": [], "sync save": [], "async save call": [], "async call + next steps": [], "plain steps": []}
+    times: dict[str, list[float]] = {
+        "step": [],
+        "sync save": [],
+        "async save call": [],
+        "async call + next steps": [],
+        "plain steps": [],
+    }
     accelerator = hasten.Accelerator()
     model, optimizer = _trained(blocks)
     model, optimizer = accelerator.prepare(model, optimizer)
@@ -282,7 +303,13 @@ def _async_stall(blocks: int, repeats: int, steps_after: int = 3) -> dict[str, l
         after = steps()
         wait_for_pending_save()
         shutil.rmtree(folder)
-        for key, value in (("plain steps", plain), ("sync save", sync), ("async save call", call), ("async call + next steps", call + after), ("step", plain / steps_after)):
+        for key, value in (
+            ("plain steps", plain),
+            ("sync save", sync),
+            ("async save call", call),
+            ("async call + next steps", call + after),
+            ("step", plain / steps_after),
+        ):
             times[key].append(value)
     for values in times.values():
         del values[0]
@@ -308,7 +335,11 @@ def _report(names, results, nbytes: int) -> None:
         for name in names:
             loads = [r["load"] for r in results[mode][name]]
             k = max(len(loads) // 3, 1)
-            print(f"load rounds {name:10s}: " + " ".join(f"{t:.3f}" for t in loads) + f"  (last {k} / first {k} median: {statistics.median(loads[-k:]) / statistics.median(loads[:k]):.2f})")
+            print(
+                f"load rounds {name:10s}: "
+                + " ".join(f"{t:.3f}" for t in loads)
+                + f"  (last {k} / first {k} median: {statistics.median(loads[-k:]) / statistics.median(loads[:k]):.2f})"
+            )
         for name in names:
             rs = results[mode][name]
             shard = max(r["shard"] for r in rs)
@@ -321,11 +352,21 @@ def _report(names, results, nbytes: int) -> None:
 def main() -> None:
     """Run the rounds, then the async-save stall, and print everything with the ratios to raw."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=15, help="timed rounds (after one untimed warm-up round; 0: only the stall)")
-    parser.add_argument("--blocks", type=int, default=12, help="model blocks of 8.4M parameters each (12: 100.7M, 1.21 GB with AdamW)")
-    parser.add_argument("--accelerate-path", default="/tmp/accref", help="folder holding accelerate (pip --target); skipped when absent")
-    parser.add_argument("--stall-repeats", type=int, default=8, help="repeats of the async-save stall measurement (0: skip it)")
-    parser.add_argument("--stall-steps", type=int, default=3, help="training steps after the asynchronous save that count")
+    parser.add_argument(
+        "--rounds", type=int, default=15, help="timed rounds (after one untimed warm-up round; 0: only the stall)"
+    )
+    parser.add_argument(
+        "--blocks", type=int, default=12, help="model blocks of 8.4M parameters each (12: 100.7M, 1.21 GB with AdamW)"
+    )
+    parser.add_argument(
+        "--accelerate-path", default="/tmp/accref", help="folder holding accelerate (pip --target); skipped when absent"
+    )
+    parser.add_argument(
+        "--stall-repeats", type=int, default=8, help="repeats of the async-save stall measurement (0: skip it)"
+    )
+    parser.add_argument(
+        "--stall-steps", type=int, default=3, help="training steps after the asynchronous save that count"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -338,7 +379,10 @@ def main() -> None:
     names = list(contestants) + (["accelerate"] if remote else [])
     nbytes = sum(v.numel() * v.element_size() for v in reference.values())
     params = sum(v.numel() for k, v in reference.items() if k.startswith("model."))
-    print(f"model: {params / 1e6:.1f}M parameters; checkpoint tensors (model + AdamW state): {nbytes / 1e9:.3f} GB; torch {torch.__version__}" + (f"; accelerate {remote.version}" if remote else ""))
+    print(
+        f"model: {params / 1e6:.1f}M parameters; checkpoint tensors (model + AdamW state): {nbytes / 1e9:.3f} GB; torch {torch.__version__}"
+        + (f"; accelerate {remote.version}" if remote else "")
+    )
     results = {mode: {name: [] for name in names} for mode in MODES}
     shutil.rmtree(ROOT, ignore_errors=True)
     try:
@@ -346,11 +390,23 @@ def main() -> None:
             for mode in MODES:
                 for name in round_order(names, max(round_index, 0)):
                     folder = ROOT / name
-                    result = remote.measure(folder, mode) if name == "accelerate" else _measure(contestants[name], folder, mode, reference, name)
+                    result = (
+                        remote.measure(folder, mode)
+                        if name == "accelerate"
+                        else _measure(contestants[name], folder, mode, reference, name)
+                    )
                     if round_index >= 0:
                         results[mode][name].append(result)
             if round_index >= 0:
-                print(f"round {round_index + 1}: " + "  ".join(f"{m} {n} {results[m][n][-1]['save']:.2f}/{results[m][n][-1]['load']:.2f} s" for m in MODES for n in names), flush=True)
+                print(
+                    f"round {round_index + 1}: "
+                    + "  ".join(
+                        f"{m} {n} {results[m][n][-1]['save']:.2f}/{results[m][n][-1]['load']:.2f} s"
+                        for m in MODES
+                        for n in names
+                    ),
+                    flush=True,
+                )
         if args.rounds:
             _report(names, results, nbytes)
         if args.stall_repeats:
@@ -367,7 +423,9 @@ def _report_stall(stall: dict[str, list[float]], steps_after: int) -> None:
     for key, values in stall.items():
         print(describe(f"{key:24s}", values, "s"))
     sync = statistics.median(stall["sync save"])
-    losses = [(a - p) / s for a, p, s in zip(stall["async call + next steps"], stall["plain steps"], stall["sync save"])]
+    losses = [
+        (a - p) / s for a, p, s in zip(stall["async call + next steps"], stall["plain steps"], stall["sync save"])
+    ]
     loss = (statistics.median(stall["async call + next steps"]) - statistics.median(stall["plain steps"])) / sync
     print(
         f"stall: the saving step plus the next {steps_after} steps lose {loss:.3f} of a synchronous save ({sync:.3f} s; "

@@ -128,8 +128,25 @@ def main() -> None:
     output = Path(args.output or "outputs/bench_collectives.json")
     output.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-               __file__, "--worker", "--rounds", str(args.rounds), "--calls", str(args.calls), "--output", str(output)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_addr",
+        "127.0.0.1",
+        "--master_port",
+        str(free_port()),
+        __file__,
+        "--worker",
+        "--rounds",
+        str(args.rounds),
+        "--calls",
+        str(args.calls),
+        "--output",
+        str(output),
+    ]
     subprocess.run(command, env=env, check=True)
     results = json.loads(output.read_text())
     print(f"2 processes, gloo, {args.calls} calls/round, {args.rounds} rounds")

@@ -183,7 +183,7 @@ def _measure(device, loader, args, step) -> dict:
         if index == args.warmup + args.steps:
             _sync(device)
             seconds = time.perf_counter() - start
-            peak = _peak(device) if device.type == "cuda" else _cpu_step_peak(lambda: step(inputs, targets))
+            peak = _peak(device) if device.type == "cuda" else _cpu_step_peak(lambda x=inputs, y=targets: step(x, y))
             continue
         losses.append(step(inputs, targets).detach())
     return {"seconds": seconds, "peak_gib": peak, "losses": [float(x) for x in losses]}

@@ -30,7 +30,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import describe, has_module, round_order  # noqa: E402
 
-OPTIONAL = ("deepspeed", "tensorboard", "wandb", "mlflow", "transformers", "questionary", "pexpect", "sklearn", "tqdm", "psutil", "yaml", "safetensors", "torchao", "comet_ml", "aim", "clearml", "dvclive", "swanlab", "trackio")
+OPTIONAL = (
+    "deepspeed",
+    "tensorboard",
+    "wandb",
+    "mlflow",
+    "transformers",
+    "questionary",
+    "pexpect",
+    "sklearn",
+    "tqdm",
+    "psutil",
+    "yaml",
+    "safetensors",
+    "torchao",
+    "comet_ml",
+    "aim",
+    "clearml",
+    "dvclive",
+    "swanlab",
+    "trackio",
+)
 _CHECK = "import sys; {statement}; print(','.join(sorted(m for m in {optional!r} if m in sys.modules)))"
 _INCREMENT = "import time, torch; start = time.perf_counter(); {statement}; print(time.perf_counter() - start)"
 
@@ -46,19 +66,29 @@ def _hasten_cli() -> list[str]:
 
 def _time(command: list[str]) -> float:
     start = time.perf_counter()
-    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    subprocess.run(
+        command,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
     return time.perf_counter() - start
 
 
 def _optional_imports(statement: str) -> list[str]:
-    out = subprocess.run(_python(_CHECK.format(statement=statement, optional=OPTIONAL)), check=True, capture_output=True, text=True).stdout.strip()
+    out = subprocess.run(
+        _python(_CHECK.format(statement=statement, optional=OPTIONAL)), check=True, capture_output=True, text=True
+    ).stdout.strip()
     return [name for name in out.split(",") if name]
 
 
 def _increment(statement: str) -> float:
     """Seconds ``statement`` takes in a fresh interpreter that has already imported torch."""
     code = _INCREMENT.format(statement=statement)
-    return float(subprocess.run(_python(code), check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1])
+    return float(
+        subprocess.run(_python(code), check=True, capture_output=True, text=True).stdout.strip().splitlines()[-1]
+    )
 
 
 def main() -> None:
@@ -93,11 +123,15 @@ def main() -> None:
     torch_median = statistics.median(times["import torch"])
     for name in commands:
         if name.startswith(("import", "from")) and name != "import torch":
-            print(f"{name}: difference of medians over import torch: {statistics.median(times[name]) - torch_median:+.3f} s")
+            print(
+                f"{name}: difference of medians over import torch: {statistics.median(times[name]) - torch_median:+.3f} s"
+            )
     for name in commands:
         if name.startswith(("import", "from")) and name != "import torch":
             increments = [_increment(name) for _ in range(args.runs)]
-            print(f"{name} adds over import torch (in-process increment): {statistics.median(increments):.3f} s (min-max {min(increments):.3f}-{max(increments):.3f}; target <= 0.15 s)")
+            print(
+                f"{name} adds over import torch (in-process increment): {statistics.median(increments):.3f} s (min-max {min(increments):.3f}-{max(increments):.3f}; target <= 0.15 s)"
+            )
     print(f"hasten --help wall time: {statistics.median(times['hasten --help']):.3f} s (target < 0.5 s)")
 
 

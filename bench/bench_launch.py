@@ -49,14 +49,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         noop = Path(folder) / "noop.py"
         noop.write_text("")
-        env = {**os.environ, "HASTEN_HOME": folder, "HF_HOME": folder}  # no config file: every launcher starts from its defaults
+        env = {
+            **os.environ,
+            "HASTEN_HOME": folder,
+            "HF_HOME": folder,
+        }  # no config file: every launcher starts from its defaults
         commands = {
             "hasten launch": [*_hasten_command(), "launch", "--num_processes", "2", str(noop)],
             "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(noop)],
         }
         if has_module("accelerate"):
             accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
-            commands["accelerate launch"] = [*accelerate, "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", str(noop)]
+            commands["accelerate launch"] = [
+                *accelerate,
+                "--num_machines",
+                "1",
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                str(noop),
+            ]
         for command in commands.values():
             _time(command, env)
         times: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
@@ -68,7 +81,9 @@ def main() -> None:
     medians = {name: statistics.median(wall for wall, _ in values) for name, values in times.items()}
     for name, values in times.items():
         cpu = statistics.median(cpu for _, cpu in values)
-        print(f"{name}: median {medians[name]:.3f} s, fastest {min(w for w, _ in values):.3f} s, median CPU time {cpu:.3f} s")
+        print(
+            f"{name}: median {medians[name]:.3f} s, fastest {min(w for w, _ in values):.3f} s, median CPU time {cpu:.3f} s"
+        )
     if "accelerate launch" in medians:
         print(f"ratio accelerate/torchrun: {medians['accelerate launch'] / medians['torchrun']:.3f}")
     print(f"ratio hasten/torchrun: {medians['hasten launch'] / medians['torchrun']:.3f}")

@@ -63,7 +63,9 @@ def _data(world: int, batches: int, shortfall: int = 0, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     count = BATCH * world * batches - shortfall
     inputs = torch.randn(count, WIDTH, generator=generator)
-    targets = inputs @ (torch.randn(WIDTH, WIDTH, generator=generator) / WIDTH**0.5) + 0.1 * torch.randn(count, WIDTH, generator=generator)
+    targets = inputs @ (torch.randn(WIDTH, WIDTH, generator=generator) / WIDTH**0.5) + 0.1 * torch.randn(
+        count, WIDTH, generator=generator
+    )
     return torch.utils.data.TensorDataset(inputs, targets)
 
 
@@ -330,7 +332,9 @@ def _run_variant(variant: str, contestants: list, args, world: int, rank: int) -
             elif reference is not None:
                 weight_diffs[name] = max(weight_diffs[name], float((result.weights - reference).abs().max()))
         if rank == 0 and round_index >= 0:
-            line = "  ".join(f"{name} {times[name][-1] * 1e6:8.1f} us/step (CPU {cpu_times[name][-1] * 1e6:8.1f})" for name in names)
+            line = "  ".join(
+                f"{name} {times[name][-1] * 1e6:8.1f} us/step (CPU {cpu_times[name][-1] * 1e6:8.1f})" for name in names
+            )
             print(f"[{world}p {variant}] round {round_index + 1}: {line}", flush=True)
     return {"wall": times, "cpu": cpu_times, "losses": losses, "weight_diffs": weight_diffs, "collectives": collectives}
 
@@ -362,16 +366,32 @@ def _launch(processes: int, args, output: Path) -> dict:
     script = [
         str(Path(__file__).resolve()),
         "--worker",
-        "--output", str(output),
-        "--rounds", str(args.rounds),
-        "--steps", str(args.steps),
-        "--warmup", str(args.warmup),
-        "--threads", str(args.threads),
-        "--width", str(args.width),
-        "--hidden", str(args.hidden),
-        "--variants", *args.variants,
+        "--output",
+        str(output),
+        "--rounds",
+        str(args.rounds),
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(args.warmup),
+        "--threads",
+        str(args.threads),
+        "--width",
+        str(args.width),
+        "--hidden",
+        str(args.hidden),
+        "--variants",
+        *args.variants,
     ]
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_port", str(free_port())]
+    launcher = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(processes),
+        "--master_port",
+        str(free_port()),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
     subprocess.run([*launcher, *script], check=True, env=env)
     return json.loads(output.read_text())
@@ -381,7 +401,9 @@ def _check_agreement(processes: int, variant: str, name: str, data: dict) -> str
     losses = data["losses"]
     loss_diff = max(abs(a - b) for a, b in zip(losses[name], losses["raw"]))
     if loss_diff > 1e-4 * max(1.0, abs(losses["raw"][-1])):
-        raise SystemExit(f"{name} and raw PyTorch disagree on {processes}p {variant}: the loops do not do the same math.")
+        raise SystemExit(
+            f"{name} and raw PyTorch disagree on {processes}p {variant}: the loops do not do the same math."
+        )
     return (
         f"{processes}p {variant:5s} {name:10s} agrees with raw: final {'metric' if variant == 'eval' else 'loss'} "
         f"{losses[name][-1]:.6f} vs {losses['raw'][-1]:.6f} (max |diff| {loss_diff:.2e}), "
@@ -395,8 +417,12 @@ def _report(results: dict[int, dict]) -> list[str]:
     for processes, variants in results.items():
         for variant, data in variants.items():
             for name in data["wall"]:
-                lines.append(describe(f"{processes}p {variant:5s} {name:10s} wall", data["wall"][name], "us/step", 1e6, 1))
-                lines.append(describe(f"{processes}p {variant:5s} {name:10s} CPU ", data["cpu"][name], "us/step", 1e6, 1))
+                lines.append(
+                    describe(f"{processes}p {variant:5s} {name:10s} wall", data["wall"][name], "us/step", 1e6, 1)
+                )
+                lines.append(
+                    describe(f"{processes}p {variant:5s} {name:10s} CPU ", data["cpu"][name], "us/step", 1e6, 1)
+                )
             if data.get("collectives"):
                 per_step = max(data["collectives"])
                 lines.append(f"{processes}p {variant:5s} hasten collectives per timed step: {per_step:.2f}")
@@ -423,7 +449,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300, help="timed batches per round")
     parser.add_argument("--warmup", type=int, default=20, help="untimed batches at the start of each round")
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process (same for every contestant)")
-    parser.add_argument("--width", type=int, default=WIDTH, help="MLP input/output width (a tiny model, e.g. 4, shows the framework cost alone)")
+    parser.add_argument(
+        "--width",
+        type=int,
+        default=WIDTH,
+        help="MLP input/output width (a tiny model, e.g. 4, shows the framework cost alone)",
+    )
     parser.add_argument("--hidden", type=int, default=HIDDEN, help="MLP hidden width")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)

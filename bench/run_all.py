@@ -26,7 +26,9 @@ BENCHMARKS = {
     "checkpoint": ("bench_checkpoint.py", ["--rounds", "2"]),
     "gpu": ("bench_gpu_lm.py", ["--rounds", "2", "--steps", "10"]),
 }
-_SUMMARY = re.compile(r"^(ratio |save throughput|load throughput|.* adds over import torch|hasten --help wall time|optional packages|bench_gpu_lm: )")
+_SUMMARY = re.compile(
+    r"^(ratio |save throughput|load throughput|.* adds over import torch|hasten --help wall time|optional packages|bench_gpu_lm: )"
+)
 
 
 def _run(name: str, quick: bool) -> tuple[int, list[str]]:
@@ -41,15 +43,22 @@ def _run(name: str, quick: bool) -> tuple[int, list[str]]:
         if _SUMMARY.match(line):
             kept.append(line.rstrip())
     code = process.wait()
-    print(f"=== {name}: {'done' if code == 0 else f'FAILED (exit {code})'} in {time.perf_counter() - start:.0f} s", flush=True)
+    print(
+        f"=== {name}: {'done' if code == 0 else f'FAILED (exit {code})'} in {time.perf_counter() - start:.0f} s",
+        flush=True,
+    )
     return code, kept
 
 
 def main() -> None:
     """Run the chosen benchmarks and print the summary; exit non-zero if any benchmark failed."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--only", nargs="+", choices=list(BENCHMARKS), default=list(BENCHMARKS), help="benchmarks to run (default: all)")
-    parser.add_argument("--quick", action="store_true", help="fewer rounds: checks that everything runs, with wide noise")
+    parser.add_argument(
+        "--only", nargs="+", choices=list(BENCHMARKS), default=list(BENCHMARKS), help="benchmarks to run (default: all)"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer rounds: checks that everything runs, with wide noise"
+    )
     args = parser.parse_args()
     summary, failed = [], []
     for name in args.only:

@@ -51,7 +51,10 @@ def optimizer_and_scheduler(accelerator, model, args, total_steps: int):
     if "scheduler" in config:
         return optimizer, DummyScheduler(optimizer, total_num_steps=scheduled_steps, warmup_num_steps=args.warmup_steps)
     warmup = args.warmup_steps * accelerator.num_processes
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min((step + 1) / warmup, max(0.0, (scheduled_steps - step) / (scheduled_steps - warmup))))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: min((step + 1) / warmup, max(0.0, (scheduled_steps - step) / (scheduled_steps - warmup))),
+    )
     return optimizer, scheduler
 
 
@@ -76,7 +79,9 @@ def main() -> None:
     eval_loader = DataLoader(eval_set, batch_size=64)
     steps_per_epoch = len(train_loader) // (accelerator.num_processes * args.gradient_accumulation_steps)
     optimizer, scheduler = optimizer_and_scheduler(accelerator, model, args, args.epochs * steps_per_epoch)
-    model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, eval_loader, scheduler)
+    model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
+        model, optimizer, train_loader, eval_loader, scheduler
+    )
 
     plugin = accelerator.state.deepspeed_plugin
     if plugin is not None:

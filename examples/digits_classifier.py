@@ -83,14 +83,22 @@ def main() -> None:
     accelerator = Accelerator(mixed_precision=args.mixed_precision)  # hasten
     set_seed(args.seed)
     train_set, test_set = datasets(args.seed)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(128, 10))
+    model = torch.nn.Sequential(
+        torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(128, 10)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     train_loader = DataLoader(train_set, batch_size=args.batch_size, shuffle=True)
     test_loader = DataLoader(test_set, batch_size=64)
-    model, optimizer, train_loader, test_loader = accelerator.prepare(model, optimizer, train_loader, test_loader)  # hasten
-    scheduler = accelerator.prepare(torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * len(train_loader)))
+    model, optimizer, train_loader, test_loader = accelerator.prepare(
+        model, optimizer, train_loader, test_loader
+    )  # hasten
+    scheduler = accelerator.prepare(
+        torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.epochs * len(train_loader))
+    )
 
-    accelerator.print(f"training on {accelerator.num_processes} process(es), {accelerator.device}, mixed precision {accelerator.mixed_precision}")
+    accelerator.print(
+        f"training on {accelerator.num_processes} process(es), {accelerator.device}, mixed precision {accelerator.mixed_precision}"
+    )
     for epoch in range(args.epochs):
         model.train()
         for inputs, targets in tqdm(train_loader, desc=f"epoch {epoch}", leave=False):

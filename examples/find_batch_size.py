@@ -96,7 +96,9 @@ def main() -> None:
         return batch_size, correct / total
 
     batch_size, accuracy = inner_training_loop()  # called without the batch size: the decorator passes it
-    accelerator.print(f"trained with batch size {batch_size} per process: accuracy {accuracy:.4f} on {len(eval_set)} held-out samples")
+    accelerator.print(
+        f"trained with batch size {batch_size} per process: accuracy {accuracy:.4f} on {len(eval_set)} held-out samples"
+    )
     accelerator.end_training()
 
 

@@ -34,7 +34,22 @@ from torch.utils.data import DataLoader, Dataset
 from hasten import Accelerator, DataLoaderConfiguration
 from hasten.utils import ProjectConfiguration, set_seed, tqdm
 
-CORPUS_MODULES = ("textwrap", "string", "fnmatch", "glob", "shlex", "queue", "bisect", "heapq", "colorsys", "contextlib", "calendar", "pprint", "functools", "dataclasses")
+CORPUS_MODULES = (
+    "textwrap",
+    "string",
+    "fnmatch",
+    "glob",
+    "shlex",
+    "queue",
+    "bisect",
+    "heapq",
+    "colorsys",
+    "contextlib",
+    "calendar",
+    "pprint",
+    "functools",
+    "dataclasses",
+)
 
 
 def load_corpus(max_bytes: int) -> torch.Tensor:
@@ -142,7 +157,13 @@ def parse_args() -> argparse.Namespace:
     """The command line of the example."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output_dir", default="runs/language_model", help="checkpoints and TensorBoard logs")
-    parser.add_argument("--resume", nargs="?", const="latest", default=None, help="resume from the latest checkpoint of --output_dir, or from the given checkpoint folder")
+    parser.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=None,
+        help="resume from the latest checkpoint of --output_dir, or from the given checkpoint folder",
+    )
     parser.add_argument("--max_steps", type=int, default=100, help="optimizer steps")
     parser.add_argument("--batch_size", type=int, default=16, help="sequences per process and micro-batch")
     parser.add_argument("--gradient_accumulation_steps", type=int, default=2)
@@ -166,27 +187,36 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     """Build, prepare (and resume), train, evaluate."""
     args = parse_args()
-    project = ProjectConfiguration(project_dir=args.output_dir, automatic_checkpoint_naming=True, total_limit=args.keep_checkpoints)
+    project = ProjectConfiguration(
+        project_dir=args.output_dir, automatic_checkpoint_naming=True, total_limit=args.keep_checkpoints
+    )
     accelerator = Accelerator(
         mixed_precision=args.mixed_precision,
         gradient_accumulation_steps=args.gradient_accumulation_steps,
         log_with="tensorboard",
         project_config=project,
-        dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True),  # load_state restores the loader's position
+        dataloader_config=DataLoaderConfiguration(
+            use_stateful_dataloader=True
+        ),  # load_state restores the loader's position
     )
     set_seed(args.seed)
 
     tokens = load_corpus(args.corpus_bytes)
     cut = int(0.9 * len(tokens))
-    train_loader = DataLoader(Chunks(tokens[:cut], args.block_size), batch_size=args.batch_size, shuffle=True, drop_last=True)
+    train_loader = DataLoader(
+        Chunks(tokens[:cut], args.block_size), batch_size=args.batch_size, shuffle=True, drop_last=True
+    )
     eval_loader = DataLoader(Chunks(tokens[cut:], args.block_size), batch_size=4 * args.batch_size)
     model = GPT(args.block_size, args.layers, args.heads, args.dim)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.99), weight_decay=0.01)
     # A prepared scheduler steps once per process for each optimizer step, so its schedule counts them all.
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, warmup_then_cosine(args.warmup_steps * accelerator.num_processes, args.max_steps * accelerator.num_processes)
+        optimizer,
+        warmup_then_cosine(args.warmup_steps * accelerator.num_processes, args.max_steps * accelerator.num_processes),
     )
-    model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(model, optimizer, train_loader, eval_loader, scheduler)
+    model, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(
+        model, optimizer, train_loader, eval_loader, scheduler
+    )
 
     progress = TrainingProgress()
     accelerator.register_for_checkpointing(progress)
@@ -194,11 +224,15 @@ def main() -> None:
         path = accelerator.load_state(None if args.resume == "latest" else args.resume)
         accelerator.print(f"resumed from {path} at step {progress.step}")
     accelerator.init_trackers("language_model", config=vars(args))
-    accelerator.print(f"{len(tokens):,} bytes of corpus, {sum(p.numel() for p in model.parameters()):,} parameters, {accelerator.num_processes} process(es)")
+    accelerator.print(
+        f"{len(tokens):,} bytes of corpus, {sum(p.numel() for p in model.parameters()):,} parameters, {accelerator.num_processes} process(es)"
+    )
 
     train(args, accelerator, model, optimizer, scheduler, train_loader, eval_loader, progress)
     loss, count = evaluate(accelerator, model, eval_loader)
-    accelerator.print(f"step {progress.step}: held-out loss {loss:.4f} (perplexity {math.exp(loss):.2f}) on {count} sequences")
+    accelerator.print(
+        f"step {progress.step}: held-out loss {loss:.4f} (perplexity {math.exp(loss):.2f}) on {count} sequences"
+    )
     accelerator.log({"eval/loss": loss, "eval/perplexity": math.exp(loss)}, step=progress.step)
     accelerator.end_training()
 
@@ -232,7 +266,9 @@ def train(args, accelerator, model, optimizer, scheduler, train_loader, eval_loa
                 micro_batches = 0
             if progress.step % args.eval_every == 0 and progress.step < args.max_steps:
                 loss_value, count = evaluate(accelerator, model, eval_loader)
-                accelerator.print(f"step {progress.step}: held-out loss {loss_value:.4f} (perplexity {math.exp(loss_value):.2f}) on {count} sequences")
+                accelerator.print(
+                    f"step {progress.step}: held-out loss {loss_value:.4f} (perplexity {math.exp(loss_value):.2f}) on {count} sequences"
+                )
                 accelerator.log({"eval/loss": loss_value, "eval/perplexity": math.exp(loss_value)}, step=progress.step)
             if progress.step % args.checkpoint_every == 0 or progress.step == args.max_steps:
                 accelerator.print(f"step {progress.step}: saved {accelerator.save_state()}")

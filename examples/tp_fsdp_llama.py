@@ -41,7 +41,9 @@ def byte_windows(block_size: int) -> TensorDataset:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tp_size", type=int, default=None, help="tensor-parallel size (default: the launch setting, else 2)")
+    parser.add_argument(
+        "--tp_size", type=int, default=None, help="tensor-parallel size (default: the launch setting, else 2)"
+    )
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--batch_size", type=int, default=8, help="sequences per data-parallel rank and step")
     parser.add_argument("--block_size", type=int, default=64)
@@ -52,8 +54,16 @@ def main():
         config = ParallelismConfig(tp_size=2)
     accelerator = Accelerator(parallelism_config=config)
     set_seed(0)
-    model_config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                               num_key_value_heads=2, max_position_embeddings=args.block_size, tie_word_embeddings=False)
+    model_config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=args.block_size,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(model_config)
     full_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     data = byte_windows(args.block_size)
@@ -68,8 +78,10 @@ def main():
     mesh = accelerator.torch_device_mesh
     mine = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size() for p in model.parameters())
     accelerator.print(f"mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}")
-    print(f"rank {accelerator.process_index} (data-parallel rank {accelerator.data_parallel_rank}, tensor-parallel rank "
-          f"{accelerator.tensor_parallel_rank}) holds {mine / full_bytes:.3f} of the parameter bytes")
+    print(
+        f"rank {accelerator.process_index} (data-parallel rank {accelerator.data_parallel_rank}, tensor-parallel rank "
+        f"{accelerator.tensor_parallel_rank}) holds {mine / full_bytes:.3f} of the parameter bytes"
+    )
 
     def loss_of(inputs, targets):
         return F.cross_entropy(model(input_ids=inputs).logits.reshape(-1, 256), targets.reshape(-1))

@@ -33,14 +33,29 @@ from hasten.utils import set_seed
 
 logger = get_logger(__name__)
 
-CORPUS_MODULES = ("textwrap", "string", "fnmatch", "glob", "shlex", "queue", "bisect", "heapq", "colorsys", "contextlib")
+CORPUS_MODULES = (
+    "textwrap",
+    "string",
+    "fnmatch",
+    "glob",
+    "shlex",
+    "queue",
+    "bisect",
+    "heapq",
+    "colorsys",
+    "contextlib",
+)
 
 
 def parse_args():
     """The command line of the script."""
-    parser = argparse.ArgumentParser(description="Train a causal language model from scratch with a custom training loop.")
+    parser = argparse.ArgumentParser(
+        description="Train a causal language model from scratch with a custom training loop."
+    )
     parser.add_argument("--block_size", type=int, default=64, help="Tokens per training sequence.")
-    parser.add_argument("--corpus_bytes", type=int, default=100_000, help="Bytes of text to use (the last 10%% are held out).")
+    parser.add_argument(
+        "--corpus_bytes", type=int, default=100_000, help="Bytes of text to use (the last 10%% are held out)."
+    )
     parser.add_argument("--n_embd", type=int, default=64)
     parser.add_argument("--n_layer", type=int, default=2)
     parser.add_argument("--n_head", type=int, default=4)
@@ -53,18 +68,28 @@ def parse_args():
     parser.add_argument("--gradient_accumulation_steps", type=int, default=1)
     parser.add_argument("--lr_scheduler_type", type=SchedulerType, default="linear", choices=list(SchedulerType))
     parser.add_argument("--num_warmup_steps", type=int, default=10)
-    parser.add_argument("--output_dir", type=str, default=None, help="Where to store the checkpoints and the final model.")
+    parser.add_argument(
+        "--output_dir", type=str, default=None, help="Where to store the checkpoints and the final model."
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--checkpointing_steps", type=str, default=None, help="Save every n steps (a number), or 'epoch'.")
-    parser.add_argument("--resume_from_checkpoint", type=str, default=None, help="A checkpoint folder to continue from.")
+    parser.add_argument(
+        "--checkpointing_steps", type=str, default=None, help="Save every n steps (a number), or 'epoch'."
+    )
+    parser.add_argument(
+        "--resume_from_checkpoint", type=str, default=None, help="A checkpoint folder to continue from."
+    )
     parser.add_argument("--with_tracking", action="store_true", help="Log the metrics with the experiment trackers.")
-    parser.add_argument("--report_to", type=str, default="tensorboard", help="Tracker(s) to log to ('all' for every installed one).")
+    parser.add_argument(
+        "--report_to", type=str, default="tensorboard", help="Tracker(s) to log to ('all' for every installed one)."
+    )
     return parser.parse_args()
 
 
 def load_blocks(block_size, corpus_bytes):
     """The corpus cut into examples of ``block_size`` byte ids; the last tenth is the validation split."""
-    text = b"\n\n".join(Path(importlib.util.find_spec(name).origin).read_bytes() for name in CORPUS_MODULES)[:corpus_bytes]
+    text = b"\n\n".join(Path(importlib.util.find_spec(name).origin).read_bytes() for name in CORPUS_MODULES)[
+        :corpus_bytes
+    ]
     ids = list(text)
     blocks = [ids[start : start + block_size] for start in range(0, len(ids) - block_size + 1, block_size)]
     examples = [{"input_ids": block, "labels": block} for block in blocks]
@@ -76,7 +101,10 @@ def build_optimizer(model, args):
     """AdamW without weight decay on biases and layer-norm weights."""
     no_decay = ["bias", "ln_1.weight", "ln_2.weight", "ln_f.weight"]
     optimizer_grouped_parameters = [
-        {"params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)], "weight_decay": args.weight_decay},
+        {
+            "params": [p for n, p in model.named_parameters() if not any(nd in n for nd in no_decay)],
+            "weight_decay": args.weight_decay,
+        },
         {"params": [p for n, p in model.named_parameters() if any(nd in n for nd in no_decay)], "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(optimizer_grouped_parameters, lr=args.learning_rate)
@@ -132,7 +160,9 @@ def main():
         accelerator_log_kwargs["project_dir"] = args.output_dir
     accelerator = Accelerator(gradient_accumulation_steps=args.gradient_accumulation_steps, **accelerator_log_kwargs)
 
-    logging.basicConfig(format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%m/%d/%Y %H:%M:%S", level=logging.INFO)
+    logging.basicConfig(
+        format="%(asctime)s - %(levelname)s - %(name)s - %(message)s", datefmt="%m/%d/%Y %H:%M:%S", level=logging.INFO
+    )
     logger.info(accelerator.state, main_process_only=False)
     if accelerator.is_local_main_process:
         transformers.utils.logging.set_verbosity_warning()
@@ -145,13 +175,23 @@ def main():
     accelerator.wait_for_everyone()
 
     config = GPT2Config(
-        vocab_size=256, n_positions=args.block_size, n_embd=args.n_embd, n_layer=args.n_layer, n_head=args.n_head, bos_token_id=0, eos_token_id=0
+        vocab_size=256,
+        n_positions=args.block_size,
+        n_embd=args.n_embd,
+        n_layer=args.n_layer,
+        n_head=args.n_head,
+        bos_token_id=0,
+        eos_token_id=0,
     )
     model = AutoModelForCausalLM.from_config(config)
 
     train_dataset, eval_dataset = load_blocks(args.block_size, args.corpus_bytes)
-    train_dataloader = DataLoader(train_dataset, shuffle=True, collate_fn=default_data_collator, batch_size=args.per_device_train_batch_size)
-    eval_dataloader = DataLoader(eval_dataset, collate_fn=default_data_collator, batch_size=args.per_device_eval_batch_size)
+    train_dataloader = DataLoader(
+        train_dataset, shuffle=True, collate_fn=default_data_collator, batch_size=args.per_device_train_batch_size
+    )
+    eval_dataloader = DataLoader(
+        eval_dataset, collate_fn=default_data_collator, batch_size=args.per_device_eval_batch_size
+    )
     optimizer = build_optimizer(model, args)
 
     overrode_max_train_steps = False
@@ -164,10 +204,14 @@ def main():
         name=args.lr_scheduler_type,
         optimizer=optimizer,
         num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
-        num_training_steps=args.max_train_steps if overrode_max_train_steps else args.max_train_steps * accelerator.num_processes,
+        num_training_steps=args.max_train_steps
+        if overrode_max_train_steps
+        else args.max_train_steps * accelerator.num_processes,
     )
 
-    model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(model, optimizer, train_dataloader, eval_dataloader, lr_scheduler)
+    model, optimizer, train_dataloader, eval_dataloader, lr_scheduler = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader, lr_scheduler
+    )
 
     # The dataloader is shorter once sharded: recompute the number of steps.
     num_update_steps_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
@@ -186,10 +230,14 @@ def main():
     logger.info(f"  Num Epochs = {args.num_train_epochs}")
     logger.info(f"  Total train batch size (w. parallel, distributed & accumulation) = {total_batch_size}")
     logger.info(f"  Total optimization steps = {args.max_train_steps}")
-    train(args, accelerator, model, optimizer, lr_scheduler, train_dataloader, eval_dataloader, num_update_steps_per_epoch)
+    train(
+        args, accelerator, model, optimizer, lr_scheduler, train_dataloader, eval_dataloader, num_update_steps_per_epoch
+    )
 
 
-def train(args, accelerator, model, optimizer, lr_scheduler, train_dataloader, eval_dataloader, num_update_steps_per_epoch):
+def train(
+    args, accelerator, model, optimizer, lr_scheduler, train_dataloader, eval_dataloader, num_update_steps_per_epoch
+):
     """The training loop, with an evaluation after each epoch; saves the final model in ``--output_dir``."""
     checkpointing_steps = args.checkpointing_steps
     if checkpointing_steps is not None and checkpointing_steps.isdigit():
@@ -197,7 +245,9 @@ def train(args, accelerator, model, optimizer, lr_scheduler, train_dataloader, e
     progress_bar = tqdm(range(args.max_train_steps), disable=not accelerator.is_local_main_process)
     starting_epoch, completed_steps, resume_step = 0, 0, None
     if args.resume_from_checkpoint:
-        starting_epoch, completed_steps, resume_step = resume_position(accelerator, args, train_dataloader, num_update_steps_per_epoch)
+        starting_epoch, completed_steps, resume_step = resume_position(
+            accelerator, args, train_dataloader, num_update_steps_per_epoch
+        )
     progress_bar.update(completed_steps)
 
     for epoch in range(starting_epoch, args.num_train_epochs):
@@ -229,10 +279,18 @@ def train(args, accelerator, model, optimizer, lr_scheduler, train_dataloader, e
 
         eval_loss, perplexity, count = evaluate(accelerator, model, eval_dataloader, args)
         logger.info(f"epoch {epoch}: perplexity: {perplexity} eval_loss: {eval_loss}")
-        accelerator.print(f"epoch {epoch}: eval_loss {eval_loss.item():.4f} perplexity {perplexity:.2f} over {count} values")
+        accelerator.print(
+            f"epoch {epoch}: eval_loss {eval_loss.item():.4f} perplexity {perplexity:.2f} over {count} values"
+        )
         if args.with_tracking:
             accelerator.log(
-                {"perplexity": perplexity, "eval_loss": eval_loss, "train_loss": total_loss.item() / len(train_dataloader), "epoch": epoch, "step": completed_steps},
+                {
+                    "perplexity": perplexity,
+                    "eval_loss": eval_loss,
+                    "train_loss": total_loss.item() / len(train_dataloader),
+                    "epoch": epoch,
+                    "step": completed_steps,
+                },
                 step=completed_steps,
             )
         if args.checkpointing_steps == "epoch":
@@ -243,7 +301,9 @@ def train(args, accelerator, model, optimizer, lr_scheduler, train_dataloader, e
     if args.output_dir is not None:
         accelerator.wait_for_everyone()
         unwrapped_model = accelerator.unwrap_model(model)
-        unwrapped_model.save_pretrained(args.output_dir, is_main_process=accelerator.is_main_process, state_dict=accelerator.get_state_dict(model))
+        unwrapped_model.save_pretrained(
+            args.output_dir, is_main_process=accelerator.is_main_process, state_dict=accelerator.get_state_dict(model)
+        )
         if accelerator.is_main_process:
             with open(os.path.join(args.output_dir, "all_results.json"), "w") as f:
                 json.dump({"perplexity": perplexity}, f)

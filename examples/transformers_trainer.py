@@ -22,11 +22,23 @@ import argparse
 import importlib.util
 from pathlib import Path
 
-import accelerate
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
-CORPUS_MODULES = ("textwrap", "string", "fnmatch", "glob", "shlex", "queue", "bisect", "heapq", "colorsys", "contextlib")
+import accelerate
+
+CORPUS_MODULES = (
+    "textwrap",
+    "string",
+    "fnmatch",
+    "glob",
+    "shlex",
+    "queue",
+    "bisect",
+    "heapq",
+    "colorsys",
+    "contextlib",
+)
 
 
 def parse_args():
@@ -35,7 +47,9 @@ def parse_args():
     parser.add_argument("--output_dir", type=str, required=True, help="Checkpoints and the final model.")
     parser.add_argument("--max_steps", type=int, default=40)
     parser.add_argument("--block_size", type=int, default=64, help="Tokens per training sequence.")
-    parser.add_argument("--corpus_bytes", type=int, default=60_000, help="Bytes of text to use (the last 10%% are held out).")
+    parser.add_argument(
+        "--corpus_bytes", type=int, default=60_000, help="Bytes of text to use (the last 10%% are held out)."
+    )
     parser.add_argument("--per_device_train_batch_size", type=int, default=8)
     parser.add_argument("--gradient_accumulation_steps", type=int, default=2)
     parser.add_argument("--learning_rate", type=float, default=3e-3)
@@ -62,7 +76,9 @@ class ByteBlocks(torch.utils.data.Dataset):
 
 def load_splits(args):
     """The corpus as training and validation blocks (the last tenth held out)."""
-    text = b"\n\n".join(Path(importlib.util.find_spec(name).origin).read_bytes() for name in CORPUS_MODULES)[: args.corpus_bytes]
+    text = b"\n\n".join(Path(importlib.util.find_spec(name).origin).read_bytes() for name in CORPUS_MODULES)[
+        : args.corpus_bytes
+    ]
     cut = int(0.9 * len(text))
     return ByteBlocks(list(text[:cut]), args.block_size), ByteBlocks(list(text[cut:]), args.block_size)
 
@@ -83,7 +99,9 @@ def main():
     """Build the model and data, train (or resume), save the final model."""
     args = parse_args()
     train_dataset, eval_dataset = load_splits(args)
-    config = GPT2Config(vocab_size=256, n_positions=args.block_size, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0)
+    config = GPT2Config(
+        vocab_size=256, n_positions=args.block_size, n_embd=64, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
+    )
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
     training_args = TrainingArguments(
@@ -104,10 +122,19 @@ def main():
         disable_tqdm=True,
         seed=0,
     )
-    trainer = Trainer(model=model, args=training_args, train_dataset=train_dataset, eval_dataset=eval_dataset, callbacks=[PrintLosses()])
+    trainer = Trainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=eval_dataset,
+        callbacks=[PrintLosses()],
+    )
     if trainer.is_world_process_zero():
         engine = type(trainer.accelerator).__module__.split(".")[0]
-        print(f"Trainer runs on {engine} (accelerate {accelerate.__version__}), {trainer.accelerator.num_processes} process(es)", flush=True)
+        print(
+            f"Trainer runs on {engine} (accelerate {accelerate.__version__}), {trainer.accelerator.num_processes} process(es)",
+            flush=True,
+        )
     trainer.train(resume_from_checkpoint=True if args.resume else None)
     if args.resume and trainer.is_world_process_zero():
         print(f"resumed, now at step {trainer.state.global_step}", flush=True)

@@ -56,7 +56,13 @@ def continue_two_models(objects, backward) -> dict:
     sched.step()
     opt_a.zero_grad()
     opt_b.zero_grad()
-    return {"loss": loss.item(), "model_a": _weights(model_a), "model_b": _weights(model_b), "lr": sched.get_last_lr(), "draws": _draws()}
+    return {
+        "loss": loss.item(),
+        "model_a": _weights(model_a),
+        "model_b": _weights(model_b),
+        "lr": sched.get_last_lr(),
+        "draws": _draws(),
+    }
 
 
 def build_bin():

@@ -21,7 +21,14 @@ def _fresh_state(monkeypatch):
     is restored as it was, also where the code under test wrote ``os.environ`` itself (``PrepareForLaunch`` does)."""
     saved = dict(os.environ)
     for key in list(os.environ):
-        if key.startswith(("HASTEN_", "ACCELERATE_", "OMPI_COMM_WORLD", "PMI_", "PMIX_", "SLURM_", "MV2_")) or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if key.startswith(("HASTEN_", "ACCELERATE_", "OMPI_COMM_WORLD", "PMI_", "PMIX_", "SLURM_", "MV2_")) or key in (
+            "RANK",
+            "WORLD_SIZE",
+            "LOCAL_RANK",
+            "LOCAL_WORLD_SIZE",
+            "MASTER_ADDR",
+            "MASTER_PORT",
+        ):
             monkeypatch.delenv(key, raising=False)
     hasten.state.reset_state(destroy_process_group=True)
     yield
@@ -43,7 +50,9 @@ def _leftover_children() -> list:
         found = []
         for child in psutil.Process().children(recursive=True):
             try:
-                if child.status() != psutil.STATUS_ZOMBIE and not any(name in " ".join(child.cmdline()) for name in _HELPER_PROCESSES):
+                if child.status() != psutil.STATUS_ZOMBIE and not any(
+                    name in " ".join(child.cmdline()) for name in _HELPER_PROCESSES
+                ):
                     found.append(child)
             except psutil.NoSuchProcess:
                 pass
@@ -71,7 +80,9 @@ def pytest_sessionfinish(session, exitstatus):
         except psutil.NoSuchProcess:
             pass
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    message = f"{len(left)} process(es) started by the tests were still running at the end (now killed):\n" + "\n".join(lines)
+    message = f"{len(left)} process(es) started by the tests were still running at the end (now killed):\n" + "\n".join(
+        lines
+    )
     if reporter is not None:
         reporter.write_line("")
         reporter.write_line(message, red=True)

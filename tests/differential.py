@@ -49,7 +49,9 @@ def require_reference() -> None:
     import pytest
 
     if not reference_available():
-        pytest.skip(f"no reference copy of accelerate 1.15 in {REFERENCE} (`make reference` installs it; pip was offline?)")
+        pytest.skip(
+            f"no reference copy of accelerate 1.15 in {REFERENCE} (`make reference` installs it; pip was offline?)"
+        )
 
 
 def side_env(side: str) -> dict[str, str]:
@@ -76,15 +78,29 @@ def run_side(side: str, scenario: str, cases: list[dict], nproc: int = 1, timeou
         if nproc == 1:
             cmd = [sys.executable, str(DRIVER), str(spec), str(out)]
         else:
-            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_addr", "127.0.0.1",
-                   "--master_port", str(free_port()), str(DRIVER), str(spec), str(out)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nproc_per_node",
+                str(nproc),
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(free_port()),
+                str(DRIVER),
+                str(spec),
+                str(out),
+            ]
         env = side_env(side)
         if nproc > 1:  # Accelerate starts a gloo group for torchrun's processes only when told to use the CPU
             env["ACCELERATE_USE_CPU"] = "1"
         proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         if proc.returncode != 0:
-            raise AssertionError(f"{scenario} on {side} exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
-                                 f"--- stderr ---\n{proc.stderr[-8000:]}")
+            raise AssertionError(
+                f"{scenario} on {side} exited {proc.returncode}\n--- stdout ---\n{proc.stdout[-4000:]}\n"
+                f"--- stderr ---\n{proc.stderr[-8000:]}"
+            )
         per_rank = [json.loads((Path(f"{out}.rank{rank}.json")).read_text()) for rank in range(nproc)]
     return per_rank[0] if nproc == 1 else [list(row) for row in zip(*per_rank)]
 
@@ -95,7 +111,9 @@ def repro_line(scenario: str, case: dict, nproc: int = 1) -> str:
     return f".venv/bin/python tests/differential.py {scenario} '{json.dumps(case)}'{extra}"
 
 
-def compare_sides(scenario: str, cases: list[dict], nproc: int = 1, atol: float = 0.0, timeout: float = 600) -> list[str]:
+def compare_sides(
+    scenario: str, cases: list[dict], nproc: int = 1, atol: float = 0.0, timeout: float = 600
+) -> list[str]:
     """Run every case on both sides and return one line per case that differs (with its seed and repro command)."""
     ours = run_side("hasten", scenario, cases, nproc, timeout)
     theirs = run_side("accelerate", scenario, cases, nproc, timeout)
@@ -104,7 +122,11 @@ def compare_sides(scenario: str, cases: list[dict], nproc: int = 1, atol: float 
         if nproc == 1:
             found = differences(reference, result, atol=atol)
         else:
-            found = [f"rank {rank}: {line}" for rank, (r, o) in enumerate(zip(reference, result)) for line in differences(r, o, atol)]
+            found = [
+                f"rank {rank}: {line}"
+                for rank, (r, o) in enumerate(zip(reference, result))
+                for line in differences(r, o, atol)
+            ]
         if found:
             failures.append(f"case {case}: {'; '.join(found[:4])}\n    repro: {repro_line(scenario, case, nproc)}")
     return failures
@@ -115,7 +137,9 @@ def assert_same(scenario: str, cases: list[dict], nproc: int = 1, atol: float = 
     failures = compare_sides(scenario, cases, nproc, atol, timeout)
     if failures:
         shown = "\n".join(failures[:20])
-        raise AssertionError(f"{len(failures)} of {len(cases)} cases of {scenario} differ from Accelerate 1.15:\n{shown}")
+        raise AssertionError(
+            f"{len(failures)} of {len(cases)} cases of {scenario} differ from Accelerate 1.15:\n{shown}"
+        )
 
 
 def describe(value):
@@ -177,7 +201,9 @@ def differences(reference: dict, ours: dict, atol: float = 0.0) -> list[str]:
         elif "raised" not in reference:
             found.append(f"hasten raised {ours['raised'][0]} ({ours['message']!r}), Accelerate returned")
         elif reference["raised"][0] not in ours["raised"]:
-            found.append(f"Accelerate raised {reference['raised'][0]}, hasten raised {ours['raised'][0]} (not a subclass)")
+            found.append(
+                f"Accelerate raised {reference['raised'][0]}, hasten raised {ours['raised'][0]} (not a subclass)"
+            )
     else:
         _compare_values(reference["returned"], ours["returned"], "result", atol, found)
     if reference["warnings"] != ours["warnings"]:
@@ -191,17 +217,22 @@ def _compare_values(expected, actual, where: str, atol: float, found: list[str])
         if head != {k: v for k, v in actual.items() if k != "values"}:
             found.append(f"{where}: Accelerate {head}, hasten { {k: v for k, v in actual.items() if k != 'values'} }")
         elif not _close(expected["values"], actual["values"], atol):
-            found.append(f"{where}: values differ (Accelerate {expected['values'][:6]}..., hasten {actual['values'][:6]}...)")
+            found.append(
+                f"{where}: values differ (Accelerate {expected['values'][:6]}..., hasten {actual['values'][:6]}...)"
+            )
         return
     if isinstance(expected, dict) and isinstance(actual, dict) and "items" in expected and "items" in actual:
-        if {k: v for k, v in expected.items() if k != "items"} != {k: v for k, v in actual.items() if k != "items"} \
-                or len(expected["items"]) != len(actual["items"]):
+        if {k: v for k, v in expected.items() if k != "items"} != {
+            k: v for k, v in actual.items() if k != "items"
+        } or len(expected["items"]) != len(actual["items"]):
             found.append(f"{where}: Accelerate {_short(expected)}, hasten {_short(actual)}")
             return
         for index, (e, a) in enumerate(zip(expected["items"], actual["items"])):
             _compare_values(e, a, f"{where}[{index}]", atol, found)
         return
-    if isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual):  # a dict's [key, value]
+    if (
+        isinstance(expected, list) and isinstance(actual, list) and len(expected) == len(actual)
+    ):  # a dict's [key, value]
         for index, (e, a) in enumerate(zip(expected, actual)):
             _compare_values(e, a, f"{where}.{index}", atol, found)
         return

@@ -20,9 +20,10 @@ def _fresh(env: dict) -> None:
 def conversion_and_steps(case: dict):
     """Which layers of a stack of linear layers (``case["widths"]``) become float8 ones, the output dtype and three
     losses of emulated fp8 training; and the config the default recipe builds from the environment."""
+    from torchao.float8 import Float8LinearConfig
+
     from accelerate import Accelerator
     from accelerate.utils import AORecipeKwargs
-    from torchao.float8 import Float8LinearConfig
 
     _fresh(case["env"])
     torch.manual_seed(case["seed"])

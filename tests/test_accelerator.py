@@ -247,7 +247,9 @@ def test_process_helpers_on_one_process():
     assert not acc.check_trigger()
     acc.set_trigger()
     assert acc.check_trigger() and not acc.check_trigger()
-    assert repr(PartialState()).startswith("Distributed environment: DistributedType.NO\n"), "Accelerate's repr prints the enum member"
+    assert repr(PartialState()).startswith("Distributed environment: DistributedType.NO\n"), (
+        "Accelerate's repr prints the enum member"
+    )
 
 
 def test_free_memory_drops_references():
@@ -275,7 +277,12 @@ def test_compatibility_members_of_a_data_parallel_job():
 
     acc = Accelerator()
     assert acc.should_save_model and acc.deepspeed_plugin is None and acc.fp8_backend == "NO"
-    assert (acc.data_parallel_rank, acc.tensor_parallel_rank, acc.pipeline_parallel_rank, acc.context_parallel_rank) == (0, 0, 0, 0)
+    assert (
+        acc.data_parallel_rank,
+        acc.tensor_parallel_rank,
+        acc.pipeline_parallel_rank,
+        acc.context_parallel_rank,
+    ) == (0, 0, 0, 0)
     assert not acc.is_composable_parallelism_enabled and acc.torch_device_mesh is None
     with acc.maybe_context_parallel():
         pass
@@ -307,7 +314,9 @@ def test_process_group_is_torn_down_at_exit_unless_the_script_crashed(how, alive
     # Left alive into interpreter shutdown, a collective's worker thread can abort a successful run. hasten
     # destroys its group at exit (not after a crash: other ranks could be stuck in a collective the teardown
     # would wait on) and, in every case, sleeps so that such a thread gets the GIL before shutdown begins.
-    proc = subprocess.run([sys.executable, "-c", _EXIT_PROBE, how], capture_output=True, text=True, env=clean_env(), timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _EXIT_PROBE, how], capture_output=True, text=True, env=clean_env(), timeout=120
+    )
     assert f"group alive at exit: {alive}" in proc.stdout, proc.stdout + proc.stderr
     assert float(proc.stdout.split("handed over for")[1]) >= 0.1
     assert (proc.returncode != 0) == (how == "crash")
@@ -346,12 +355,23 @@ def test_prepared_objects_carry_accelerates_flag_and_are_not_prepared_twice():
     assert all(getattr(obj, "_is_accelerate_prepared", False) for obj in prepared)
     again = accelerator.prepare(*prepared)
     assert all(a is b for a, b in zip(again, prepared))
-    assert [len(x) for x in (accelerator._models, accelerator._optimizers, accelerator._schedulers, accelerator._dataloaders)] == [1, 1, 1, 1]
+    assert [
+        len(x)
+        for x in (accelerator._models, accelerator._optimizers, accelerator._schedulers, accelerator._dataloaders)
+    ] == [1, 1, 1, 1]
     accelerator.free_memory()
     # As in Accelerate, an object prepared before is tracked again, not wrapped a second time.
-    assert accelerator.prepare_data_loader(prepared[3]) is prepared[3] and accelerator.prepare_optimizer(prepared[1]) is prepared[1]
+    assert (
+        accelerator.prepare_data_loader(prepared[3]) is prepared[3]
+        and accelerator.prepare_optimizer(prepared[1]) is prepared[1]
+    )
     assert accelerator.prepare(prepared[0], prepared[2]) == (prepared[0], prepared[2])
-    assert (accelerator._models, accelerator._optimizers, accelerator._schedulers, accelerator._dataloaders) == ([prepared[0]], [prepared[1]], [prepared[2]], [prepared[3]])
+    assert (accelerator._models, accelerator._optimizers, accelerator._schedulers, accelerator._dataloaders) == (
+        [prepared[0]],
+        [prepared[1]],
+        [prepared[2]],
+        [prepared[3]],
+    )
 
 
 def test_a_missing_state_attribute_is_a_plain_attribute_error_and_a_reset_state_says_why():
@@ -360,10 +380,16 @@ def test_a_missing_state_attribute_is_a_plain_attribute_error_and_a_reset_state_
     accelerator = Accelerator(cpu=True)
     for state, name in ((PartialState(), "PartialState"), (accelerator.state, "AcceleratorState")):
         with pytest.raises(AttributeError, match=f"^'{name}' object has no attribute 'someotherthing'$"):
-            state.someotherthing
+            _ = state.someotherthing
     AcceleratorState._reset_state()
-    with pytest.raises(AttributeError, match=r"`AcceleratorState` object has no attribute `num_processes`.*This happens if `AcceleratorState._reset_state\(\)`"):
-        accelerator.state.num_processes
+    with pytest.raises(
+        AttributeError,
+        match=r"`AcceleratorState` object has no attribute `num_processes`.*This happens if `AcceleratorState._reset_state\(\)`",
+    ):
+        _ = accelerator.state.num_processes
     PartialState._reset_state()
-    with pytest.raises(AttributeError, match=r"`PartialState` object has no attribute `num_processes`.*This happens if `PartialState._reset_state\(\)`"):
-        PartialState.__new__(PartialState).num_processes
+    with pytest.raises(
+        AttributeError,
+        match=r"`PartialState` object has no attribute `num_processes`.*This happens if `PartialState._reset_state\(\)`",
+    ):
+        _ = PartialState.__new__(PartialState).num_processes

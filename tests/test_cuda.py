@@ -10,12 +10,11 @@ import sys
 
 import pytest
 import torch
+from helpers import SCRIPTS
 
 from hasten import Accelerator, find_executable_batch_size
 from hasten.errors import ConfigError
 from hasten.state import reset_state
-
-from helpers import SCRIPTS
 
 sys.path.insert(0, str(SCRIPTS))
 from fp8_model import TinyLM, batch, lm_loss  # noqa: E402

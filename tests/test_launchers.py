@@ -44,7 +44,15 @@ def test_both_launchers_run_two_processes_from_a_plain_python_process(tmp_path):
     for tag, precision, use_cpu in (("notebook", "bf16", None), ("debug", "no", "1")):
         for rank in (0, 1):
             seen = json.loads((tmp_path / f"{tag}_rank{rank}.json").read_text())
-            expected = {"rank": rank, "world": 2, "type": "MULTI_CPU", "sum": 3.0, "precision": precision, "use_cpu": use_cpu, "fork": "1"}
+            expected = {
+                "rank": rank,
+                "world": 2,
+                "type": "MULTI_CPU",
+                "sum": 3.0,
+                "precision": precision,
+                "use_cpu": use_cpu,
+                "fork": "1",
+            }
             assert seen == expected
 
 
@@ -71,7 +79,10 @@ def test_debug_launcher_runs_a_functools_partial_with_a_lambda_scheduler(tmp_pat
 
 @pytest.mark.slow
 def test_failures_name_the_process_and_carry_its_traceback():
-    with pytest.raises(HastenError, match=r"(?s)Process 1 of 2 failed \(exit code 1\) while running _fails_on_rank_one:\nTraceback .*RuntimeError: boom on rank one"):
+    with pytest.raises(
+        HastenError,
+        match=r"(?s)Process 1 of 2 failed \(exit code 1\) while running _fails_on_rank_one:\nTraceback .*RuntimeError: boom on rank one",
+    ):
         launchers.debug_launcher(_fails_on_rank_one, ("boom on rank one",))
 
 
@@ -90,7 +101,10 @@ def test_refuses_when_cuda_is_initialised(monkeypatch):
 
 
 def test_refuses_unpicklable_functions_with_spawn():
-    with pytest.raises(ConfigError, match=r"start_method='spawn' sends \S*<lambda> and its args to new processes by pickling, and that failed"):
+    with pytest.raises(
+        ConfigError,
+        match=r"start_method='spawn' sends \S*<lambda> and its args to new processes by pickling, and that failed",
+    ):
         launchers.notebook_launcher(lambda: None, num_processes=2, use_port=str(_free_port()), start_method="spawn")
 
     def nested():
@@ -114,7 +128,9 @@ def test_refuses_functions_of_an_interactive_session_with_spawn(monkeypatch):
 
 
 def test_refuses_an_existing_state_bad_settings_and_a_busy_port(monkeypatch):
-    with pytest.raises(ConfigError, match=r"notebook_launcher\(mixed_precision='fp32'\): choose one of no, fp16, bf16, fp8"):
+    with pytest.raises(
+        ConfigError, match=r"notebook_launcher\(mixed_precision='fp32'\): choose one of no, fp16, bf16, fp8"
+    ):
         launchers.notebook_launcher(_record, num_processes=2, mixed_precision="fp32")
     with pytest.raises(ConfigError, match=r"debug_launcher needs num_processes >= 1, got 0"):
         launchers.debug_launcher(_record, num_processes=0)
@@ -122,7 +138,9 @@ def test_refuses_an_existing_state_bad_settings_and_a_busy_port(monkeypatch):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        with pytest.raises(ConfigError, match=rf"Port {port} on 127\.0\.0\.1 is already in use .*use_port=\.\.\.\) \(got '{port}'\)"):
+        with pytest.raises(
+            ConfigError, match=rf"Port {port} on 127\.0\.0\.1 is already in use .*use_port=\.\.\.\) \(got '{port}'\)"
+        ):
             launchers.notebook_launcher(_record, num_processes=2, use_port=str(port))
     monkeypatch.setenv("HASTEN_USE_CPU", "1")
     PartialState()

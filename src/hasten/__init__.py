@@ -75,15 +75,10 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from .big_modeling.checkpoint_loading import load_checkpoint_in_model
     from .big_modeling.device_map import infer_auto_device_map
-    from .launchers import debug_launcher, notebook_launcher
-    from .strategies.deepspeed.plugin import DeepSpeedPlugin
-    from .plugins.dynamo import TorchDynamoPlugin
-    from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin
-    from .runtime.parallelism import ParallelismConfig
     from .compat.unsupported import is_rich_available, prepare_pippy
     from .data_loader import skip_first_batches
     from .enums import DDPCommunicationHookType, DistributedType
-    from .runtime.memory import find_executable_batch_size
+    from .launchers import debug_launcher, notebook_launcher
     from .plugins import (
         AutocastKwargs,
         DataLoaderConfiguration,
@@ -92,5 +87,10 @@ if TYPE_CHECKING:  # pragma: no cover
         InitProcessGroupKwargs,
         ProfileKwargs,
     )
+    from .plugins.dynamo import TorchDynamoPlugin
+    from .runtime.memory import find_executable_batch_size
+    from .runtime.parallelism import ParallelismConfig
     from .runtime.rng import synchronize_rng_states
     from .state import PartialState
+    from .strategies.deepspeed.plugin import DeepSpeedPlugin
+    from .strategies.fsdp.plugin import FullyShardedDataParallelPlugin

@@ -111,7 +111,9 @@ def _top_level_module() -> types.ModuleType:
     import hasten
 
     module = types.ModuleType(_NAME, "hasten, imported under Accelerate's name (hasten.install_as_accelerate).")
-    module.__spec__ = importlib.machinery.ModuleSpec(_NAME, _AliasLoader("hasten", hasten.__spec__), origin=hasten.__file__, is_package=True)
+    module.__spec__ = importlib.machinery.ModuleSpec(
+        _NAME, _AliasLoader("hasten", hasten.__spec__), origin=hasten.__file__, is_package=True
+    )
     module.__spec__.submodule_search_locations = list(hasten.__path__)
     module.__file__ = hasten.__file__
     module.__path__ = list(hasten.__path__)
@@ -177,7 +179,7 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname != _NAME and not fullname.startswith(_NAME + "."):
             return None
-        real_name = "hasten" + fullname[len(_NAME):]
+        real_name = "hasten" + fullname[len(_NAME) :]
         real = importlib.util.find_spec(real_name)
         if real is None:
             raise ModuleNotFoundError(
@@ -186,7 +188,9 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
                 name=fullname,
             )
         loader = _AliasLoader(real_name, real)
-        spec = importlib.machinery.ModuleSpec(fullname, loader, origin=real.origin, is_package=real.submodule_search_locations is not None)
+        spec = importlib.machinery.ModuleSpec(
+            fullname, loader, origin=real.origin, is_package=real.submodule_search_locations is not None
+        )
         if real.submodule_search_locations is not None:
             spec.submodule_search_locations = list(real.submodule_search_locations)
         return spec

@@ -22,15 +22,12 @@ from typing import Callable
 import torch
 
 from . import environment
-from .runtime import operations, preemption
-from .compat.accelerator_members import AcceleratorCompatibility, refuse_unsupported_plugins
 from .checkpointing.facade import CheckpointingMethods
-from .runtime.compilation import compile_model
+from .compat.accelerator_members import AcceleratorCompatibility, refuse_unsupported_plugins
 from .data_loader import DataLoaderStateMixin, prepare_data_loader, skip_first_batches
 from .data_loader.facade import DataLoaderSettings
 from .enums import DistributedType, RNGType
 from .errors import ConfigError
-from .runtime.memory import release_memory
 from .optimizer import AcceleratedOptimizer
 from .plugins import (
     AORecipeKwargs,
@@ -46,10 +43,13 @@ from .plugins import (
     ProjectConfiguration,
 )
 from .plugins.dynamo import build_dynamo_plugin
-from .runtime.precision import Precision
-from .scheduler import AcceleratedScheduler
-from .runtime.process_control import ProcessControl
 from .plugins.training import resolve_accumulation
+from .runtime import operations, preemption
+from .runtime.compilation import compile_model
+from .runtime.memory import release_memory
+from .runtime.precision import Precision
+from .runtime.process_control import ProcessControl
+from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, PartialState, requested_mixed_precision, warn_once
 from .strategies import EngineSettings, plan_strategy
 from .tracking.facade import TrackingMethods
@@ -73,7 +73,9 @@ def _mark_prepared(obj):
 
 
 def _is_scheduler(obj) -> bool:
-    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr"))
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
+    )
 
 
 class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, AcceleratorCompatibility, ProcessControl):
@@ -134,7 +136,8 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
         # The engine settles precision and accumulation first, so that every state below is built once, with final values.
         requested = EngineSettings(
-            requested_mixed_precision(mixed_precision), resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin),
+            requested_mixed_precision(mixed_precision),
+            resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin),
             {
                 "deepspeed_plugin": deepspeed_plugin or deepspeed_plugins,
                 "fsdp_plugin": fsdp_plugin,
@@ -185,9 +188,13 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         for handler in handlers:
             attribute = next((a for cls, a in _HANDLERS.items() if isinstance(handler, cls)), None)
             if attribute is None:
-                raise ConfigError(f"kwargs_handlers: {type(handler).__name__} is not a supported handler; use one of {[c.__name__ for c in _HANDLERS]}.")
+                raise ConfigError(
+                    f"kwargs_handlers: {type(handler).__name__} is not a supported handler; use one of {[c.__name__ for c in _HANDLERS]}."
+                )
             if getattr(self, attribute) is not None:
-                raise ConfigError(f"kwargs_handlers holds two {type(handler).__name__} objects; pass at most one of each.")
+                raise ConfigError(
+                    f"kwargs_handlers holds two {type(handler).__name__} objects; pass at most one of each."
+                )
             setattr(self, attribute, handler)
 
     # ------------------------------------------------------------------------------- process info
@@ -262,7 +269,9 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         if device_placement is None:
             device_placement = [self.device_placement] * len(args)
         elif len(device_placement) != len(args):
-            raise ConfigError(f"prepare got {len(args)} objects but {len(device_placement)} device_placement values; give one per object.")
+            raise ConfigError(
+                f"prepare got {len(args)} objects but {len(device_placement)} device_placement values; give one per object."
+            )
         result = list(args)
         kinds = [self._kind(obj) for obj in args]
         for obj, kind in zip(args, kinds):
@@ -277,8 +286,11 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         for i in model_idx:
             self._check_model(args[i])
         models, optimizers, schedulers = self._strategy.prepare(
-            [args[i] for i in model_idx], [args[i] for i in opt_idx], [args[i] for i in sched_idx],
-            [device_placement[i] for i in model_idx], [result[i] for i, k in enumerate(kinds) if k == "dataloader"],
+            [args[i] for i in model_idx],
+            [args[i] for i in opt_idx],
+            [args[i] for i in sched_idx],
+            [device_placement[i] for i in model_idx],
+            [result[i] for i, k in enumerate(kinds) if k == "dataloader"],
         )
         for i, model in zip(model_idx, models):
             model = compile_model(model, self.state.dynamo_plugin)
@@ -293,7 +305,11 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         return result[0] if len(result) == 1 else tuple(result)
 
     def _kind(self, obj) -> str:
-        if getattr(obj, "_is_accelerate_prepared", False) or isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler, DataLoaderStateMixin)) or any(obj is m for m in self._models):
+        if (
+            getattr(obj, "_is_accelerate_prepared", False)
+            or isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler, DataLoaderStateMixin))
+            or any(obj is m for m in self._models)
+        ):
             return "prepared"
         if isinstance(obj, torch.nn.Module):
             return "model"
@@ -329,33 +345,52 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
             )
 
     def _wrap_optimizer(self, optimizer, device_placement: bool, original=None) -> AcceleratedOptimizer:
-        wrapped = AcceleratedOptimizer(optimizer, device_placement=device_placement, scaler=self.scaler, strategy=self._strategy)
+        wrapped = AcceleratedOptimizer(
+            optimizer, device_placement=device_placement, scaler=self.scaler, strategy=self._strategy
+        )
         wrapped._original = original if original is not None else optimizer
         self._optimizers.append(wrapped)
         return _mark_prepared(wrapped)
 
     def _wrap_scheduler(self, scheduler) -> AcceleratedScheduler:
-        if isinstance(scheduler, AcceleratedScheduler):  # a strategy's own prepared scheduler (DeepSpeed's engine steps it)
+        if isinstance(
+            scheduler, AcceleratedScheduler
+        ):  # a strategy's own prepared scheduler (DeepSpeed's engine steps it)
             self._schedulers.append(scheduler)
             return scheduler
         target = getattr(scheduler, "optimizer", None)
-        followed = [o for o in self._optimizers if target is o or target is o.optimizer or target is getattr(o, "_original", None)]
-        wrapped = AcceleratedScheduler(scheduler, followed or self._optimizers, step_with_optimizer=self.step_scheduler_with_optimizer, split_batches=self.split_batches)
+        followed = [
+            o
+            for o in self._optimizers
+            if target is o or target is o.optimizer or target is getattr(o, "_original", None)
+        ]
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            followed or self._optimizers,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+        )
         self._schedulers.append(wrapped)
         return _mark_prepared(wrapped)
 
-    def prepare_model(self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False) -> torch.nn.Module:
+    def prepare_model(
+        self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
         """Prepare one model; with ``evaluation_mode`` it is placed and cast but not wrapped for training."""
         if getattr(model, "_is_accelerate_prepared", False):
             self._adopt(model)
             return model
         self._check_model(model)
         place = self.device_placement if device_placement is None else device_placement
-        prepared = compile_model(self._strategy.setup_model(model, place, evaluation_mode=evaluation_mode), self.state.dynamo_plugin)
+        prepared = compile_model(
+            self._strategy.setup_model(model, place, evaluation_mode=evaluation_mode), self.state.dynamo_plugin
+        )
         self._models.append(self._strategy.tracked_model(prepared))
         return _mark_prepared(prepared)
 
-    def prepare_optimizer(self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None) -> AcceleratedOptimizer:
+    def prepare_optimizer(
+        self, optimizer: torch.optim.Optimizer, device_placement: bool | None = None
+    ) -> AcceleratedOptimizer:
         """Wrap one optimizer (prepare its model first)."""
         if isinstance(optimizer, AcceleratedOptimizer) or getattr(optimizer, "_is_accelerate_prepared", False):
             self._adopt(optimizer)
@@ -371,7 +406,9 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
             return scheduler
         return self._wrap_scheduler(scheduler)
 
-    def prepare_data_loader(self, data_loader, device_placement: bool | None = None, slice_fn_for_dispatch: Callable | None = None):
+    def prepare_data_loader(
+        self, data_loader, device_placement: bool | None = None, slice_fn_for_dispatch: Callable | None = None
+    ):
         """Shard one dataloader between processes (see :func:`hasten.data_loader.prepare_data_loader`)."""
         if isinstance(data_loader, DataLoaderStateMixin) or getattr(data_loader, "_is_accelerate_prepared", False):
             self._adopt(data_loader)
@@ -400,9 +437,13 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         """A view of ``dataloader`` whose next iteration starts at batch ``num_batches`` of the current epoch."""
         return skip_first_batches(dataloader, num_batches)
 
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
         """The user's model from inside the wrappers ``prepare`` added."""
-        return self._strategy.unwrap_model(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+        return self._strategy.unwrap_model(
+            model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
+        )
 
     @staticmethod
     def verify_device_map(model: torch.nn.Module) -> bool:
@@ -505,7 +546,10 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         """
         parameters = list(parameters) if not isinstance(parameters, torch.Tensor) else [parameters]
         if not self.sync_gradients:
-            warn_once("clip-while-accumulating", "clip_grad_norm_ was called on an accumulation step, before the gradients are complete; guard it with `if accelerator.sync_gradients:`.")
+            warn_once(
+                "clip-while-accumulating",
+                "clip_grad_norm_ was called on an accumulation step, before the gradients are complete; guard it with `if accelerator.sync_gradients:`.",
+            )
         self.unscale_gradients()
         return self._strategy.clip_grad_norm_(parameters, max_norm, norm_type)
 

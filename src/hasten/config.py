@@ -34,13 +34,14 @@ from typing import Any, Callable
 
 from . import environment
 from .enums import ComputeEnvironment, DistributedType, PrecisionType, SageMakerDistributedType, member_values
-from .settings.file_text import read_config_data
 from .errors import ConfigError, did_you_mean
 from .runtime.fileio import atomic_write
 from .settings import Section, Setting
+
 # hasten.config's names of choices that compat.constants reads: DEEPSPEED_MULTINODE_LAUNCHERS, FSDP_*, RDZV_BACKENDS
 from .settings.deepspeed import DEEPSPEED_MULTINODE_LAUNCHERS  # noqa: F401
 from .settings.dynamo import DYNAMO
+from .settings.file_text import read_config_data
 from .settings.fp8 import FP8
 from .settings.fsdp import (  # noqa: F401
     FSDP_AUTO_WRAP_POLICIES,
@@ -231,7 +232,9 @@ class LoadedConfig:
     notes: list[str]
 
 
-def config_from_dict(data: dict, source: str = "<dict>") -> tuple[ClusterConfig | SageMakerConfig, frozenset[str], list[str]]:
+def config_from_dict(
+    data: dict, source: str = "<dict>"
+) -> tuple[ClusterConfig | SageMakerConfig, frozenset[str], list[str]]:
     """Validate a config mapping; returns (config, dotted keys present, migration notes).
 
     Raises:
@@ -247,7 +250,11 @@ def config_from_dict(data: dict, source: str = "<dict>") -> tuple[ClusterConfig 
     present: set[str] = set()
     config = _build(cls, data, "", errors, present)
     if cls is SageMakerConfig:
-        errors += [f"missing key {key!r} (required for SageMaker)" for key in ("ec2_instance_type", "iam_role_name") if key not in present]
+        errors += [
+            f"missing key {key!r} (required for SageMaker)"
+            for key in ("ec2_instance_type", "iam_role_name")
+            if key not in present
+        ]
     if errors:
         lines = "\n".join(f"  - {line}" for line in errors)
         raise ConfigError(
@@ -456,7 +463,11 @@ def resolve_settings(
         value, source = candidates[0]
         _set_path(config, path, value)
         sources[path] = source
-        overridden += [f"{path}: {value!r} from {source} overrides {other!r} from {where}" for other, where in candidates[1:] if other != value]
+        overridden += [
+            f"{path}: {value!r} from {source} overrides {other!r} from {where}"
+            for other, where in candidates[1:]
+            if other != value
+        ]
     if errors:
         raise ConfigError("Invalid launch settings:\n" + "\n".join(f"  - {line}" for line in errors))
     _infer(config, sources, hardware)
@@ -480,7 +491,9 @@ def _infer(config: ClusterConfig, sources: dict[str, Source], hardware: Callable
             new = DistributedType.MULTI_XPU.value if hardware().kind == "xpu" else DistributedType.MULTI_GPU.value
         if new != kind:
             config.distributed_type = new
-            sources["distributed_type"] = Source("inferred", f"(num_processes={config.num_processes}, use_cpu={config.use_cpu})")
+            sources["distributed_type"] = Source(
+                "inferred", f"(num_processes={config.num_processes}, use_cpu={config.use_cpu})"
+            )
 
 
 # ------------------------------------------------------------------------------ environment
@@ -539,5 +552,7 @@ def launch_environment(settings: ResolvedSettings) -> dict[str, str]:
             env[f"HASTEN_{engine.switch}"] = _env_text(kind == engine.distributed_type)
         if kind in engine.distributed_types and engine.launch_variables is not None:
             env |= engine.launch_variables(settings)
-    env["HASTEN_LAUNCH_SOURCES"] = json.dumps({p: str(s) for p, s in settings.sources.items() if s.kind != "default"}, sort_keys=True)
+    env["HASTEN_LAUNCH_SOURCES"] = json.dumps(
+        {p: str(s) for p, s in settings.sources.items() if s.kind != "default"}, sort_keys=True
+    )
     return env

@@ -103,7 +103,9 @@ def get_flag(name: str, default: bool = False) -> bool:
     try:
         return bool(str_to_bool(value))
     except ConfigError:
-        raise ConfigError(f"Environment variable {var}={value!r} is not a boolean; use 1/0, true/false or yes/no.") from None
+        raise ConfigError(
+            f"Environment variable {var}={value!r} is not a boolean; use 1/0, true/false or yes/no."
+        ) from None
 
 
 def get_int(name: str, default: int | None = None) -> int | None:
@@ -262,8 +264,12 @@ def _from_mpi() -> LaunchInfo | None:
     world = _int_env("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_SIZE", "MV2_COMM_WORLD_SIZE")
     if rank is None or world is None:
         return None
-    local_rank = _int_env("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMIX_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK")
-    local_world = _int_env("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE")
+    local_rank = _int_env(
+        "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "PMIX_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK"
+    )
+    local_world = _int_env(
+        "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE"
+    )
     local_world = local_world if local_world is not None else world
     local_rank = local_rank if local_rank is not None else rank % local_world
     addr, port = _master_address("127.0.0.1" if local_world == world else None)

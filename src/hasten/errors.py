@@ -73,4 +73,6 @@ def require(package: str, feature: str, extra: str | None = None) -> None:
 
     if importlib.util.find_spec(package) is None:
         hint = f"pip install 'hasten[{extra}]'" if extra else f"pip install {package}"
-        raise MissingDependencyError(f"{feature} needs the package {package!r}, which is not installed. Install it with: {hint}")
+        raise MissingDependencyError(
+            f"{feature} needs the package {package!r}, which is not installed. Install it with: {hint}"
+        )

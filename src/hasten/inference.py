@@ -6,8 +6,8 @@ The names exist so imports of ported scripts work; calling them raises
 
 from __future__ import annotations
 
-from .errors import NotSupportedError
 from .compat.unsupported import prepare_pippy
+from .errors import NotSupportedError
 
 _HINT = "Pipeline-parallel inference is not supported by hasten; use load_checkpoint_and_dispatch(model, checkpoint, device_map='auto')."
 

@@ -81,11 +81,15 @@ def notebook_launcher(
     _check_no_state()
     precision = str(mixed_precision).lower()
     if precision not in _PRECISIONS:
-        raise ConfigError(f"notebook_launcher(mixed_precision={mixed_precision!r}): choose one of {', '.join(_PRECISIONS)}.")
+        raise ConfigError(
+            f"notebook_launcher(mixed_precision={mixed_precision!r}): choose one of {', '.join(_PRECISIONS)}."
+        )
     if num_processes is None:
         num_processes = torch.cuda.device_count() if torch.cuda.is_available() else 1
     if num_processes < 1 or num_nodes < 1:
-        raise ConfigError(f"notebook_launcher needs num_processes >= 1 and num_nodes >= 1, got {num_processes} and {num_nodes}.")
+        raise ConfigError(
+            f"notebook_launcher needs num_processes >= 1 and num_nodes >= 1, got {num_processes} and {num_nodes}."
+        )
     if num_processes == 1 and num_nodes == 1:
         with environment.patch_environment(HASTEN_MIXED_PRECISION=precision):
             function(*args)
@@ -94,14 +98,26 @@ def notebook_launcher(
     _check_start_method(method, function, args)
     endpoint = rdzv_endpoint or f"{master_addr}:{use_port}"
     if rdzv_backend == "static" and node_rank == 0 and not rdzv_endpoint:
-        check_port_free(master_addr, int(use_port), f"Pass another port: notebook_launcher(..., use_port=...) (got {use_port!r}).")
+        check_port_free(
+            master_addr, int(use_port), f"Pass another port: notebook_launcher(..., use_port=...) (got {use_port!r})."
+        )
     configs = dict(rdzv_conf or {})
     if rdzv_backend == "static":
         configs["rank"] = node_rank
     options = dict(rdzv_backend=rdzv_backend, rdzv_configs=configs, run_id=rdzv_id, max_restarts=max_restarts)
     options.update(monitor_interval=monitor_interval, log_line_prefix_template=log_line_prefix_template)
     env = {"HASTEN_MIXED_PRECISION": precision, "FORK_LAUNCHED": "1" if method == "fork" else "0"}
-    _launch(function, args, num_processes, num_nodes, endpoint, method, env, master_addr if num_nodes == 1 else None, options)
+    _launch(
+        function,
+        args,
+        num_processes,
+        num_nodes,
+        endpoint,
+        method,
+        env,
+        master_addr if num_nodes == 1 else None,
+        options,
+    )
 
 
 def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> None:
@@ -121,7 +137,9 @@ def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2)
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     _check_start_method(method, function, args)
     env = {"HASTEN_USE_CPU": "1", "HASTEN_MIXED_PRECISION": "no", "FORK_LAUNCHED": "1" if method == "fork" else "0"}
-    options = dict(rdzv_backend="c10d", rdzv_configs={}, run_id="hasten-debug-launcher", max_restarts=0, monitor_interval=0.1)
+    options = dict(
+        rdzv_backend="c10d", rdzv_configs={}, run_id="hasten-debug-launcher", max_restarts=0, monitor_interval=0.1
+    )
     _launch(function, args, num_processes, 1, "127.0.0.1:0", method, env, "127.0.0.1", options)
 
 

@@ -81,4 +81,3 @@ def get_logger(name: str, log_level: str | None = None) -> MultiProcessAdapter:
         logger.setLevel(level.upper())
         logger.root.setLevel(level.upper())
     return MultiProcessAdapter(logger, {})
-

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .runtime import preemption
 from .errors import ConfigError
+from .runtime import preemption
 from .runtime.tree import send_to_device
 from .state import GradientState, warn_once
 
@@ -81,7 +81,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def zero_grad(self, set_to_none: bool | None = None) -> None:
         """Zero the gradients, except while accumulating (they must add up until the sync step)."""
-        if not self.gradient_state.sync_gradients or (self._strategy is not None and self._strategy.handles_optimizer_step):
+        if not self.gradient_state.sync_gradients or (
+            self._strategy is not None and self._strategy.handles_optimizer_step
+        ):
             return
         if set_to_none is None:
             self.optimizer.zero_grad()
@@ -150,7 +152,11 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if self.gradient_state.backward_calls > 0:
             return
         if self.scaler is not None or self.gradient_state.num_steps > 1:
-            what = "fp16 loss scaling" if self.scaler is not None else f"gradient accumulation over {self.gradient_state.num_steps} steps"
+            what = (
+                "fp16 loss scaling"
+                if self.scaler is not None
+                else f"gradient accumulation over {self.gradient_state.num_steps} steps"
+            )
             warn_once(
                 "plain-backward",
                 f"optimizer.step() was called but accelerator.backward(loss) was not: with {what} active, a plain "

@@ -25,9 +25,9 @@ import torch.distributed as dist
 from . import environment
 from .enums import DistributedType, PrecisionType, member_values
 from .errors import ConfigError, DistributedSetupError
-from .settings.engines import Engine
 from .runtime import debug_mode, hang_watchdog, oom_recovery
 from .runtime.process_control import ProcessControl, do_nothing  # noqa: F401  (do_nothing: Accelerate's accelerate.state name)
+from .settings.engines import Engine
 
 _GPU_TYPES = {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}
 
@@ -121,7 +121,9 @@ class PartialState(ProcessControl):
 
     def _init_process_group(self, kwargs: dict) -> None:
         if not dist.is_available():
-            raise DistributedSetupError("torch.distributed is not available in this PyTorch build; a multi-process run needs it.")
+            raise DistributedSetupError(
+                "torch.distributed is not available in this PyTorch build; a multi-process run needs it."
+            )
         if dist.is_initialized():
             self.backend = dist.get_backend()
             self.num_processes, self.process_index = dist.get_world_size(), dist.get_rank()
@@ -133,7 +135,9 @@ class PartialState(ProcessControl):
                 "RANK/WORLD_SIZE are set but MASTER_ADDR is not: start the job with `hasten launch` or torchrun, "
                 "or export MASTER_ADDR and MASTER_PORT to every process."
             )
-        backend = kwargs.pop("backend", None) or ("nccl" if self.device.type == "cuda" else "xccl" if self.device.type == "xpu" else "gloo")
+        backend = kwargs.pop("backend", None) or (
+            "nccl" if self.device.type == "cuda" else "xccl" if self.device.type == "xpu" else "gloo"
+        )
         if backend == "nccl" and self.device.type != "cuda":
             backend = "gloo"  # InitProcessGroupKwargs defaults to nccl, which cannot run on CPU tensors
         timeout = kwargs.pop("timeout", None)
@@ -144,7 +148,14 @@ class PartialState(ProcessControl):
         init_method = kwargs.pop("init_method", None) or "env://"
         options = {"timeout": timeout} if timeout is not None else {}
         oom_recovery.create_default_group(
-            lambda: dist.init_process_group(backend=backend, init_method=init_method, rank=self.launch.rank, world_size=self.launch.world_size, **options, **kwargs),
+            lambda: dist.init_process_group(
+                backend=backend,
+                init_method=init_method,
+                rank=self.launch.rank,
+                world_size=self.launch.world_size,
+                **options,
+                **kwargs,
+            ),
             options,
         )
         self.backend = backend
@@ -334,8 +345,12 @@ class AcceleratorState(ProcessControl):
         plugins = self.deepspeed_plugin
         if isinstance(plugins, dict) and name in plugins:
             return plugins[name]
-        known = f"the plugins are named {sorted(plugins)}" if isinstance(plugins, dict) else "no named plugins were given"
-        raise ConfigError(f"No DeepSpeed plugin named {name!r}: {known} (hasten runs one DeepSpeed plugin per Accelerator).")
+        known = (
+            f"the plugins are named {sorted(plugins)}" if isinstance(plugins, dict) else "no named plugins were given"
+        )
+        raise ConfigError(
+            f"No DeepSpeed plugin named {name!r}: {known} (hasten runs one DeepSpeed plugin per Accelerator)."
+        )
 
     def select_deepspeed_plugin(self, name: str | None = None) -> None:
         """Make the plugin called ``name`` (or the only one) the active one."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import random
 
 import torch
-
 from big_modeling.differential_models import no_split_choice, random_knobs, random_tree, total_size
 
 SIZE_UNITS = (

@@ -18,9 +18,8 @@ import os
 import random
 
 import torch
-from torch import nn
-
 from big_modeling.differential_models import random_knobs, random_tree
+from torch import nn
 
 
 def scenario_any(case: dict):

@@ -16,7 +16,6 @@ import random
 import tempfile
 
 import torch
-
 from big_modeling.differential_models import random_knobs, random_tree
 
 LAYOUTS = ("file", "folder", "sharded_folder", "index_file", "bare_index_file")

@@ -13,6 +13,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
+from helpers import ROOT, SCRIPTS
 from torch import nn
 
 from hasten.big_modeling import (
@@ -25,7 +26,6 @@ from hasten.big_modeling import (
     init_on_device,
     load_checkpoint_and_dispatch,
 )
-from hasten.errors import CheckpointError, ConfigError, NotSupportedError
 from hasten.big_modeling.hook_attach import remove_hook_from_submodules
 from hasten.big_modeling.hooks import (
     AlignDevicesHook,
@@ -37,10 +37,16 @@ from hasten.big_modeling.hooks import (
     remove_hook_from_module,
 )
 from hasten.big_modeling.modeling import find_tied_parameters, retie_parameters
-from hasten.big_modeling.tensors import set_module_tensor_to_device
-from hasten.big_modeling.offload import OffloadedWeightsLoader, load_offloaded_weight, load_offloaded_weights, offload_state_dict, offload_weight
+from hasten.big_modeling.offload import (
+    OffloadedWeightsLoader,
+    load_offloaded_weight,
+    load_offloaded_weights,
+    offload_state_dict,
+    offload_weight,
+)
 from hasten.big_modeling.serialization import save_model_weights
-from helpers import ROOT, SCRIPTS
+from hasten.big_modeling.tensors import set_module_tensor_to_device
+from hasten.errors import CheckpointError, ConfigError, NotSupportedError
 
 SCRIPT = SCRIPTS / "big_model_rss.py"
 
@@ -196,7 +202,11 @@ def test_auto_map_with_small_cpu_budget_uses_disk(reference, tmp_path):
     model = _empty()
     with pytest.warns(UserWarning, match=r"do not match any submodules in the model: \['positions'\]"):  # as Accelerate
         model = load_checkpoint_and_dispatch(
-            model, folder, device_map="auto", max_memory={"cpu": "60KB"}, no_split_module_classes=["Block"],
+            model,
+            folder,
+            device_map="auto",
+            max_memory={"cpu": "60KB"},
+            no_split_module_classes=["Block"],
             offload_folder=tmp_path,
         )
     assert "disk" in model.hf_device_map.values() and "cpu" in model.hf_device_map.values()
@@ -220,7 +230,9 @@ def test_dispatch_in_memory_model_writes_disk_weights(reference, tmp_path):
     model, ids, expected, _ = reference
     copy = LM()
     copy.load_state_dict(model.state_dict())
-    dispatched = dispatch_model(copy, {"embed": "cpu", "blocks": "disk", "norm": "cpu", "head": "cpu"}, offload_dir=tmp_path)
+    dispatched = dispatch_model(
+        copy, {"embed": "cpu", "blocks": "disk", "norm": "cpu", "head": "cpu"}, offload_dir=tmp_path
+    )
     assert (tmp_path / "index.json").is_file() and (tmp_path / "blocks.2.fc2.weight.dat").is_file()
     assert dispatched.blocks[2].fc2.weight.device.type == "meta"
     _assert_same(dispatched, ids, expected)
@@ -297,7 +309,12 @@ def test_gpu_cpu_disk_map_matches(reference, tmp_path):
 def test_auto_map_on_gpu(reference, tmp_path):
     _, ids, expected, folder = reference
     model = load_checkpoint_and_dispatch(
-        _empty(), folder, device_map="auto", max_memory={0: "40KB", "cpu": "40KB"}, no_split_module_classes=["Block"], offload_folder=tmp_path
+        _empty(),
+        folder,
+        device_map="auto",
+        max_memory={0: "40KB", "cpu": "40KB"},
+        no_split_module_classes=["Block"],
+        offload_folder=tmp_path,
     )
     assert {0, "cpu", "disk"} <= set(model.hf_device_map.values())
     with torch.no_grad():
@@ -360,7 +377,9 @@ def test_offload_state_dict_round_trip(tmp_path):
     model = LM()
     expected = {k: v.clone() for k, v in model.state_dict().items()}
     index = offload_state_dict(tmp_path, model.state_dict())
-    assert index["head.weight"] == index["embed.weight"] == {"dtype": "float32", "shape": list(model.embed.weight.shape)}
+    assert (
+        index["head.weight"] == index["embed.weight"] == {"dtype": "float32", "shape": list(model.embed.weight.shape)}
+    )
     fresh = _empty()
     load_offloaded_weights(fresh, index, tmp_path)
     assert all(torch.equal(fresh.state_dict()[k], v) for k, v in expected.items())
@@ -388,17 +407,28 @@ def test_offload_folders_use_accelerates_dat_format(tmp_path):
         "steps": {"dtype": "int64", "shape": []},
         "empty": {"dtype": "float32", "shape": [0, 3]},
     }
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.dat", "fp8.dat", "half.dat", "index.json", "steps.dat", "w.dat"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "empty.dat",
+        "fp8.dat",
+        "half.dat",
+        "index.json",
+        "steps.dat",
+        "w.dat",
+    ]
     assert np.array_equal(np.fromfile(tmp_path / "w.dat", dtype=np.float32).reshape(3, 5), weights["w"].numpy())
     assert np.array_equal(np.fromfile(tmp_path / "half.dat", dtype=np.int16), weights["half"].view(torch.int16).numpy())
-    assert np.array_equal(np.fromfile(tmp_path / "fp8.dat", dtype=np.int8).reshape(2, 2), weights["fp8"].view(torch.int8).numpy())
+    assert np.array_equal(
+        np.fromfile(tmp_path / "fp8.dat", dtype=np.int8).reshape(2, 2), weights["fp8"].view(torch.int8).numpy()
+    )
     assert np.fromfile(tmp_path / "steps.dat", dtype=np.int64).tolist() == [7]
     loader = OffloadedWeightsLoader(save_folder=tmp_path)
     for name, tensor in weights.items():
         assert loader[name].dtype == tensor.dtype and loader[name].shape == tensor.shape
         assert torch.equal(loader[name].reshape(-1).view(torch.uint8), tensor.reshape(-1).view(torch.uint8)), name
     single = offload_weight(weights["w"], "extra", tmp_path, {})
-    assert single == {"extra": {"dtype": "float32", "shape": [3, 5]}} and torch.equal(load_offloaded_weight(tmp_path / "extra.dat", single["extra"]), weights["w"])
+    assert single == {"extra": {"dtype": "float32", "shape": [3, 5]}} and torch.equal(
+        load_offloaded_weight(tmp_path / "extra.dat", single["extra"]), weights["w"]
+    )
 
 
 def test_dispatch_model_with_everything_on_disk_offloads(reference, tmp_path):
@@ -434,7 +464,11 @@ def test_add_and_remove_hooks():
     add_hook_to_module(module, _AddOne())
     assert torch.equal(module(x), torch.full((1, 2), 20.0))
     remove_hook_from_module(module)
-    assert torch.equal(module(x), x) and module.forward.__func__ is nn.Linear.forward and not hasattr(module, "_old_forward")
+    assert (
+        torch.equal(module(x), x)
+        and module.forward.__func__ is nn.Linear.forward
+        and not hasattr(module, "_old_forward")
+    )
 
     parent = nn.Sequential(nn.Linear(2, 2), nn.Sequential(nn.Linear(2, 2)))
     for child in parent.modules():
@@ -504,9 +538,15 @@ def test_find_and_retie_parameters():
 @pytest.mark.slow
 def test_disk_offloaded_run_stays_within_budget(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    subprocess.run([sys.executable, str(SCRIPT), "save", str(tmp_path), "--blocks", "16", "--width", "1024"], check=True, env=env)
+    subprocess.run(
+        [sys.executable, str(SCRIPT), "save", str(tmp_path), "--blocks", "16", "--width", "1024"], check=True, env=env
+    )
     result = subprocess.run(
-        [sys.executable, str(SCRIPT), "run", str(tmp_path), "--budget-mb", "32"], check=True, env=env, capture_output=True, text=True
+        [sys.executable, str(SCRIPT), "run", str(tmp_path), "--budget-mb", "32"],
+        check=True,
+        env=env,
+        capture_output=True,
+        text=True,
     )
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["weights_mb"] >= 4 * report["budget_mb"]
@@ -521,7 +561,9 @@ def test_transformers_from_pretrained_device_map_auto_offloads_to_disk(tmp_path)
     pytest.importorskip("transformers")
     script = SCRIPTS / "transformers_disk_offload.py"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    result = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["devices"] == ["cpu", "disk"] and report["disk_entries"] > 0 and report["same_logits"], report

@@ -17,7 +17,6 @@ utilities") and the reason. The slow group also fails on an entry that no case n
 from __future__ import annotations
 
 import pytest
-
 from big_modeling import differential_cases as planning
 from big_modeling import differential_hooks as hooking
 from big_modeling import differential_weights as weights

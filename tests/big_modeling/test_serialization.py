@@ -11,11 +11,10 @@ import warnings
 import pytest
 import safetensors.torch
 import torch
+from helpers import ROOT, SCRIPTS
 from torch import nn
 
 from hasten.big_modeling import init_empty_weights
-from hasten.errors import CheckpointError, ConfigError
-from hasten.runtime.fileio import atomic_write
 from hasten.big_modeling.serialization import (
     load,
     load_checkpoint_in_model,
@@ -25,7 +24,8 @@ from hasten.big_modeling.serialization import (
     save_model_weights,
     verify_safetensors_file,
 )
-from helpers import ROOT, SCRIPTS
+from hasten.errors import CheckpointError, ConfigError
+from hasten.runtime.fileio import atomic_write
 
 
 class Block(nn.Module):
@@ -167,7 +167,10 @@ def test_load_via_index_file_and_single_file(tmp_path, trained):
     model, ids, expected = trained
     save_model_weights(model.state_dict(), tmp_path / "sharded", max_shard_size="4KB")
     save_model_weights(model.state_dict(), tmp_path / "single")
-    for checkpoint in (tmp_path / "sharded" / "model.safetensors.index.json", tmp_path / "single" / "model.safetensors"):
+    for checkpoint in (
+        tmp_path / "sharded" / "model.safetensors.index.json",
+        tmp_path / "single" / "model.safetensors",
+    ):
         fresh = _empty_model()
         load_checkpoint_in_model(fresh, checkpoint, strict=True)
         with torch.no_grad():
@@ -182,7 +185,8 @@ def test_resave_with_other_shard_count_removes_stale_files(tmp_path, trained):
     names = sorted(p.name for p in tmp_path.iterdir())
     count = len([n for n in names if n.startswith("model-")])
     assert names == sorted(
-        ["notes.txt", "model.safetensors.index.json"] + [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+        ["notes.txt", "model.safetensors.index.json"]
+        + [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
     )
     save_model_weights(model.state_dict(), tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.safetensors", "notes.txt"]
@@ -222,7 +226,10 @@ def test_views_of_one_storage_are_saved_separately(tmp_path):
     state = {"first": base[:6], "second": base[6:12].view(2, 3), "again": base[:6]}
     save_model_weights(state, tmp_path, safe_serialization=True)
     save_model_weights(state, tmp_path / "bin", safe_serialization=False)
-    for loaded in (load_state_dict(tmp_path / "model.safetensors"), load_state_dict(tmp_path / "bin" / "pytorch_model.bin")):
+    for loaded in (
+        load_state_dict(tmp_path / "model.safetensors"),
+        load_state_dict(tmp_path / "bin" / "pytorch_model.bin"),
+    ):
         assert torch.equal(loaded["first"], base[:6]) and torch.equal(loaded["second"], base[6:12].view(2, 3))
         assert loaded["again"].data_ptr() == loaded["first"].data_ptr()
     assert (tmp_path / "bin" / "pytorch_model.bin").stat().st_size < 10_000  # not the 400 kB storage
@@ -233,7 +240,11 @@ def test_views_of_one_storage_are_saved_separately(tmp_path):
 
 def test_save_and_load_tensor_dict_as_safetensors(tmp_path):
     shared = torch.randn(4, 4)
-    save({"a": shared, "b": shared, "c": torch.ones(2, dtype=torch.int64)}, tmp_path / "x.safetensors", safe_serialization=True)
+    save(
+        {"a": shared, "b": shared, "c": torch.ones(2, dtype=torch.int64)},
+        tmp_path / "x.safetensors",
+        safe_serialization=True,
+    )
     loaded = load(tmp_path / "x.safetensors")
     assert torch.equal(loaded["a"], shared) and loaded["b"] is loaded["a"] and loaded["c"].dtype == torch.int64
 
@@ -253,7 +264,9 @@ def test_truncated_safetensors_is_named(tmp_path, trained):
     victim = tmp_path / "model-00002-of-00003.safetensors"
     data = victim.read_bytes()
     victim.write_bytes(data[: len(data) - 100])
-    with pytest.raises(CheckpointError, match=r"model-00002-of-00003\.safetensors is not a valid safetensors file.*holds only"):
+    with pytest.raises(
+        CheckpointError, match=r"model-00002-of-00003\.safetensors is not a valid safetensors file.*holds only"
+    ):
         load_checkpoint_in_model(_empty_model(), tmp_path)
     victim.write_bytes(data[:5])
     with pytest.raises(CheckpointError, match="shorter than the 8-byte header"):
@@ -336,7 +349,9 @@ def test_missing_and_unexpected_keys(tmp_path, trained):
     del state["blocks.0.fc1.bias"]
     state["stray.weight"] = torch.zeros(1)
     save_model_weights(state, tmp_path)
-    with pytest.raises(CheckpointError, match=r"has 'stray\.weight', which TiedLM does not have \(strict=True\)") as raised:
+    with pytest.raises(
+        CheckpointError, match=r"has 'stray\.weight', which TiedLM does not have \(strict=True\)"
+    ) as raised:
         load_checkpoint_in_model(_empty_model(), tmp_path, strict=True)
     assert isinstance(raised.value, (RuntimeError, ValueError, AttributeError))  # each type Accelerate may raise there
     state.pop("stray.weight")
@@ -381,7 +396,9 @@ def test_dtype_and_keep_in_fp32_modules(tmp_path, trained):
 
 def test_load_state_dict_with_device_map(tmp_path, trained):
     save_model_weights(trained[0].state_dict(), tmp_path)
-    state = load_state_dict(tmp_path / "model.safetensors", device_map={"embed": "cpu", "blocks": "disk", "norm": "meta", "head": "cpu"})
+    state = load_state_dict(
+        tmp_path / "model.safetensors", device_map={"embed": "cpu", "blocks": "disk", "norm": "meta", "head": "cpu"}
+    )
     assert state["blocks.0.fc1.weight"].device.type == "cpu"  # disk entries are read on the CPU, as in Accelerate
     assert state["norm.weight"].device.type == "meta"
     assert state["head.weight"] is state["embed.weight"]
@@ -408,7 +425,17 @@ def test_distributed_loading_two_processes(tmp_path):
         port = probe.getsockname()[1]
     script = SCRIPTS / "distributed_loading.py"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), str(script), str(tmp_path)]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        str(port),
+        str(script),
+        str(tmp_path),
+    ]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("all checks passed") == 2

@@ -10,14 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate_fixture_models import Counter, build_bin, build_two_models, continue_bin, continue_two_models
+from helpers import FIXTURES_ROOT, assert_numbers_match
 
 from hasten import Accelerator
 from hasten.checkpointing import MANIFEST
 from hasten.checkpointing.accelerate_format import AccelerateCheckpointReader, load_pickle
 from hasten.errors import CheckpointError
-
-from accelerate_fixture_models import Counter, build_bin, build_two_models, continue_bin, continue_two_models
-from helpers import FIXTURES_ROOT, assert_numbers_match
 
 FIXTURES = FIXTURES_ROOT / "accelerate_checkpoints"
 
@@ -44,7 +43,9 @@ def test_bin_weights_resume_like_accelerate_and_next_save_is_hasten_format(tmp_p
     acc.load_state(str(FIXTURES / "bin_single"))
     assert objects[2].scheduler.last_epoch == 2
     want = expected("bin_single")
-    assert_numbers_match(continue_bin(objects, acc.backward), {k: v for k, v in want.items() if k != "scaler"}, torch.float32)
+    assert_numbers_match(
+        continue_bin(objects, acc.backward), {k: v for k, v in want.items() if k != "scaler"}, torch.float32
+    )
     saved = Path(acc.save_state(str(tmp_path / "next")))
     assert (saved / MANIFEST).is_file() and not list(saved.glob("*.pkl")) and not list(saved.glob("*.bin"))
 

@@ -14,6 +14,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
+from helpers import SCRIPTS, torchrun
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator
@@ -22,8 +23,6 @@ from hasten.errors import CheckpointError
 from hasten.runtime.fileio import format_bytes
 from hasten.state import reset_state
 from hasten.utils import ProjectConfiguration, set_seed
-
-from helpers import SCRIPTS, torchrun
 
 
 @pytest.fixture(autouse=True)
@@ -57,7 +56,9 @@ def snapshot(model, opt, sched, dl):
     for i, state in opt.state_dict()["state"].items():
         tensors.update({f"opt.{i}.{k}": v for k, v in state.items()})
     return {
-        "tensors": {k: v.detach().clone().view(torch.uint8) if v.dim() else v.detach().clone() for k, v in tensors.items()},
+        "tensors": {
+            k: v.detach().clone().view(torch.uint8) if v.dim() else v.detach().clone() for k, v in tensors.items()
+        },
         "sched": json.dumps(sched.state_dict(), default=str),
         "dl": json.dumps(dl.state_dict(), default=str),
         "torch_rng": torch.get_rng_state().clone(),
@@ -97,7 +98,9 @@ def test_load_fills_live_tensors_in_place_and_restores_exactly(tmp_path, monkeyp
     saved = CheckpointTensors(tmp_path / "c")
     for name, value in model.state_dict().items():
         assert torch.equal(value, saved.model[name])
-    assert any(v.numel() * v.element_size() > 64 for v in model.state_dict().values())  # some tensors were read in pieces
+    assert any(
+        v.numel() * v.element_size() > 64 for v in model.state_dict().values()
+    )  # some tensors were read in pieces
 
 
 class CheckpointTensors:
@@ -109,7 +112,15 @@ class CheckpointTensors:
 
 @pytest.mark.parametrize(
     "victim",
-    ["model.safetensors", "optimizer.safetensors", "optimizer.json", "scheduler.json", "dataloaders.json", "random_states_0.safetensors", "random_states_0.json"],
+    [
+        "model.safetensors",
+        "optimizer.safetensors",
+        "optimizer.json",
+        "scheduler.json",
+        "dataloaders.json",
+        "random_states_0.safetensors",
+        "random_states_0.json",
+    ],
 )
 def test_one_flipped_byte_in_any_file_is_named_and_changes_nothing(tmp_path, victim):
     acc, objs = trained_checkpoint(tmp_path)
@@ -131,7 +142,9 @@ def test_a_model_that_does_not_fit_is_refused_before_anything_changes(tmp_path):
     model, opt, dl, sched = build(other, outputs=2)
     steps(other, model, opt, dl, sched, 1)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(CheckpointError, match=r"does not fit Sequential \(shape differs: 2.bias \(saved \[1\], model \[2\]\)"):
+    with pytest.raises(
+        CheckpointError, match=r"does not fit Sequential \(shape differs: 2.bias \(saved \[1\], model \[2\]\)"
+    ):
         other.load_state(tmp_path / "c")
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert sched.state_dict()["last_epoch"] == 1 and dl.state_dict() != {}
@@ -168,7 +181,10 @@ def as_format_2(folder):
     manifest["format_version"] = 2
     del manifest["piece_bytes"]
     for name, record in manifest["files"].items():
-        manifest["files"][name] = {"size": record["size"], "xxh3_64": xxhash.xxh3_64((folder / name).read_bytes()).hexdigest()}
+        manifest["files"][name] = {
+            "size": record["size"],
+            "xxh3_64": xxhash.xxh3_64((folder / name).read_bytes()).hexdigest(),
+        }
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1))
 
 
@@ -233,7 +249,9 @@ def test_full_disk_removes_the_partial_folder_and_says_what_is_needed(tmp_path):
             acc.save_state(disk / "big")
         message = str(caught.value)
         acc.save_state(tmp_path / "roomy")  # the same state where it fits: what the full disk needed
-        needed = sum(record["size"] for record in json.loads((tmp_path / "roomy" / MANIFEST).read_text())["files"].values())
+        needed = sum(
+            record["size"] for record in json.loads((tmp_path / "roomy" / MANIFEST).read_text())["files"].values()
+        )
         assert "\n" not in message
         expected = rf"Could not save the checkpoint {disk / 'big'}: no space left on the device \(writing .*\)\. It needs {re.escape(format_bytes(needed))}; \d+\.\d+ KB is free there"
         assert re.search(expected, message), message
@@ -247,14 +265,21 @@ def test_read_only_folder_is_one_clear_line(tmp_path):
     build(acc)
     with small_tmpfs(tmp_path / "ro", "1m") as folder:
         subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
-        with pytest.raises(CheckpointError, match=rf"Could not save the checkpoint {folder / 'c'}: .* is not writable \(Read-only file system\)\. Save to a writable folder"):
+        with pytest.raises(
+            CheckpointError,
+            match=rf"Could not save the checkpoint {folder / 'c'}: .* is not writable \(Read-only file system\)\. Save to a writable folder",
+        ):
             acc.save_state(folder / "c")
     with pytest.raises(CheckpointError, match=r"Checkpoint folder .*missing does not exist\."):
         acc.load_state(tmp_path / "missing")
 
 
 def test_async_save_returns_a_snapshot_and_publishes_it(tmp_path):
-    acc = Accelerator(project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, async_save=True))
+    acc = Accelerator(
+        project_config=ProjectConfiguration(
+            project_dir=str(tmp_path), automatic_checkpoint_naming=True, async_save=True
+        )
+    )
     model, opt, dl, sched = build(acc)
     steps(acc, model, opt, dl, sched, 2)
     saved = {k: v.clone() for k, v in model.state_dict().items()}
@@ -283,7 +308,10 @@ def test_async_save_errors_come_back_at_the_next_wait_point(tmp_path):
 @pytest.mark.slow
 def test_sigkill_during_background_writes_never_leaves_an_unloadable_checkpoint(tmp_path):
     out = subprocess.run(
-        [sys.executable, str(SCRIPTS / "crash_saver.py"), str(tmp_path), "20", "--async"], capture_output=True, text=True, timeout=900
+        [sys.executable, str(SCRIPTS / "crash_saver.py"), str(tmp_path), "20", "--async"],
+        capture_output=True,
+        text=True,
+        timeout=900,
     )
     assert out.returncode == 0, out.stdout + out.stderr
     found = re.search(r"(\d+) killed during the save", out.stdout)
@@ -311,7 +339,12 @@ def _async_saving_step(tmp_path, project=None, released=None):
 
     def on_disk_when_stepping(optimizer, args, kwargs):
         folder = next(p for p in (tmp_path / ".c.partial", tmp_path / "c") if p.is_dir())
-        seen.append({name: (folder / name).stat().st_size if (folder / name).exists() else None for name in ("model.safetensors", "optimizer.safetensors")})
+        seen.append(
+            {
+                name: (folder / name).stat().st_size if (folder / name).exists() else None
+                for name in ("model.safetensors", "optimizer.safetensors")
+            }
+        )
 
     acc.save_state(tmp_path / "c", async_save=True)
     handle = opt.optimizer.register_step_pre_hook(on_disk_when_stepping)  # runs after hasten's gate
@@ -323,7 +356,9 @@ def _async_saving_step(tmp_path, project=None, released=None):
     wait_for_pending_save()
     acc.load_state(tmp_path / "c")
     assert all(torch.equal(expected[k], v) for k, v in model.state_dict().items())
-    return seen, {name: (tmp_path / "c" / name).stat().st_size for name in ("model.safetensors", "optimizer.safetensors")}
+    return seen, {
+        name: (tmp_path / "c" / name).stat().st_size for name in ("model.safetensors", "optimizer.safetensors")
+    }
 
 
 def test_an_async_save_stages_the_state_and_the_next_step_does_not_wait_for_the_write(tmp_path, monkeypatch):
@@ -338,7 +373,9 @@ def test_an_async_save_stages_the_state_and_the_next_step_does_not_wait_for_the_
 
     monkeypatch.setattr(CheckpointWriter, "write_pending", held_write)
     seen, _ = _async_saving_step(tmp_path, released=released)
-    assert seen == [{"model.safetensors": None, "optimizer.safetensors": None}], "the step ran while the writes were held"
+    assert seen == [{"model.safetensors": None, "optimizer.safetensors": None}], (
+        "the step ran while the writes were held"
+    )
     monkeypatch.setattr(CheckpointWriter, "write_pending", real_write)
     held, address = staging_memory(), _buffer.memory.data_ptr()
     params = 2048 * 2048 + 2048
@@ -361,10 +398,15 @@ def test_with_no_staging_memory_the_next_optimizer_step_waits_until_the_weights_
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_a_write_failing_on_one_process_fails_the_save_on_every_process(tmp_path, mode):
-    out = torchrun(SCRIPTS / "save_failure_two_processes.py", str(tmp_path), *(["--async"] if mode == "async" else [])).stdout
+    out = torchrun(
+        SCRIPTS / "save_failure_two_processes.py", str(tmp_path), *(["--async"] if mode == "async" else [])
+    ).stdout
     found = dict(re.findall(r"rank (\d): failed cleanly: (.*?untouched\.)", out))  # the two ranks' lines may interleave
     assert set(found) == {"0", "1"} and found["0"] == found["1"], out
-    assert re.fullmatch(r"Could not save the checkpoint \S*/bad: Is a directory \(writing \S*/\.bad\.partial/random_states_1\.safetensors\)\. .*", found["0"]), out
+    assert re.fullmatch(
+        r"Could not save the checkpoint \S*/bad: Is a directory \(writing \S*/\.bad\.partial/random_states_1\.safetensors\)\. .*",
+        found["0"],
+    ), out
     hooked = dict(re.findall(r"rank (\d): hook failure: (.*?untouched\.)", out))
     assert set(hooked) == {"0", "1"} and hooked["0"] == hooked["1"], out
     assert "a save hook on process 1 failed (ValueError: disk quota of the side files)" in hooked["0"], out

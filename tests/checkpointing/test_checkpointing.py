@@ -9,6 +9,7 @@ import sys
 
 import pytest
 import torch
+from helpers import SCRIPTS, clean_env, torchrun
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, DataLoaderConfiguration
@@ -16,8 +17,6 @@ from hasten.checkpointing import MANIFEST, complete_checkpoints
 from hasten.errors import CheckpointError, ConfigError
 from hasten.state import reset_state
 from hasten.utils import ProjectConfiguration, set_seed
-
-from helpers import SCRIPTS, clean_env, torchrun
 
 
 class Counter:
@@ -104,7 +103,16 @@ def test_round_trip_resumes_exactly_with_fp16_and_custom_objects(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(final, objects[0].parameters()))
     assert acc.scaler.get_scale() == scale
     names = set(json.loads((tmp_path / "ckpt" / MANIFEST).read_text())["files"])
-    assert {"model.safetensors", "optimizer.json", "optimizer.safetensors", "scheduler.json", "scaler.json", "dataloaders.json", "custom_checkpoint_0.json", "random_states_0.json"} <= names
+    assert {
+        "model.safetensors",
+        "optimizer.json",
+        "optimizer.safetensors",
+        "scheduler.json",
+        "scaler.json",
+        "dataloaders.json",
+        "custom_checkpoint_0.json",
+        "random_states_0.json",
+    } <= names
     assert not any(name.endswith((".bin", ".pt", ".pkl")) for name in os.listdir(tmp_path / "ckpt")), "no pickles"
 
 
@@ -130,7 +138,9 @@ def test_corrupt_truncated_and_missing_files_are_named(tmp_path):
 
 
 def test_automatic_naming_rotation_and_latest(tmp_path):
-    acc = Accelerator(project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2))
+    acc = Accelerator(
+        project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2)
+    )
     model, opt, dl, sched = build(acc)
     for _ in range(4):
         acc.save_state()
@@ -149,7 +159,9 @@ def test_save_state_errors_are_clear(tmp_path):
     acc = Accelerator()
     with pytest.raises(ConfigError, match="needs an output_dir"):
         acc.save_state()
-    with pytest.raises(ValueError, match=r"these have not: Item at index 0, `object`; Item at index 2, `Tensor`\. Wrap"):
+    with pytest.raises(
+        ValueError, match=r"these have not: Item at index 0, `object`; Item at index 2, `Tensor`\. Wrap"
+    ):
         acc.register_for_checkpointing(object(), torch.optim.SGD([torch.zeros(1, requires_grad=True)]), torch.zeros(1))
     build(acc)
     acc.save_state(tmp_path / "a")
@@ -210,7 +222,9 @@ def test_sigkill_during_save_never_leaves_an_unloadable_checkpoint(tmp_path):
 
 
 def _run_script(script, *args) -> str:
-    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300, env=clean_env())
+    proc = subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=300, env=clean_env()
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
 
@@ -243,5 +257,8 @@ def test_accelerate_only_keyword_arguments_are_named_not_silently_dropped(tmp_pa
     build(acc)
     with pytest.warns(UserWarning, match=r"save_state\(\) ignores \{'save_model_func_kwargs': \['max_shard_size'\]\}"):
         acc.save_state(tmp_path / "k", max_shard_size="1GB")
-    with pytest.warns(UserWarning, match=r"load_state\(\) ignores .*'load_kwargs': \['map_location'\].*'load_model_func_kwargs': \['strict'\]"):
+    with pytest.warns(
+        UserWarning,
+        match=r"load_state\(\) ignores .*'load_kwargs': \['map_location'\].*'load_model_func_kwargs': \['strict'\]",
+    ):
         acc.load_state(tmp_path / "k", load_kwargs={"map_location": "cpu"}, strict=False)

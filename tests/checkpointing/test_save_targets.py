@@ -11,14 +11,13 @@ import sys
 
 import pytest
 import torch
+from helpers import SCRIPTS, clean_env, torchrun
 
 from hasten import Accelerator
 from hasten.checkpointing import MANIFEST, complete_checkpoints, publishing
 from hasten.errors import CheckpointError, CheckpointTargetError
 from hasten.state import reset_state
 from hasten.utils import ProjectConfiguration
-
-from helpers import SCRIPTS, clean_env, torchrun
 
 USER_FILES = {"train.log": b"step 1 loss 0.5\n", "tokenizer/vocab.json": b'{"a": 0}', "notes.txt": b"try lr 3e-4"}
 
@@ -92,7 +91,9 @@ def test_every_target_kind_keeps_what_is_not_the_checkpoint(tmp_path):
     build(3.0)[0].save_state(shared)  # an older checkpoint and the user's files: the checkpoint's files are replaced
     assert_user_files(shared)
     assert loaded_fill(shared) == 3.0
-    assert not (shared / "custom_checkpoint_0.json").exists(), "the previous checkpoint's file the new one lacks is removed"
+    assert not (shared / "custom_checkpoint_0.json").exists(), (
+        "the previous checkpoint's file the new one lacks is removed"
+    )
     assert not hidden_leftovers(shared)
 
     build(4.0)[0].save_state(tmp_path / "new")  # a folder holding only an older checkpoint: swapped whole
@@ -103,7 +104,11 @@ def test_every_target_kind_keeps_what_is_not_the_checkpoint(tmp_path):
     (tmp_path / "link_to_file").symlink_to(notes)
     (tmp_path / "dangling").symlink_to(tmp_path / "nowhere")
     acc, _ = build(5.0)
-    for given, named in ((notes, notes), (tmp_path / "link_to_file", notes), (tmp_path / "dangling", tmp_path / "nowhere")):
+    for given, named in (
+        (notes, notes),
+        (tmp_path / "link_to_file", notes),
+        (tmp_path / "dangling", tmp_path / "nowhere"),
+    ):
         with pytest.raises(CheckpointTargetError) as caught:
             acc.save_state(given)
         message = str(caught.value)
@@ -212,7 +217,9 @@ def test_a_committed_publish_that_cannot_finish_says_where_the_checkpoint_is(tmp
         build(2.0)[0].save_state(shared)
     message = str(caught.value)
     publishing_folder = tmp_path / ".out.publishing"
-    assert f"The checkpoint {shared} is complete but could not be moved into place (Permission denied" in message, message
+    assert f"The checkpoint {shared} is complete but could not be moved into place (Permission denied" in message, (
+        message
+    )
     assert str(publishing_folder) in message and "Your other files in the folder were not touched." in message
     with pytest.raises(CheckpointError, match="could not be moved into place"):
         loaded_fill(shared)
@@ -225,7 +232,10 @@ def test_a_folder_in_the_way_of_a_checkpoint_file_is_refused_before_the_folder_c
     shared = tmp_path / "out"
     (shared / "model.safetensors").mkdir(parents=True)
     (shared / "model.safetensors" / "mine.txt").write_text("keep")
-    with pytest.raises(CheckpointError, match=r"model.safetensors is in the way .* Nothing in the folder was changed \(the staging folder was removed\)"):
+    with pytest.raises(
+        CheckpointError,
+        match=r"model.safetensors is in the way .* Nothing in the folder was changed \(the staging folder was removed\)",
+    ):
         build(1.0)[0].save_state(shared)
     assert (shared / "model.safetensors" / "mine.txt").read_text() == "keep"
     assert sorted(os.listdir(shared)) == ["model.safetensors"] and not hidden_leftovers(shared)
@@ -240,7 +250,11 @@ def test_rotation_deletes_only_the_checkpoints_automatic_naming_wrote(tmp_path):
     (accelerate_like / "model.safetensors").write_bytes(b"not hasten's")
     (accelerate_like / MANIFEST).write_text(json.dumps({"format": "hasten-checkpoint", "files": {}}))
     reset_state()
-    acc = Accelerator(project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2, iteration=2))
+    acc = Accelerator(
+        project_config=ProjectConfiguration(
+            project_dir=str(tmp_path), automatic_checkpoint_naming=True, total_limit=2, iteration=2
+        )
+    )
     model = torch.nn.Linear(3, 2)
     acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     acc.save_state()
@@ -265,7 +279,11 @@ def test_a_folder_per_process_on_two_processes(tmp_path, mode):
 @pytest.mark.slow
 def test_sigkill_during_saves_into_a_folder_with_user_files(tmp_path):
     out = subprocess.run(
-        [sys.executable, str(SCRIPTS / "crash_saver.py"), str(tmp_path), "10", "--shared"], capture_output=True, text=True, timeout=900, env=clean_env()
+        [sys.executable, str(SCRIPTS / "crash_saver.py"), str(tmp_path), "10", "--shared"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=clean_env(),
     )
     assert out.returncode == 0, out.stdout + out.stderr
     found = re.search(r"(\d+) killed during the save, \d+ completed, every load whole", out.stdout)

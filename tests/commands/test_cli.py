@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pexpect
 import pytest
 import yaml
+from helpers import FIXTURES_ROOT, ROOT, SCRIPTS, requires
 
 from hasten import config as cfg
 from hasten import environment
@@ -22,7 +23,6 @@ from hasten.commands import runners
 from hasten.commands.main import build_parser, main
 from hasten.config import Hardware
 from hasten.errors import ConfigError, NotSupportedError
-from helpers import FIXTURES_ROOT, ROOT, SCRIPTS, requires
 
 FIXTURES = FIXTURES_ROOT / "configs"
 HASTEN = Path(sys.executable).with_name("hasten")
@@ -89,8 +89,19 @@ def test_launch_help_groups_options(capsys):
     with pytest.raises(SystemExit):
         main(["launch", "-h"])
     out = capsys.readouterr().out
-    titles = ["General arguments", "Hardware selection arguments", "Resource selection arguments", "Training paradigm arguments"]
-    titles += ["Multi-process and multi-machine arguments", "DeepSpeed arguments", "FSDP arguments", "FP8 arguments", "MPI arguments"]
+    titles = [
+        "General arguments",
+        "Hardware selection arguments",
+        "Resource selection arguments",
+        "Training paradigm arguments",
+    ]
+    titles += [
+        "Multi-process and multi-machine arguments",
+        "DeepSpeed arguments",
+        "FSDP arguments",
+        "FP8 arguments",
+        "MPI arguments",
+    ]
     positions = [out.index(title + (":" if "Multi" not in title else "")) for title in titles]
     assert positions == sorted(positions)
     assert out.startswith("usage: hasten launch [options] training_script [script arguments]")
@@ -112,13 +123,23 @@ def script(tmp_path) -> str:
 
 
 def test_more_processes_than_gpus(script):
-    with pytest.raises(ConfigError, match=r"4 process\(es\) per machine \(num_processes=4 from flag --num_processes, 1 machine\(s\)\) but only 2 GPU\(s\) can be used\. Use --num_processes 2 or fewer"):
+    with pytest.raises(
+        ConfigError,
+        match=r"4 process\(es\) per machine \(num_processes=4 from flag --num_processes, 1 machine\(s\)\) but only 2 GPU\(s\) can be used\. Use --num_processes 2 or fewer",
+    ):
         launch_cmd.prepare_launch(_args("--multi_gpu", "--num_processes", "4", script), hardware=Hardware("cuda", 2))
     with pytest.raises(ConfigError, match=r"but only 1 GPU\(s\) can be used \(gpu_ids=1\)"):
         launch_cmd.prepare_launch(_args("--num_processes", "2", "--gpu_ids", "1", script), hardware=Hardware("cuda", 2))
-    with pytest.raises(ConfigError, match=r"gpu_ids='0,5' \(from flag --gpu_ids\) names GPU\(s\) \[5\] but this machine has GPUs 0\.\.1"):
-        launch_cmd.prepare_launch(_args("--num_processes", "2", "--gpu_ids", "0,5", script), hardware=Hardware("cuda", 2))
-    with pytest.raises(ConfigError, match=r"distributed_type MULTI_GPU \(from flag --multi_gpu\) needs GPUs but none was found"):
+    with pytest.raises(
+        ConfigError,
+        match=r"gpu_ids='0,5' \(from flag --gpu_ids\) names GPU\(s\) \[5\] but this machine has GPUs 0\.\.1",
+    ):
+        launch_cmd.prepare_launch(
+            _args("--num_processes", "2", "--gpu_ids", "0,5", script), hardware=Hardware("cuda", 2)
+        )
+    with pytest.raises(
+        ConfigError, match=r"distributed_type MULTI_GPU \(from flag --multi_gpu\) needs GPUs but none was found"
+    ):
         launch_cmd.prepare_launch(_args("--multi_gpu", "--num_processes", "2", script), hardware=CPU)
 
 
@@ -127,20 +148,38 @@ def test_port_in_use(script):
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        with pytest.raises(ConfigError, match=rf"Port {port} on 127\.0\.0\.1 is already in use .* Pick another port with --main_process_port \(now {port}, from flag --main_process_port\), or leave it out"):
-            launch_cmd.prepare_launch(_args("--num_processes", "2", "--main_process_port", str(port), script), hardware=CPU)
+        with pytest.raises(
+            ConfigError,
+            match=rf"Port {port} on 127\.0\.0\.1 is already in use .* Pick another port with --main_process_port \(now {port}, from flag --main_process_port\), or leave it out",
+        ):
+            launch_cmd.prepare_launch(
+                _args("--num_processes", "2", "--main_process_port", str(port), script), hardware=CPU
+            )
         with pytest.raises(ConfigError, match=r"10\.255\.255\.1 is not an address of this machine"):
-            argv = ["--num_machines", "2", "--num_processes", "2", "--main_process_ip", "10.255.255.1", "--main_process_port", str(port)]
+            argv = [
+                "--num_machines",
+                "2",
+                "--num_processes",
+                "2",
+                "--main_process_ip",
+                "10.255.255.1",
+                "--main_process_port",
+                str(port),
+            ]
             launch_cmd.prepare_launch(_args(*argv, script), hardware=CPU)
 
 
 def test_missing_script_and_programs(tmp_path, script, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(ConfigError, match=r"Training script 'trian.py' does not exist \(looked in .*\)\. Did you mean 'train.py'\?"):
+    with pytest.raises(
+        ConfigError, match=r"Training script 'trian.py' does not exist \(looked in .*\)\. Did you mean 'train.py'\?"
+    ):
         launch_cmd.prepare_launch(_args("--num_processes", "1", "trian.py"), hardware=CPU)
     with pytest.raises(ConfigError, match=r"Module 'no_such_module_xyz' \(-m\) cannot be found"):
         launch_cmd.prepare_launch(_args("--num_processes", "1", "-m", "no_such_module_xyz"), hardware=CPU)
-    with pytest.raises(ConfigError, match=r"Program 'no-such-program-xyz' \(--no_python\) is neither a file nor found on PATH"):
+    with pytest.raises(
+        ConfigError, match=r"Program 'no-such-program-xyz' \(--no_python\) is neither a file nor found on PATH"
+    ):
         launch_cmd.prepare_launch(_args("--num_processes", "1", "--no_python", "no-such-program-xyz"), hardware=CPU)
     with pytest.raises(ConfigError, match=r"--module and --no_python cannot be used together"):
         launch_cmd.prepare_launch(_args("--num_processes", "1", "-m", "--no_python", "json"), hardware=CPU)
@@ -149,16 +188,52 @@ def test_missing_script_and_programs(tmp_path, script, monkeypatch):
 @pytest.mark.parametrize(
     ("argv", "error", "match"),
     [
-        (["--num_processes", "3", "--num_machines", "2", "--main_process_ip", "127.0.0.1"], ConfigError, r"num_processes=3 \(from flag --num_processes\) is the total over all machines and must be a multiple of num_machines=2 \(from flag --num_machines\), e\.g\. --num_processes 2"),
-        (["--num_machines", "2", "--machine_rank", "2", "--main_process_ip", "127.0.0.1"], ConfigError, r"machine_rank=2 \(from flag --machine_rank\) must be between 0 and num_machines - 1 = 1"),
-        (["--num_machines", "2"], ConfigError, r"num_machines=2 needs the address of machine rank 0: pass --main_process_ip"),
-        (["--num_processes", "0"], ConfigError, r"num_processes \(0, from flag --num_processes\) and num_machines \(1, from default\) must be at least 1"),
+        (
+            ["--num_processes", "3", "--num_machines", "2", "--main_process_ip", "127.0.0.1"],
+            ConfigError,
+            r"num_processes=3 \(from flag --num_processes\) is the total over all machines and must be a multiple of num_machines=2 \(from flag --num_machines\), e\.g\. --num_processes 2",
+        ),
+        (
+            ["--num_machines", "2", "--machine_rank", "2", "--main_process_ip", "127.0.0.1"],
+            ConfigError,
+            r"machine_rank=2 \(from flag --machine_rank\) must be between 0 and num_machines - 1 = 1",
+        ),
+        (
+            ["--num_machines", "2"],
+            ConfigError,
+            r"num_machines=2 needs the address of machine rank 0: pass --main_process_ip",
+        ),
+        (
+            ["--num_processes", "0"],
+            ConfigError,
+            r"num_processes \(0, from flag --num_processes\) and num_machines \(1, from default\) must be at least 1",
+        ),
         (["--tpu"], NotSupportedError, r"distributed_type XLA \(from flag --tpu\) is not supported by hasten"),
-        (["--use_fsdp", "--use_deepspeed"], ConfigError, r"Pass at most one of --cpu/--multi_gpu/--tpu/--use_deepspeed/--use_fsdp/--use_megatron_lm; got --use_deepspeed, --use_fsdp"),
-        (["--use_megatron_lm", "--use_fsdp"], ConfigError, r"Pass at most one of .*/--use_megatron_lm; got --use_fsdp, --use_megatron_lm"),
-        (["--zero_stage", "5"], ConfigError, r"flag --zero_stage: deepspeed_config\.zero_stage='5' is not valid; expected one of: 0, 1, 2, 3"),
-        (["--mixed_precision", "fp8", "--fp8_backend", "msamp"], NotSupportedError, r"fp8_config\.backend \(from flag --fp8_backend\) selects the fp8 backend 'MSAMP' \(MS-AMP\), which is not supported by hasten"),
-        (["--monitor_interval", "0"], ConfigError, r"--monitor_interval must be a positive number of seconds, got 0\.0"),
+        (
+            ["--use_fsdp", "--use_deepspeed"],
+            ConfigError,
+            r"Pass at most one of --cpu/--multi_gpu/--tpu/--use_deepspeed/--use_fsdp/--use_megatron_lm; got --use_deepspeed, --use_fsdp",
+        ),
+        (
+            ["--use_megatron_lm", "--use_fsdp"],
+            ConfigError,
+            r"Pass at most one of .*/--use_megatron_lm; got --use_fsdp, --use_megatron_lm",
+        ),
+        (
+            ["--zero_stage", "5"],
+            ConfigError,
+            r"flag --zero_stage: deepspeed_config\.zero_stage='5' is not valid; expected one of: 0, 1, 2, 3",
+        ),
+        (
+            ["--mixed_precision", "fp8", "--fp8_backend", "msamp"],
+            NotSupportedError,
+            r"fp8_config\.backend \(from flag --fp8_backend\) selects the fp8 backend 'MSAMP' \(MS-AMP\), which is not supported by hasten",
+        ),
+        (
+            ["--monitor_interval", "0"],
+            ConfigError,
+            r"--monitor_interval must be a positive number of seconds, got 0\.0",
+        ),
         (["--rdzv_conf", "timeout"], ConfigError, r"--rdzv_conf item 'timeout' must look like key=value"),
         (["--tee", "5"], ConfigError, r"--tee '5' must be 0, 1, 2 or 3"),
     ],
@@ -171,7 +246,10 @@ def test_argument_errors(argv, error, match, script):
 def test_invalid_config_file_is_reported_with_file_and_key(tmp_path, script):
     bad = tmp_path / "bad.yaml"
     bad.write_text("distributed_type: MULTI_CPU\nnum_proceses: 2\n")
-    with pytest.raises(ConfigError, match=r"Invalid launch config .*bad\.yaml:\n  - unknown key 'num_proceses'\. Did you mean 'num_processes'\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"Invalid launch config .*bad\.yaml:\n  - unknown key 'num_proceses'\. Did you mean 'num_processes'\?",
+    ):
         launch_cmd.prepare_launch(_args("--config_file", str(bad), script), hardware=CPU)
 
 
@@ -181,7 +259,10 @@ def test_mistyped_launch_flag_suggests_the_right_one(script, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("usage: hasten launch [options] training_script [script arguments]\n")
-    assert "hasten launch: error: unknown option --nmu_processes. Did you mean '--num_processes'? `hasten launch --help` lists the options." in err
+    assert (
+        "hasten launch: error: unknown option --nmu_processes. Did you mean '--num_processes'? `hasten launch --help` lists the options."
+        in err
+    )
 
 
 def test_mistyped_flag_with_equals_sign_and_unknown_flag_without_match(capsys):
@@ -215,7 +296,9 @@ def test_hand_written_mixed_precision_no_launches(tmp_path, script):
 
 def test_errors_exit_before_anything_starts(script, monkeypatch, capsys):
     monkeypatch.setattr(runners, "run_plan", lambda plan: pytest.fail("no process may start"))
-    assert main(["launch", "--num_processes", "3", "--num_machines", "2", "--main_process_ip", "127.0.0.1", script]) == 1
+    assert (
+        main(["launch", "--num_processes", "3", "--num_machines", "2", "--main_process_ip", "127.0.0.1", script]) == 1
+    )
     assert "hasten launch: error: num_processes=3" in capsys.readouterr().err
 
 
@@ -227,7 +310,9 @@ def test_summary_says_where_each_value_came_from(tmp_path, script, monkeypatch):
     config_file.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: fp16\n")
     monkeypatch.setenv("HASTEN_DEBUG_MODE", "1")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    plan = launch_cmd.prepare_launch(_args("--config_file", str(config_file), "--mixed_precision", "bf16", script, "--lr", "1"), hardware=CPU)
+    plan = launch_cmd.prepare_launch(
+        _args("--config_file", str(config_file), "--mixed_precision", "bf16", script, "--lr", "1"), hardware=CPU
+    )
     try:
         summary = launch_cmd.format_summary(plan)
     finally:
@@ -242,15 +327,21 @@ def test_summary_says_where_each_value_came_from(tmp_path, script, monkeypatch):
     assert table["debug"] == ["true", "environment HASTEN_DEBUG_MODE"]
     assert table["num_cpu_threads_per_process"][1].startswith("inferred (")
     assert table["hang"][1].startswith(str(plan.hang_dir))
-    assert plan.settings.overridden == [f"mixed_precision: 'bf16' from flag --mixed_precision overrides 'fp16' from config file {config_file}"]
+    assert plan.settings.overridden == [
+        f"mixed_precision: 'bf16' from flag --mixed_precision overrides 'fp16' from config file {config_file}"
+    ]
     assert plan.env["HASTEN_HANG_REPORT_DIR"] == str(plan.hang_dir) and plan.owns_hang_dir
 
 
 @requires("deepspeed", "deepspeed")
 def test_unused_deepspeed_launcher_is_a_warning(tmp_path, script):
     config_file = tmp_path / "ds.yaml"
-    config_file.write_text("distributed_type: DEEPSPEED\nnum_machines: 2\nnum_processes: 2\nmain_process_ip: 127.0.0.1\ndeepspeed_config:\n  deepspeed_multinode_launcher: pdsh\n")
-    plan = launch_cmd.prepare_launch(_args("--config_file", str(config_file), "--machine_rank", "1", script), hardware=CPU)
+    config_file.write_text(
+        "distributed_type: DEEPSPEED\nnum_machines: 2\nnum_processes: 2\nmain_process_ip: 127.0.0.1\ndeepspeed_config:\n  deepspeed_multinode_launcher: pdsh\n"
+    )
+    plan = launch_cmd.prepare_launch(
+        _args("--config_file", str(config_file), "--machine_rank", "1", script), hardware=CPU
+    )
     assert plan.warnings == [
         f"deepspeed_multinode_launcher='pdsh' (from config file {config_file}) is not used: hasten launch starts the processes of this "
         "machine only, so run the same command on every machine with its --machine_rank (DeepSpeed's 'standard' launcher)."
@@ -273,13 +364,25 @@ def test_summary_points_to_an_accelerate_config(tmp_path, script, monkeypatch):
     accelerate_file.parent.mkdir(parents=True)
     accelerate_file.write_text((FIXTURES / "accelerate_1_x_multi_cpu.yaml").read_text())
     plan = launch_cmd.prepare_launch(_args("--num_processes", "1", script), hardware=CPU)
-    assert f"config file : none (found Accelerate's {accelerate_file}: `hasten config update` imports it)" in launch_cmd.format_summary(plan)
+    assert (
+        f"config file : none (found Accelerate's {accelerate_file}: `hasten config update` imports it)"
+        in launch_cmd.format_summary(plan)
+    )
 
 
 def test_mpirun_command_lines(tmp_path, script):
     hostfile = tmp_path / "hosts"
     hostfile.write_text("node1\nnode2\n")
-    argv = ["--mpirun_hostfile", str(hostfile), "--num_machines", "2", "--num_processes", "4", "--main_process_ip", "10.0.0.1"]
+    argv = [
+        "--mpirun_hostfile",
+        str(hostfile),
+        "--num_machines",
+        "2",
+        "--num_processes",
+        "4",
+        "--main_process_ip",
+        "10.0.0.1",
+    ]
     plan = launch_cmd.prepare_launch(_args(*argv, "--cpu", script, "--x"), hardware=CPU)
     command, env = runners.mpirun_command(plan, "openmpi")
     assert command[:7] == ["mpirun", "--hostfile", str(hostfile), "-np", "4", "--npernode", "2"]
@@ -293,7 +396,9 @@ def test_mpirun_command_lines(tmp_path, script):
 @requires("deepspeed", "deepspeed")
 def test_a_killed_worker_gets_the_running_engines_advice(script, capsys):
     killed = {0: SimpleNamespace(exitcode=-9)}
-    plan = launch_cmd.prepare_launch(_args("--use_deepspeed", "--offload_optimizer_device", "cpu", script), hardware=CPU)
+    plan = launch_cmd.prepare_launch(
+        _args("--use_deepspeed", "--offload_optimizer_device", "cpu", script), hardware=CPU
+    )
     runners._explain_failures(plan, killed)
     assert "A DeepSpeed process was killed by the operating system" in capsys.readouterr().err
     runners._explain_failures(launch_cmd.prepare_launch(_args("--num_processes", "2", script), hardware=CPU), killed)
@@ -330,10 +435,21 @@ def test_hang_report_summary(tmp_path):
 def test_hang_report_summary_shows_the_last_attempt_only(tmp_path):
     """Under --max_restarts, a hang of attempt 0 is not why attempt 1 ended: its report is left out."""
     for rank, restart in ((0, 0), (1, 1)):
-        report = {"rank": rank, "restart": restart, "operation": "all_reduce", "collective": 4, "waited_s": 3, "stack": "", "peers": ""}
+        report = {
+            "rank": rank,
+            "restart": restart,
+            "operation": "all_reduce",
+            "collective": 4,
+            "waited_s": 3,
+            "stack": "",
+            "peers": "",
+        }
         (tmp_path / f"hang_rank{rank}.json").write_text(json.dumps(report))
     lines = runners.summarize_hang_reports(tmp_path).splitlines()
-    assert lines == ["hasten launch: debug mode: rank(s) 1 were stuck in a collective:", "  rank 1 waited for 3.0 s in all_reduce (collective #4)"]
+    assert lines == [
+        "hasten launch: debug mode: rank(s) 1 were stuck in a collective:",
+        "  rank 1 waited for 3.0 s in all_reduce (collective #4)",
+    ]
 
 
 # ------------------------------------------------------------------------------ config / env commands
@@ -363,7 +479,9 @@ def test_config_update_imports_accelerate_default_file(tmp_path, monkeypatch, ca
     accelerate_file.write_text((FIXTURES / "accelerate_0_20_legacy.json").read_text())
     assert main(["config", "update"]) == 0
     target = tmp_path / "hf" / "hasten" / "default_config.yaml"
-    assert capsys.readouterr().out.startswith(f"hasten configuration imported from {accelerate_file} into {target} (fp16: True")
+    assert capsys.readouterr().out.startswith(
+        f"hasten configuration imported from {accelerate_file} into {target} (fp16: True"
+    )
     assert yaml.safe_load(target.read_text())["mixed_precision"] == "fp16"
 
 
@@ -378,7 +496,12 @@ def test_env_report(tmp_path, capsys):
     config_file.write_text((FIXTURES / "accelerate_1_x_multi_cpu.yaml").read_text())
     assert main(["env", "--config_file", str(config_file)]) == 0
     out = capsys.readouterr().out
-    for expected in ("- hasten version: ", "- PyTorch version: ", "- torch.distributed backends: gloo", "- Accelerator: none (CPU only)"):
+    for expected in (
+        "- hasten version: ",
+        "- PyTorch version: ",
+        "- torch.distributed backends: gloo",
+        "- Accelerator: none (CPU only)",
+    ):
         assert expected in out
     assert "- Optional packages: numpy " in out and "deepspeed " in out and "- RAM: " in out and "- CPU: " in out
     assert f"- Launch config: {config_file}\n\t- compute_environment: LOCAL_MACHINE" in out
@@ -406,7 +529,11 @@ CPU_WALKTHROUGH = [
     ("How many processes should be used", "2\r"),
     ("mixed precision", "3\r"),
 ]
-GPU_WALKTHROUGH = [("type of machine", "4\r") if q == "type of machine" else (q, a) for q, a in CPU_WALKTHROUGH if not q.startswith("multi-GPU")]
+GPU_WALKTHROUGH = [
+    ("type of machine", "4\r") if q == "type of machine" else (q, a)
+    for q, a in CPU_WALKTHROUGH
+    if not q.startswith("multi-GPU")
+]
 GPU_WALKTHROUGH[-2:] = [("How many GPU(s) should be used", "2\r"), ("mixed precision", "2\r")]
 SIMULATED_GPUS = "import torch; torch.cuda.is_available = lambda: True; torch.cuda.device_count = lambda: 2\n"
 
@@ -427,7 +554,12 @@ def run_dialogue(tmp_path: Path, answers: list[tuple[str, str]], prelude: str = 
     return yaml.safe_load(target.read_text())
 
 
-SEED_DEEPSPEED = {"zero_stage": 3, "offload_optimizer_device": "cpu", "offload_param_device": "cpu", "gradient_accumulation_steps": 4}
+SEED_DEEPSPEED = {
+    "zero_stage": 3,
+    "offload_optimizer_device": "cpu",
+    "offload_param_device": "cpu",
+    "gradient_accumulation_steps": 4,
+}
 SEED_DEEPSPEED |= {"zero3_save_16bit_model": False, "zero3_init_flag": False}
 
 
@@ -435,19 +567,47 @@ SEED_DEEPSPEED |= {"zero3_save_16bit_model": False, "zero3_init_flag": False}
 def test_dialogue_on_this_cpu_machine_then_launch(tmp_path):
     written = run_dialogue(tmp_path, CPU_WALKTHROUGH)
     assert written["deepspeed_config"] == SEED_DEEPSPEED
-    expected = {"distributed_type": "DEEPSPEED", "use_cpu": True, "num_processes": 2, "mixed_precision": "bf16", "num_machines": 1}
+    expected = {
+        "distributed_type": "DEEPSPEED",
+        "use_cpu": True,
+        "num_processes": 2,
+        "mixed_precision": "bf16",
+        "num_machines": 1,
+    }
     assert {key: written[key] for key in expected} == expected
     out = tmp_path / "out"
-    launch = [str(HASTEN), "launch", "--config_file", str(tmp_path / "answers.yaml"), str(SCRIPTS / "cli_dump_env.py"), str(out)]
+    launch = [
+        str(HASTEN),
+        "launch",
+        "--config_file",
+        str(tmp_path / "answers.yaml"),
+        str(SCRIPTS / "cli_dump_env.py"),
+        str(out),
+    ]
     result = subprocess.run(launch, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "hasten launch: 2 process(es) on 1 machine (2 here), DEEPSPEED" in result.stderr
     for rank in ("0", "1"):
         env = json.loads((out / f"rank{rank}.json").read_text())["env"]
         assert env["WORLD_SIZE"] == "2" and env["RANK"] == rank
-        exported = {k: env[k] for k in ("HASTEN_USE_DEEPSPEED", "HASTEN_DEEPSPEED_ZERO_STAGE", "HASTEN_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE")}
-        assert exported == {"HASTEN_USE_DEEPSPEED": "true", "HASTEN_DEEPSPEED_ZERO_STAGE": "3", "HASTEN_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu"}
-        assert (env["HASTEN_GRADIENT_ACCUMULATION_STEPS"], env["HASTEN_MIXED_PRECISION"], env["HASTEN_USE_CPU"]) == ("4", "bf16", "true")
+        exported = {
+            k: env[k]
+            for k in (
+                "HASTEN_USE_DEEPSPEED",
+                "HASTEN_DEEPSPEED_ZERO_STAGE",
+                "HASTEN_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+            )
+        }
+        assert exported == {
+            "HASTEN_USE_DEEPSPEED": "true",
+            "HASTEN_DEEPSPEED_ZERO_STAGE": "3",
+            "HASTEN_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE": "cpu",
+        }
+        assert (env["HASTEN_GRADIENT_ACCUMULATION_STEPS"], env["HASTEN_MIXED_PRECISION"], env["HASTEN_USE_CPU"]) == (
+            "4",
+            "bf16",
+            "true",
+        )
 
 
 @pytest.mark.slow
@@ -456,8 +616,14 @@ def test_dialogue_with_simulated_gpus_gives_the_walkthrough_file(tmp_path, scrip
     assert written["deepspeed_config"] == SEED_DEEPSPEED
     expected = {"distributed_type": "DEEPSPEED", "use_cpu": False, "num_processes": 2, "mixed_precision": "fp16"}
     assert {key: written[key] for key in expected} == expected
-    plan = launch_cmd.prepare_launch(_args("--config_file", str(tmp_path / "answers.yaml"), script), hardware=Hardware("cuda", 2))
-    assert (plan.nproc_per_node, plan.env["HASTEN_DEEPSPEED_ZERO_STAGE"], plan.env["HASTEN_MIXED_PRECISION"]) == (2, "3", "fp16")
+    plan = launch_cmd.prepare_launch(
+        _args("--config_file", str(tmp_path / "answers.yaml"), script), hardware=Hardware("cuda", 2)
+    )
+    assert (plan.nproc_per_node, plan.env["HASTEN_DEEPSPEED_ZERO_STAGE"], plan.env["HASTEN_MIXED_PRECISION"]) == (
+        2,
+        "3",
+        "fp16",
+    )
 
 
 @pytest.mark.slow

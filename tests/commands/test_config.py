@@ -3,24 +3,37 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import yaml
+from helpers import FIXTURES_ROOT
 
 from hasten import config as cfg
 from hasten.config import ClusterConfig, Hardware, SageMakerConfig
 from hasten.errors import ConfigError
-from helpers import FIXTURES_ROOT
 
 FIXTURES = FIXTURES_ROOT / "configs"
 CPU = Hardware("cpu", 0)
 
 # file -> {dotted key: expected value}
 EXPECTED = {
-    "accelerate_0_11_minimal.yaml": {"distributed_type": "NO", "num_processes": 1, "main_process_port": None, "mixed_precision": "no"},
-    "accelerate_0_12_downcast.yaml": {"downcast_bf16": False, "gpu_ids": "0,1", "mixed_precision": "bf16", "num_processes": 2},
-    "accelerate_0_20_legacy.json": {"mixed_precision": "fp16", "dynamo_config.dynamo_backend": "INDUCTOR", "num_processes": 4},
+    "accelerate_0_11_minimal.yaml": {
+        "distributed_type": "NO",
+        "num_processes": 1,
+        "main_process_port": None,
+        "mixed_precision": "no",
+    },
+    "accelerate_0_12_downcast.yaml": {
+        "downcast_bf16": False,
+        "gpu_ids": "0,1",
+        "mixed_precision": "bf16",
+        "num_processes": 2,
+    },
+    "accelerate_0_20_legacy.json": {
+        "mixed_precision": "fp16",
+        "dynamo_config.dynamo_backend": "INDUCTOR",
+        "num_processes": 4,
+    },
     "accelerate_0_28_mpi.yaml": {
         "distributed_type": "MULTI_CPU",
         "num_machines": 4,
@@ -29,7 +42,11 @@ EXPECTED = {
         "mpirun_config.mpirun_hostfile": "/cluster/hostfile",
         "use_cpu": True,
     },
-    "accelerate_0_30_sagemaker.yaml": {"distributed_type": "DATA_PARALLEL", "ec2_instance_type": "ml.p3.16xlarge", "region": "us-east-1"},
+    "accelerate_0_30_sagemaker.yaml": {
+        "distributed_type": "DATA_PARALLEL",
+        "ec2_instance_type": "ml.p3.16xlarge",
+        "region": "us-east-1",
+    },
     "accelerate_0_34_fp8.yaml": {
         "fp8_config.amax_history_length": 16,
         "fp8_config.amax_compute_algorithm": "most_recent",
@@ -55,9 +72,19 @@ EXPECTED = {
         "debug": True,
     },
     "accelerate_1_x_multi_cpu.yaml": {"distributed_type": "MULTI_CPU", "num_processes": 2, "use_cpu": True},
-    "hasten_0_1.yaml": {"machine_rank": 1, "rdzv_backend": "c10d", "dynamo_config.dynamo_mode": "max-autotune", "main_process_port": 29600},
+    "hasten_0_1.yaml": {
+        "machine_rank": 1,
+        "rdzv_backend": "c10d",
+        "dynamo_config.dynamo_mode": "max-autotune",
+        "main_process_port": 29600,
+    },
 }
-LEGACY = {"accelerate_0_20_legacy.json", "accelerate_0_28_mpi.yaml", "accelerate_0_34_fp8.yaml", "accelerate_1_x_fsdp.yaml"}
+LEGACY = {
+    "accelerate_0_20_legacy.json",
+    "accelerate_0_28_mpi.yaml",
+    "accelerate_0_34_fp8.yaml",
+    "accelerate_1_x_fsdp.yaml",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -96,19 +123,29 @@ def test_unknown_keys_name_file_key_allowed_keys_and_closest(tmp_path):
     with pytest.raises(ConfigError, match=r"bad\.yaml") as info:
         cfg.read_config_file(path)
     message = str(info.value)
-    assert "unknown key 'num_proceses'. Did you mean 'num_processes'? Allowed keys: compute_environment, distributed_type" in message
-    assert "unknown key 'deepspeed_config.zero_stag'. Did you mean 'zero_stage'? Allowed keys in deepspeed_config: deepspeed_config_file" in message
+    assert (
+        "unknown key 'num_proceses'. Did you mean 'num_processes'? Allowed keys: compute_environment, distributed_type"
+        in message
+    )
+    assert (
+        "unknown key 'deepspeed_config.zero_stag'. Did you mean 'zero_stage'? Allowed keys in deepspeed_config: deepspeed_config_file"
+        in message
+    )
 
 
 def test_bad_values_list_allowed_values_and_closest(tmp_path):
     path = tmp_path / "bad.yaml"
-    path.write_text("distributed_type: MULTI_CPUS\nmixed_precision: bf-16\nfsdp_config:\n  fsdp_offload_params: maybe\nnum_machines: two\n")
+    path.write_text(
+        "distributed_type: MULTI_CPUS\nmixed_precision: bf-16\nfsdp_config:\n  fsdp_offload_params: maybe\nnum_machines: two\n"
+    )
     with pytest.raises(ConfigError) as info:
         cfg.read_config_file(path)
     message = str(info.value)
     assert "distributed_type: 'MULTI_CPUS' is not valid; expected one of: NO, MULTI_CPU, MULTI_GPU" in message
     assert "Did you mean 'MULTI_CPU'?" in message
-    assert "mixed_precision: 'bf-16' is not valid; expected one of: no, fp16, bf16, fp8. Did you mean 'bf16'?" in message
+    assert (
+        "mixed_precision: 'bf-16' is not valid; expected one of: no, fp16, bf16, fp8. Did you mean 'bf16'?" in message
+    )
     assert "fsdp_config.fsdp_offload_params: 'maybe' is not valid; expected a boolean" in message
     assert "num_machines: 'two' is not valid; expected an integer" in message
 
@@ -182,7 +219,12 @@ def test_write_basic_config_writes_yaml_once(tmp_path, monkeypatch, capsys):
 
 def test_basic_config_uses_every_gpu():
     config = cfg.basic_config("fp16", Hardware("cuda", 4))
-    assert (config.distributed_type, config.num_processes, config.gpu_ids, config.use_cpu) == ("MULTI_GPU", 4, "all", False)
+    assert (config.distributed_type, config.num_processes, config.gpu_ids, config.use_cpu) == (
+        "MULTI_GPU",
+        4,
+        "all",
+        False,
+    )
     single = cfg.basic_config("no", Hardware("cuda", 1))
     assert (single.distributed_type, single.num_processes) == ("NO", 1)
 
@@ -198,11 +240,19 @@ def test_merge_order_and_sources(tmp_path):
     settings = cfg.resolve_settings(
         flags={"mixed_precision": ("bf16", "--mixed_precision"), "deepspeed_config.zero_stage": ("2", "--zero_stage")},
         loaded=loaded,
-        env={"debug": ("0", "HASTEN_DEBUG_MODE"), "dynamo_config.dynamo_backend": ("eager", "ACCELERATE_DYNAMO_BACKEND")},
+        env={
+            "debug": ("0", "HASTEN_DEBUG_MODE"),
+            "dynamo_config.dynamo_backend": ("eager", "ACCELERATE_DYNAMO_BACKEND"),
+        },
         hardware=lambda: pytest.fail("the hardware is not needed here"),
     )
     config, sources = settings.config, settings.sources
-    assert (config.mixed_precision, config.debug, config.num_processes, config.deepspeed_config.zero_stage) == ("bf16", True, 2, 2)
+    assert (config.mixed_precision, config.debug, config.num_processes, config.deepspeed_config.zero_stage) == (
+        "bf16",
+        True,
+        2,
+        2,
+    )
     assert config.dynamo_config.dynamo_backend == "EAGER"
     assert str(sources["mixed_precision"]) == "flag --mixed_precision"
     assert str(sources["debug"]) == f"config file {loaded.path}"
@@ -238,7 +288,15 @@ def test_merge_reports_every_bad_value():
         ({"use_cpu": (True, "--cpu")}, Hardware("cuda", 2), ("NO", 1, "inferred (no GPU found)")),
         ({"num_processes": ("3", "--num_processes")}, CPU, ("MULTI_CPU", 3, "flag --num_processes")),
         ({"num_processes": ("2", "--num_processes")}, Hardware("xpu", 2), ("MULTI_XPU", 2, "flag --num_processes")),
-        ({"num_processes": ("2", "--num_processes"), "distributed_type": ("MULTI_GPU", "--multi_gpu"), "use_cpu": ("true", "--cpu")}, Hardware("cuda", 2), ("MULTI_CPU", 2, "flag --num_processes")),
+        (
+            {
+                "num_processes": ("2", "--num_processes"),
+                "distributed_type": ("MULTI_GPU", "--multi_gpu"),
+                "use_cpu": ("true", "--cpu"),
+            },
+            Hardware("cuda", 2),
+            ("MULTI_CPU", 2, "flag --num_processes"),
+        ),
     ],
 )
 def test_inferred_defaults(flags, hardware, expected):
@@ -249,7 +307,10 @@ def test_inferred_defaults(flags, hardware, expected):
 
 def test_sagemaker_config_is_refused_for_launch():
     loaded = cfg.read_config_file(FIXTURES / "accelerate_0_30_sagemaker.yaml")
-    with pytest.raises(ConfigError, match=r"accelerate_0_30_sagemaker\.yaml is an Amazon SageMaker config; hasten does not launch on SageMaker"):
+    with pytest.raises(
+        ConfigError,
+        match=r"accelerate_0_30_sagemaker\.yaml is an Amazon SageMaker config; hasten does not launch on SageMaker",
+    ):
         cfg.resolve_settings(flags={}, loaded=loaded, env={}, hardware=lambda: CPU)
 
 
@@ -274,7 +335,11 @@ def test_launch_environment_exports_the_settings(tmp_path):
     assert env["HASTEN_DEEPSPEED_ZERO_STAGE"] == "3"
     assert env["HASTEN_DEEPSPEED_OFFLOAD_PARAM_DEVICE"] == "cpu"
     assert env["HASTEN_GRADIENT_ACCUMULATION_STEPS"] == "4"
-    assert env["HASTEN_DEBUG_MODE"] == "true" and env["HASTEN_MIXED_PRECISION"] == "fp16" and env["HASTEN_USE_CPU"] == "false"
+    assert (
+        env["HASTEN_DEBUG_MODE"] == "true"
+        and env["HASTEN_MIXED_PRECISION"] == "fp16"
+        and env["HASTEN_USE_CPU"] == "false"
+    )
     assert env["HASTEN_CONFIG_DS_FIELDS"] == (
         "zero_stage,offload_optimizer_device,offload_param_device,gradient_accumulation_steps,zero3_init_flag,"
         "zero3_save_16bit_model,mixed_precision"
@@ -282,14 +347,22 @@ def test_launch_environment_exports_the_settings(tmp_path):
     assert not any(name.startswith("HASTEN_FSDP_") for name in env)
     sources = json.loads(env["HASTEN_LAUNCH_SOURCES"])
     assert sources["debug"] == "flag --debug" and sources["deepspeed_config.zero_stage"] == f"config file {loaded.path}"
-    fsdp = cfg.resolve_settings(flags={}, loaded=cfg.read_config_file(FIXTURES / "accelerate_1_x_fsdp.yaml"), env={}, hardware=lambda: CPU)
+    fsdp = cfg.resolve_settings(
+        flags={}, loaded=cfg.read_config_file(FIXTURES / "accelerate_1_x_fsdp.yaml"), env={}, hardware=lambda: CPU
+    )
     fsdp_env = cfg.launch_environment(fsdp)
     assert fsdp_env["HASTEN_USE_FSDP"] == "true" and fsdp_env["HASTEN_FSDP_SHARDING_STRATEGY"] == "FULL_SHARD"
     assert fsdp_env["HASTEN_FSDP_TRANSFORMER_CLS_TO_WRAP"] == "LlamaDecoderLayer"
     assert not any(name.startswith("HASTEN_DEEPSPEED_") for name in fsdp_env)
-    fp8 = cfg.resolve_settings(flags={}, loaded=cfg.read_config_file(FIXTURES / "accelerate_0_34_fp8.yaml"), env={}, hardware=lambda: CPU)
+    fp8 = cfg.resolve_settings(
+        flags={}, loaded=cfg.read_config_file(FIXTURES / "accelerate_0_34_fp8.yaml"), env={}, hardware=lambda: CPU
+    )
     fp8_env = cfg.launch_environment(fp8)
-    assert (fp8_env["HASTEN_FP8_BACKEND"], fp8_env["HASTEN_FP8_AMAX_HISTORY_LEN"], fp8_env["HASTEN_FP8_OVERRIDE_WGRAD"]) == ("TE", "16", "true")
+    assert (
+        fp8_env["HASTEN_FP8_BACKEND"],
+        fp8_env["HASTEN_FP8_AMAX_HISTORY_LEN"],
+        fp8_env["HASTEN_FP8_OVERRIDE_WGRAD"],
+    ) == ("TE", "16", "true")
 
 
 # ------------------------------------------------------------------------------ bad input, one clear line each
@@ -355,5 +428,8 @@ def test_duplicated_key_inside_a_section(tmp_path):
 def test_duplicated_json_key_names_the_key(tmp_path):
     path = tmp_path / "twice.json"
     path.write_text('{"num_processes": 2, "num_processes": 4}')
-    with pytest.raises(ConfigError, match=r"twice\.json sets 'num_processes' twice; only one value can be in force\. Delete one of them\."):
+    with pytest.raises(
+        ConfigError,
+        match=r"twice\.json sets 'num_processes' twice; only one value can be in force\. Delete one of them\.",
+    ):
         cfg.read_config_file(path)

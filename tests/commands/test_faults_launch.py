@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import SCRIPTS, clean_env, free_port, hasten_launch
 
 WORKER = str(SCRIPTS / "fault_worker.py")
@@ -23,7 +22,16 @@ LAUNCH = [sys.executable, "-m", "hasten.commands.main", "launch"]
 
 
 def _start_machines(port: int, scripts: list[list[str]], tmp_path: Path) -> list[subprocess.Popen]:
-    common = ["--num_machines", "2", "--num_processes", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
+    common = [
+        "--num_machines",
+        "2",
+        "--num_processes",
+        "2",
+        "--main_process_ip",
+        "127.0.0.1",
+        "--main_process_port",
+        str(port),
+    ]
     return [
         subprocess.Popen(
             [*LAUNCH, *common, "--machine_rank", str(rank), *script],
@@ -112,13 +120,18 @@ def test_a_machine_that_cannot_start_stops_the_others_from_waiting(tmp_path, fai
     assert all(end - started < 60 for _, _, end in ended)  # the join timeout is 600 s
     other = ended[1 - failing][1]
     assert f"machine {1 - failing} stopped: machine {failing} (" in other
-    assert "failed before it joined the job: hasten launch: error: Training script" in other and "no_such_script.py" in other
+    assert (
+        "failed before it joined the job: hasten launch: error: Training script" in other
+        and "no_such_script.py" in other
+    )
 
 
 @pytest.mark.slow
 def test_workers_die_with_a_killed_launcher(tmp_path):
     out = tmp_path / "out"
-    launcher = subprocess.Popen([*LAUNCH, "-q", "--num_processes", "2", WORKER, str(out)], env=clean_env(), cwd=tmp_path)
+    launcher = subprocess.Popen(
+        [*LAUNCH, "-q", "--num_processes", "2", WORKER, str(out)], env=clean_env(), cwd=tmp_path
+    )
     try:
         pids = _wait_for_pids(out, 2)
         launcher.send_signal(signal.SIGKILL)
@@ -151,7 +164,14 @@ def test_a_restarted_group_resumes_from_the_latest_checkpoint_exactly(tmp_path):
     script = SCRIPTS / "fault_resume.py"
     hasten_launch(script, str(tmp_path / "full"), launch_args=("-q", "--num_processes", "2"), timeout=300)
     restarted = tmp_path / "restarted"
-    hasten_launch(script, str(restarted), "--kill_at", "13", launch_args=("-q", "--num_processes", "2", "--max_restarts", "1"), timeout=300)
+    hasten_launch(
+        script,
+        str(restarted),
+        "--kill_at",
+        "13",
+        launch_args=("-q", "--num_processes", "2", "--max_restarts", "1"),
+        timeout=300,
+    )
     assert (restarted / "final.safetensors").read_bytes() == (tmp_path / "full" / "final.safetensors").read_bytes()
     full_steps = (tmp_path / "full" / "steps_attempt0.txt").read_text().splitlines()
     resumed_steps = (restarted / "steps_attempt1.txt").read_text().splitlines()
@@ -163,10 +183,15 @@ def test_the_bootstrap_runs_a_script_as_python_does_and_reports_from_the_users_f
     script.write_text("import sys\nprint(sys.argv, __name__, sys.path[0])\nraise ValueError('from the user')\n")
     from hasten.commands.worker_bootstrap import command
 
-    result = subprocess.run(command(os.getpid(), [str(script), "a", "--b"]), env=clean_env(), capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        command(os.getpid(), [str(script), "a", "--b"]), env=clean_env(), capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 1
     assert result.stdout == f"{[str(script), 'a', '--b']} __main__ {tmp_path}\n"
-    assert result.stderr.splitlines()[:2] == ["Traceback (most recent call last):", f'  File "{script}", line 3, in <module>']
+    assert result.stderr.splitlines()[:2] == [
+        "Traceback (most recent call last):",
+        f'  File "{script}", line 3, in <module>',
+    ]
     program = subprocess.run(command(os.getpid(), ["sh", "-c", "exit 4"], no_python=True), env=clean_env(), timeout=60)
     assert program.returncode == 4
 
@@ -177,7 +202,9 @@ def test_the_bootstrap_ends_at_once_when_its_parent_is_already_gone(tmp_path):
     marker = tmp_path / "ran"
     script = tmp_path / "user_script.py"
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
-    not_its_parent = os.getppid()  # the child's parent is this process: as if the launcher had died before the child ran
+    not_its_parent = (
+        os.getppid()
+    )  # the child's parent is this process: as if the launcher had died before the child ran
     result = subprocess.run(command(not_its_parent, [str(script)]), env=clean_env(), timeout=60)
     assert result.returncode == -signal.SIGKILL and not marker.exists()
 
@@ -192,7 +219,10 @@ def test_killing_machine_0s_launcher_ends_the_job_on_machine_1(tmp_path):
         killed_at = time.time()
         code, err, end = _finish(machines[1:])[0]
         assert code == 1 and end - killed_at < 30, err
-        assert "machine 1 stopped: the job failed on machine 0" in err and "lost the connection to the rendezvous store" in err
+        assert (
+            "machine 1 stopped: the job failed on machine 0" in err
+            and "lost the connection to the rendezvous store" in err
+        )
         assert _gone_within(pids, 10)
     finally:
         for machine in machines:
@@ -204,7 +234,9 @@ def test_killing_machine_0s_launcher_ends_the_job_on_machine_1(tmp_path):
 def test_lines_printed_at_once_by_two_processes_stay_whole():
     # Under `python -u` (the launcher's former way of getting prompt output) a line and its newline were two
     # writes, and 100 to 970 of these 6000 lines came out mixed with the other process's text.
-    out = hasten_launch(SCRIPTS / "print_long_lines.py", str(time.time() + 6), launch_args=("--cpu", "--num_processes", "2", "-q")).stdout
+    out = hasten_launch(
+        SCRIPTS / "print_long_lines.py", str(time.time() + 6), launch_args=("--cpu", "--num_processes", "2", "-q")
+    ).stdout
     lines = [line for line in out.splitlines() if line.startswith("LINE")]
     mixed = [line for line in lines if not re.fullmatch(r"LINE (\d) \d+ (\d)\2{299}", line)]
     assert len(lines) == 6000 and not mixed, mixed[:3]

@@ -21,7 +21,9 @@ SUCCESS = "Test is a success! You are ready for your distributed training!"
 
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_")) and k != "OMP_NUM_THREADS"}
+    clean = {
+        k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_")) and k != "OMP_NUM_THREADS"
+    }
     return {**clean, "HASTEN_HOME": str(tmp_path / "home")}
 
 
@@ -52,9 +54,26 @@ def test_accelerate_written_config_passes_the_self_check(env, tmp_path):
 @pytest.mark.slow
 def test_two_simulated_machines_form_one_job(env, tmp_path):
     port = _free_port()
-    common = ["launch", "--num_machines", "2", "--num_processes", "2", "--main_process_ip", "127.0.0.1", "--main_process_port", str(port)]
+    common = [
+        "launch",
+        "--num_machines",
+        "2",
+        "--num_processes",
+        "2",
+        "--main_process_ip",
+        "127.0.0.1",
+        "--main_process_port",
+        str(port),
+    ]
     machines = [
-        subprocess.Popen([HASTEN, *common, "--machine_rank", rank, SELF_CHECK], env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [HASTEN, *common, "--machine_rank", rank, SELF_CHECK],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in ("0", "1")
     ]
     outputs = [machine.communicate(timeout=180) for machine in machines]
@@ -65,17 +84,24 @@ def test_two_simulated_machines_form_one_job(env, tmp_path):
     assert "hasten launch: 2 process(es) on 2 machines (1 here), MULTI_CPU" in main_err
     assert "process(es) on 2 machines" not in outputs[1][1]  # the summary is printed by machine rank 0 only
     for rank, (_, err) in enumerate(outputs):
-        assert f"hasten launch: machine {rank} waiting for all 2 machines to join at 127.0.0.1:{port} (up to 600 s)" in err
+        assert (
+            f"hasten launch: machine {rank} waiting for all 2 machines to join at 127.0.0.1:{port} (up to 600 s)" in err
+        )
 
 
 @pytest.mark.slow
 def test_debug_mode_reports_stuck_ranks(env, tmp_path):
-    result = _run([HASTEN, "launch", "--debug", "--num_processes", "2", str(SCRIPTS / "cli_hang_report.py")], env, tmp_path)
+    result = _run(
+        [HASTEN, "launch", "--debug", "--num_processes", "2", str(SCRIPTS / "cli_hang_report.py")], env, tmp_path
+    )
     assert result.returncode == 3
     err = result.stderr
     assert "hasten launch: 1 of 2 process(es) failed (their output is above):" in err
     assert "  rank 1 (local rank 1, pid " in err and "): exit code 3" in err
-    assert "hasten launch: debug mode: rank(s) 1 were stuck in a collective:\n  rank 1 waited for 12.5 s in hasten.runtime.operations.reduce" in err
+    assert (
+        "hasten launch: debug mode: rank(s) 1 were stuck in a collective:\n  rank 1 waited for 12.5 s in hasten.runtime.operations.reduce"
+        in err
+    )
     assert "    other ranks: rank 0 finished the script" in err
     frames = err[err.index("innermost frames of your code:") :].splitlines()[1:5]
     assert [line.strip() for line in frames] == [
@@ -91,9 +117,22 @@ def test_debug_mode_reports_stuck_ranks(env, tmp_path):
 @pytest.mark.slow
 def test_settings_reach_every_process(env, tmp_path):
     out = tmp_path / "out"
-    flags = ["--num_processes", "2", "--mixed_precision", "bf16", "--debug", "--use_fsdp", "--fsdp_sharding_strategy", "SHARD_GRAD_OP"]
+    flags = [
+        "--num_processes",
+        "2",
+        "--mixed_precision",
+        "bf16",
+        "--debug",
+        "--use_fsdp",
+        "--fsdp_sharding_strategy",
+        "SHARD_GRAD_OP",
+    ]
     flags += ["--fsdp-offload-params", "true", "--dynamo_backend", "eager", "--num_cpu_threads_per_process", "1", "-q"]
-    result = _run([HASTEN, "launch", *flags, str(SCRIPTS / "cli_dump_env.py"), str(out), "--flag", "x"], {**env, "HASTEN_HANG_TIMEOUT": "7"}, tmp_path)
+    result = _run(
+        [HASTEN, "launch", *flags, str(SCRIPTS / "cli_dump_env.py"), str(out), "--flag", "x"],
+        {**env, "HASTEN_HANG_TIMEOUT": "7"},
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""  # --quiet: no summary
     for rank in ("0", "1"):
@@ -117,13 +156,21 @@ def test_settings_reach_every_process(env, tmp_path):
 
 def test_single_process_runs_the_script_directly(env, tmp_path):
     out = tmp_path / "out"
-    result = _run([HASTEN, "launch", "--num_processes", "1", str(SCRIPTS / "cli_dump_env.py"), str(out), "a", "--b"], env, tmp_path)
+    result = _run(
+        [HASTEN, "launch", "--num_processes", "1", str(SCRIPTS / "cli_dump_env.py"), str(out), "a", "--b"],
+        env,
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     seen = _seen(out, "none")  # no RANK: not started by the elastic agent
     assert seen["argv"] == [str(out), "a", "--b"]
     assert seen["env"]["HASTEN_LAUNCHED"] == "1" and "WORLD_SIZE" not in seen["env"]
     assert "hasten launch: 1 process(es) on 1 machine (1 here), NO" in result.stderr
-    module = _run([HASTEN, "launch", "--num_processes", "1", "-q", "-m", "cli_dump_env", str(tmp_path / "m")], {**env, "PYTHONPATH": str(SCRIPTS)}, tmp_path)
+    module = _run(
+        [HASTEN, "launch", "--num_processes", "1", "-q", "-m", "cli_dump_env", str(tmp_path / "m")],
+        {**env, "PYTHONPATH": str(SCRIPTS)},
+        tmp_path,
+    )
     assert module.returncode == 0, module.stderr
     assert _seen(tmp_path / "m", "none")["argv"] == [str(tmp_path / "m")]
     program = tmp_path / "program.sh"
@@ -136,18 +183,33 @@ def test_single_process_runs_the_script_directly(env, tmp_path):
 def test_mpirun_hostfile_hands_the_job_to_mpirun(env, tmp_path):
     fake = tmp_path / "bin" / "mpirun"
     fake.parent.mkdir()
-    fake.write_text(f"#!/bin/sh\nexec {sys.executable} {SCRIPTS / 'cli_fake_mpirun.py'} \"$@\"\n")
+    fake.write_text(f'#!/bin/sh\nexec {sys.executable} {SCRIPTS / "cli_fake_mpirun.py"} "$@"\n')
     fake.chmod(0o755)
     hostfile = tmp_path / "hosts"
     hostfile.write_text("localhost slots=2\n")
     record = tmp_path / "mpirun.json"
     run_env = {**env, "PATH": f"{fake.parent}{os.pathsep}{env['PATH']}", "FAKE_MPIRUN_OUT": str(record)}
-    argv = [HASTEN, "launch", "-q", "--cpu", "--num_processes", "2", "--mpirun_hostfile", str(hostfile), "--mixed_precision", "bf16", "train.py"]
+    argv = [
+        HASTEN,
+        "launch",
+        "-q",
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--mpirun_hostfile",
+        str(hostfile),
+        "--mixed_precision",
+        "bf16",
+        "train.py",
+    ]
     (tmp_path / "train.py").write_text("")
     result = _run(argv, run_env, tmp_path)
     assert result.returncode == 0, result.stderr
     seen = json.loads(record.read_text())
     assert seen["argv"][:6] == ["--hostfile", str(hostfile), "-np", "2", "--npernode", "2"]
-    assert Path(seen["argv"][-3]).resolve() == Path(sys.executable).resolve() and seen["argv"][-2:] == ["-u", "train.py"]
+    assert Path(seen["argv"][-3]).resolve() == Path(sys.executable).resolve() and seen["argv"][-2:] == [
+        "-u",
+        "train.py",
+    ]
     assert seen["exported"]["HASTEN_MIXED_PRECISION"] == "bf16" and seen["exported"]["MASTER_ADDR"] == "127.0.0.1"
     assert seen["exported"]["HASTEN_USE_CPU"] == "true"

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
+from helpers import free_port
 
 from hasten import config as cfg
 from hasten import environment, state
@@ -37,7 +38,6 @@ from hasten.strategies.base import EngineSettings
 from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin
 from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 from hasten.strategies.plan import plan_strategy
-from helpers import free_port
 
 CPU = Hardware("cpu", 0)
 TABLES = (LAUNCH, *cfg.SECTIONS)
@@ -54,7 +54,11 @@ def _fp8_recipes():
         warnings.simplefilter("ignore", FutureWarning)
         backend = FP8RecipeKwargs().backend
     recipe = AORecipeKwargs()
-    return SimpleNamespace(backend=backend, pad_inner_dim=recipe.pad_inner_dim, enable_fsdp_float8_all_gather=recipe.enable_fsdp_float8_all_gather)
+    return SimpleNamespace(
+        backend=backend,
+        pad_inner_dim=recipe.pad_inner_dim,
+        enable_fsdp_float8_all_gather=recipe.enable_fsdp_float8_all_gather,
+    )
 
 
 def _deepspeed_plugin():
@@ -64,8 +68,11 @@ def _deepspeed_plugin():
 
 
 PLUGINS = {
-    DYNAMO.name: TorchDynamoPlugin, DEEPSPEED.name: _deepspeed_plugin, FSDP.name: FullyShardedDataParallelPlugin,
-    PARALLELISM.name: ParallelismConfig, FP8.name: _fp8_recipes,
+    DYNAMO.name: TorchDynamoPlugin,
+    DEEPSPEED.name: _deepspeed_plugin,
+    FSDP.name: FullyShardedDataParallelPlugin,
+    PARALLELISM.name: ParallelismConfig,
+    FP8.name: _fp8_recipes,
 }
 
 # plugin field -> (variable's text, the field's value after the plugin read it); every row with a field needs one.
@@ -108,7 +115,11 @@ ENV_SAMPLES = {
     "transformer_moe_cls_names": ("MoEBlock", "MoEBlock"),
 }
 # (table, field) -> sample, where two tables fill a field of the same name
-TABLE_SAMPLES = {(FP8.name, "backend"): ("ao", "AO"), (FP8.name, "pad_inner_dim"): ("false", False), (FP8.name, "enable_fsdp_float8_all_gather"): ("0", False)}
+TABLE_SAMPLES = {
+    (FP8.name, "backend"): ("ao", "AO"),
+    (FP8.name, "pad_inner_dim"): ("false", False),
+    (FP8.name, "enable_fsdp_float8_all_gather"): ("0", False),
+}
 # plugin field -> other variables its sample needs to be valid
 COMPANIONS = {"offload_param_device": {"DEEPSPEED_ZERO_STAGE": "3"}}
 
@@ -144,7 +155,8 @@ def _plugin_effect(table, row) -> Effect:
         "fsdp_version": ("1", "ConfigError"),
         "cp_size": ("2", 2),
         "sp_size": ("2", 2),
-        "backend": ("te", "NotSupportedError") if table is FP8 else (text, expected), "zero3_init_flag": ("true", True),
+        "backend": ("te", "NotSupportedError") if table is FP8 else (text, expected),
+        "zero3_init_flag": ("true", True),
         "dynamic": ("true", True),
     }
     text, expected = overrides.get(row.field, (text, expected))
@@ -192,7 +204,9 @@ LAUNCH_EFFECTS = {
         "DSFILE", lambda plan: _outcome(_deepspeed_plugin, "config_name"), "DSFILE", {"distributed_type": "DEEPSPEED"}
     ),
     "deepspeed_config.deepspeed_multinode_launcher": Effect(
-        "pdsh", lambda plan: any("deepspeed_multinode_launcher" in line for line in plan.warnings), True,
+        "pdsh",
+        lambda plan: any("deepspeed_multinode_launcher" in line for line in plan.warnings),
+        True,
         {**TWO_MACHINES, "machine_rank": 1, "distributed_type": "DEEPSPEED"},
     ),
 }
@@ -214,7 +228,11 @@ NO_EFFECT = {
         (
             f"parallelism_config.parallelism_config_{key}"
             for key in (
-                "cp_backend", "cp_comm_strategy", "sp_backend", "sp_seq_length", "sp_seq_length_is_variable",
+                "cp_backend",
+                "cp_comm_strategy",
+                "sp_backend",
+                "sp_seq_length",
+                "sp_seq_length_is_variable",
                 "sp_attn_implementation",
             )
         ),
@@ -224,8 +242,14 @@ NO_EFFECT = {
         (
             f"fp8_config.{key}"
             for key in (
-                "use_autocast_during_eval", "margin", "interval", "fp8_format", "amax_history_length",
-                "amax_compute_algorithm", "override_linear_precision", "optimization_level",
+                "use_autocast_during_eval",
+                "margin",
+                "interval",
+                "fp8_format",
+                "amax_history_length",
+                "amax_compute_algorithm",
+                "override_linear_precision",
+                "optimization_level",
             )
         ),
         "a Transformer Engine / MS-AMP recipe setting; hasten trains fp8 through torchao only",
@@ -350,10 +374,18 @@ def test_the_plugin_reads_the_variable(table, row, prefix, monkeypatch):
 
 @pytest.mark.parametrize(("table", "row"), SECTION_KEYS, ids=[table.path(row) for table, row in SECTION_KEYS])
 def test_a_config_file_key_round_trips(table, row, tmp_path):
-    text, value = (str(row.choices[-1]).lower(), row.choices[-1]) if row.kind == "choice" else {
-        "bool": ("true", True), "int": ("7", 7), "str": ("A,B", "A,B"), "bool_or_strategy": ("false", False),
-        "float_or_auto": ("auto", "auto"), "bool3": ("false,false,true", (False, False, True)),
-    }[row.kind]
+    text, value = (
+        (str(row.choices[-1]).lower(), row.choices[-1])
+        if row.kind == "choice"
+        else {
+            "bool": ("true", True),
+            "int": ("7", 7),
+            "str": ("A,B", "A,B"),
+            "bool_or_strategy": ("false", False),
+            "float_or_auto": ("auto", "auto"),
+            "bool3": ("false,false,true", (False, False, True)),
+        }[row.kind]
+    )
     path = tmp_path / "c.yaml"
     path.write_text(f"{table.name}:\n  {row.key}: {text}\n")
     loaded = cfg.read_config_file(path)
@@ -370,9 +402,18 @@ def test_an_argument_wins_over_the_variable_and_fallbacks_apply(monkeypatch):
     assert FullyShardedDataParallelPlugin().activation_checkpointing is True
     monkeypatch.delenv("FSDP_ACTIVATION_CHECKPOINTING")
     plugin = FullyShardedDataParallelPlugin()
-    assert (plugin.activation_checkpointing, plugin.state_dict_type, plugin.fsdp_version, plugin.use_orig_params) == (False, "SHARDED_STATE_DICT", 2, None)
+    assert (plugin.activation_checkpointing, plugin.state_dict_type, plugin.fsdp_version, plugin.use_orig_params) == (
+        False,
+        "SHARDED_STATE_DICT",
+        2,
+        None,
+    )
     assert TorchDynamoPlugin().dynamic is None
-    assert (ParallelismConfig().tp_size, ParallelismConfig().dp_shard_size, ParallelismConfig.from_launch_settings()) == (1, None, None)
+    assert (
+        ParallelismConfig().tp_size,
+        ParallelismConfig().dp_shard_size,
+        ParallelismConfig.from_launch_settings(),
+    ) == (1, None, None)
 
 
 def test_a_bad_variable_names_itself(monkeypatch):
@@ -417,7 +458,11 @@ def test_the_dialogue_asks_the_table_and_writes_valid_keys(table):
     answers: dict = {}
     for stage in dict.fromkeys(row.question.stage for row in table.rows if row.question):
         answers |= ask_table(asker, table, stage, answers)
-    asked = [row.question.text for row in table.rows if row.question and not row.question.fixed and row.question.text in asker.asked]
+    asked = [
+        row.question.text
+        for row in table.rows
+        if row.question and not row.question.fixed and row.question.text in asker.asked
+    ]
     assert asked and set(answers) <= {row.key for row in table.rows}
     config, present, _ = cfg.config_from_dict({table.name: answers})
     assert {f"{table.name}.{key}" for key in answers} == set(present)

@@ -18,7 +18,6 @@ import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler, SequentialSampler
 from torch.utils.data.distributed import DistributedSampler
 
-
 # ------------------------------------------------------------------------------------------- samplers and datasets
 
 

@@ -31,7 +31,9 @@ def batch_size_search(case: dict):
         state["size"] = state["size"] - custom if custom > 0 else state["size"] // 2
         return state["size"]
 
-    @find_executable_batch_size(starting_batch_size=case["start"], reduce_batch_size_fn=reduce_fn if custom is not None else None)
+    @find_executable_batch_size(
+        starting_batch_size=case["start"], reduce_batch_size_fn=reduce_fn if custom is not None else None
+    )
     def train(batch_size, offset):
         tried.append(batch_size)
         state["size"] = batch_size
@@ -45,7 +47,9 @@ def batch_size_search(case: dict):
         try:
             results.append(train(call * 1000))
         except Exception as error:  # noqa: BLE001 - the exception type is part of the result
-            results.append("raised " + next(cls.__name__ for cls in type(error).__mro__ if cls.__module__ == "builtins"))
+            results.append(
+                "raised " + next(cls.__name__ for cls in type(error).__mro__ if cls.__module__ == "builtins")
+            )
     return {"tried": tried, "results": results}
 
 
@@ -125,7 +129,11 @@ def generate_kwargs_cases(seed: int, count: int) -> list[dict]:
         cls = names[index % len(names)]
         fields = _HANDLER_FIELDS[cls]
         chosen = rng.sample(sorted(fields), rng.randint(0, min(4, len(fields))))
-        case = {"seed": seed * 100_003 + index, "cls": cls, "arguments": {name: rng.choice(fields[name]) for name in chosen}}
+        case = {
+            "seed": seed * 100_003 + index,
+            "cls": cls,
+            "arguments": {name: rng.choice(fields[name]) for name in chosen},
+        }
         if cls == "InitProcessGroupKwargs":
             case["timeout_as"] = "timedelta"
         cases.append(case)
@@ -187,13 +195,22 @@ def generate_split_cases(seed: int, count: int) -> list[dict]:
         rng = random.Random(seed * 100_003 + index)
         length = rng.randint(0, 7)
         kind = rng.choice(["range", "list", "tuple", "tensor", "dict"])
-        case = {"seed": seed * 100_003 + index, "kind": kind, "length": length, "apply_padding": rng.random() < 0.5, "inputs": ["v", None]}
+        case = {
+            "seed": seed * 100_003 + index,
+            "kind": kind,
+            "length": length,
+            "apply_padding": rng.random() < 0.5,
+            "inputs": ["v", None],
+        }
         if kind in ("list", "tuple"):
             case["inputs"] = [kind, [["v", rng.choice([1, "a", 2.5])] for _ in range(length)]]
         elif kind == "tensor":
             case["inputs"] = ["T", rng.choice(["float32", "int64"]), [length, 2], rng.randrange(10**6)]
         elif kind == "dict":
-            case["dict"] = [["a", ["list", [["v", i] for i in range(length)]]], ["b", ["T", "float32", [length], rng.randrange(10**6)]]]
+            case["dict"] = [
+                ["a", ["list", [["v", i] for i in range(length)]]],
+                ["b", ["T", "float32", [length], rng.randrange(10**6)]],
+            ]
         cases.append(case)
     return cases
 

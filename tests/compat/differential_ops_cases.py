@@ -27,7 +27,10 @@ class Encoding(UserDict):
     def to(self, device, non_blocking=False):
         import torch
 
-        self.data = {k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v for k, v in self.data.items()}
+        self.data = {
+            k: v.to(device, non_blocking=non_blocking) if isinstance(v, torch.Tensor) else v
+            for k, v in self.data.items()
+        }
         return self
 
 
@@ -175,12 +178,23 @@ def ops(case: dict):
         test_type = {"tensor": O.is_torch_tensor, "float": is_float_tensor, "shape": has_shape}[case["test_type"]]
         func = {"double": double, "add": add}[case["func"]]
         extra = ([3], {"scale": 2}) if case["func"] == "add" else ([], {})
-        return plain(O.recursively_apply(func, data, *extra[0], test_type=test_type, error_on_other_type=case["strict"], **extra[1]))
+        return plain(
+            O.recursively_apply(
+                func, data, *extra[0], test_type=test_type, error_on_other_type=case["strict"], **extra[1]
+            )
+        )
     if op == "concatenate":
         return plain(O.concatenate([build(part) for part in case["parts"]], dim=case["dim"]))
     if op == "slice_tensors":
         return plain(O.slice_tensors(data, slice(*case["slice"])))
-    if op in ("find_batch_size", "ignorant_find_batch_size", "listify", "convert_to_fp32", "is_namedtuple", "get_data_structure"):
+    if op in (
+        "find_batch_size",
+        "ignorant_find_batch_size",
+        "listify",
+        "convert_to_fp32",
+        "is_namedtuple",
+        "get_data_structure",
+    ):
         return plain(getattr(O, op)(data))
     if op == "initialize_tensors":
         return shapes_only(O.initialize_tensors(O.get_data_structure(data)))
@@ -213,13 +227,20 @@ def _one_op_case(rng: random.Random, op: str) -> dict:
     if op == "concatenate":
         template = random_template(rng, leaves=("tensor",) * 8 + ("value",))
         parts = rng.choice([1, 2, 2, 3])
-        case.update(parts=[instantiate(template, rng.randint(1, 4), salt=i) for i in range(parts)], dim=rng.choice([0, 0, 0, -1]))
+        case.update(
+            parts=[instantiate(template, rng.randint(1, 4), salt=i) for i in range(parts)],
+            dim=rng.choice([0, 0, 0, -1]),
+        )
         return case
     case["data"] = _structure(rng)
     if op == "send_to_device":
         case.update(non_blocking=rng.random() < 0.3, skip_keys=rng.choice([None, "k0", ["k1"], ["k0", "k2"]]))
     elif op == "recursively_apply":
-        case.update(test_type=rng.choice(["tensor", "tensor", "float", "shape"]), func=rng.choice(["double", "add"]), strict=rng.random() < 0.4)
+        case.update(
+            test_type=rng.choice(["tensor", "tensor", "float", "shape"]),
+            func=rng.choice(["double", "add"]),
+            strict=rng.random() < 0.4,
+        )
     elif op == "slice_tensors":
         case["slice"] = rng.choice([[0, 1], [1, None], [None, 2], [None, None, 2], [-2, None]])
     elif op == "honor_type":
@@ -227,7 +248,12 @@ def _one_op_case(rng: random.Random, op: str) -> dict:
         case["items"] = ["list", [_structure(rng) for _ in range(2)]]
     elif op == "pad_input_tensors":
         batch = rng.randint(1, 7)
-        case.update(data=instantiate(random_template(rng, leaves=("tensor",)), batch), batch_size=batch, num_processes=rng.randint(1, 4), dim=0)
+        case.update(
+            data=instantiate(random_template(rng, leaves=("tensor",)), batch),
+            batch_size=batch,
+            num_processes=rng.randint(1, 4),
+            dim=0,
+        )
     elif op == "pad_across_processes":
         case.update(dim=rng.choice([0, 1, -1, 3, -4]), pad_index=rng.choice([0, -1, 5]), pad_first=rng.random() < 0.5)
         if rng.random() < 0.2:  # a nested tensor before a value that is not a tensor
@@ -279,7 +305,9 @@ def collectives(case: dict):
         result = O.broadcast(data, from_process=case["from"])
         return plain(result)
     if op == "pad_across_processes":
-        return plain(O.pad_across_processes(data, dim=case["dim"], pad_index=case["pad_index"], pad_first=case["pad_first"]))
+        return plain(
+            O.pad_across_processes(data, dim=case["dim"], pad_index=case["pad_index"], pad_first=case["pad_first"])
+        )
     raise ValueError(f"unknown op {op}")
 
 
@@ -295,12 +323,19 @@ def _collective_case(rng: random.Random, op: str) -> dict:
     if op == "reduce":
         dtypes = rng.choice([FLOATS, FLOATS, DTYPES])
         case["template"] = _retype(case["template"], rng, dtypes)
-        case.update(reduction=rng.choice(["sum", "mean", "max", "sum", "mean", "none", "min"]), scale=rng.choice([1.0, 1.0, 1.0, 0.5]))
+        case.update(
+            reduction=rng.choice(["sum", "mean", "max", "sum", "mean", "none", "min"]),
+            scale=rng.choice([1.0, 1.0, 1.0, 0.5]),
+        )
     elif op == "broadcast":
         case["from"] = rng.choice([0, 1])
     elif op == "pad_across_processes":
-        case.update(batches=[rng.randint(1, 4), rng.randint(1, 4)], dim=rng.choice([0, 0, 1, -1, 4]), pad_index=rng.choice([0, -1, 7]),
-                    pad_first=rng.random() < 0.5)
+        case.update(
+            batches=[rng.randint(1, 4), rng.randint(1, 4)],
+            dim=rng.choice([0, 0, 1, -1, 4]),
+            pad_index=rng.choice([0, -1, 7]),
+            pad_first=rng.random() < 0.5,
+        )
         if rng.random() < 0.3:
             case["template"] = ["T", rng.choice(DTYPES), [2, "B"], rng.randrange(10**6)]
     return case
@@ -322,5 +357,10 @@ def generate_collective_cases(seed: int, count: int) -> list[dict]:
     cases = []
     for index in range(count):
         case_seed = seed * 100_003 + index
-        cases.append({"seed": case_seed, **_collective_case(random.Random(case_seed), MULTI_PROCESS_OPS[index % len(MULTI_PROCESS_OPS)])})
+        cases.append(
+            {
+                "seed": case_seed,
+                **_collective_case(random.Random(case_seed), MULTI_PROCESS_OPS[index % len(MULTI_PROCESS_OPS)]),
+            }
+        )
     return cases

@@ -12,10 +12,8 @@ import random
 import tempfile
 
 import torch
-from torch.utils.data import DataLoader, RandomSampler, TensorDataset
-
 from compat.differential_loop_cases import CustomSampler, Stream, make_model, probes
-
+from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 # ------------------------------------------------------------------------------------------------- training loops
 

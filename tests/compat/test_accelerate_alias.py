@@ -17,17 +17,17 @@ import re
 import subprocess
 import sys
 import textwrap
-import tomllib
 import zipfile
 from pathlib import Path
 
 import pytest
+import tomllib
+from helpers import ROOT, SCRIPTS, clean_env, hasten_launch
 
 from hasten.accelerate_alias import ACCELERATE_API_VERSION, SHIM_DIR
 from hasten.commands.launch import prepare_launch
 from hasten.commands.main import build_parser
 from hasten.config import Hardware
-from helpers import ROOT, SCRIPTS, clean_env, hasten_launch
 
 SRC = ROOT / "src"
 ALIAS = ROOT / "alias"
@@ -35,7 +35,9 @@ ALIAS = ROOT / "alias"
 
 def _python(code: str, *path: Path | str, check: bool = True) -> subprocess.CompletedProcess:
     env = clean_env(PYTHONPATH=os.pathsep.join(map(str, [*path, SRC])))
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=120
+    )
     if check and proc.returncode != 0:
         raise AssertionError(proc.stderr[-4000:])
     return proc
@@ -136,7 +138,9 @@ def test_a_module_hasten_lacks_is_a_clear_module_not_found_error():
     proc = _python("import hasten; hasten.install_as_accelerate(); import accelerate.no_such_module", check=False)
     assert "ModuleNotFoundError: No module named 'accelerate.no_such_module'" in proc.stderr
     assert "hasten has no module 'hasten.no_such_module'" in proc.stderr
-    proc = _python("import hasten; hasten.install_as_accelerate(); import accelerate; accelerate.no_such_name", check=False)
+    proc = _python(
+        "import hasten; hasten.install_as_accelerate(); import accelerate; accelerate.no_such_name", check=False
+    )
     assert "AttributeError: module 'accelerate' (hasten) has no attribute 'no_such_name'" in proc.stderr
 
 
@@ -185,7 +189,9 @@ def test_shim_folder_on_the_path_answers_before_any_hasten_code_runs():
 
 
 def test_module_run_prints_the_shim_folder_whose_metadata_matches():
-    assert _python("import runpy; runpy.run_module('hasten.accelerate_alias', run_name='__main__')").stdout.strip() == str(SHIM_DIR)
+    assert _python(
+        "import runpy; runpy.run_module('hasten.accelerate_alias', run_name='__main__')"
+    ).stdout.strip() == str(SHIM_DIR)
     metadata = (SHIM_DIR / f"accelerate-{ACCELERATE_API_VERSION}.dist-info" / "METADATA").read_text()
     assert f"Version: {ACCELERATE_API_VERSION}\n" in metadata and "Name: accelerate\n" in metadata
 
@@ -284,7 +290,11 @@ def test_is_hasten_distribution_tells_the_alias_from_huggingface_accelerate(tmp_
 def test_the_shim_is_packaged():
     package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["hasten"]
     hasten_dir = SRC / "hasten"
-    files = [p.relative_to(hasten_dir).as_posix() for p in SHIM_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    files = [
+        p.relative_to(hasten_dir).as_posix()
+        for p in SHIM_DIR.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts
+    ]
     assert len(files) == 3
     assert all(any(fnmatch.fnmatch(f, pattern) for pattern in package_data) for f in files), (files, package_data)
 
@@ -298,7 +308,9 @@ def _home(monkeypatch, tmp_path):
 
 
 def _plan(*flags: str):
-    args = build_parser(["launch"]).parse_args(["launch", *flags, "--num_processes", "2", str(SCRIPTS / "eco_alias_probe.py")])
+    args = build_parser(["launch"]).parse_args(
+        ["launch", *flags, "--num_processes", "2", str(SCRIPTS / "eco_alias_probe.py")]
+    )
     return prepare_launch(args, hardware=Hardware("cpu", 0))
 
 
@@ -306,7 +318,9 @@ def test_launch_flag_puts_the_shim_first_on_the_workers_path(_home, monkeypatch)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(["/somewhere", str(SHIM_DIR)]))
     plan = _plan("--as_accelerate")
     assert plan.env["PYTHONPATH"] == os.pathsep.join([str(SHIM_DIR), "/somewhere"])
-    assert plan.env["HASTEN_AS_ACCELERATE"] == "1" and str(plan.launch_sources["as_accelerate"]) == "flag --as_accelerate"
+    assert (
+        plan.env["HASTEN_AS_ACCELERATE"] == "1" and str(plan.launch_sources["as_accelerate"]) == "flag --as_accelerate"
+    )
 
 
 def test_launch_environment_setting_does_the_same(_home, monkeypatch):
@@ -326,7 +340,10 @@ def test_launched_workers_and_the_processes_they_start_import_hasten_as_accelera
     env = clean_env(PYTHONPATH=os.pathsep.join(map(str, [real, SRC])))
     launch_args = ("--as_accelerate", "--cpu", "--num_processes", "2", "-q")
     proc = hasten_launch(SCRIPTS / "eco_alias_probe.py", launch_args=launch_args, env=env)
-    reports = sorted((json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("ALIAS ")), key=lambda r: r["rank"])
+    reports = sorted(
+        (json.loads(line[6:]) for line in proc.stdout.splitlines() if line.startswith("ALIAS ")),
+        key=lambda r: r["rank"],
+    )
     assert [r["rank"] for r in reports] == [0, 1], proc.stdout
     for report in reports:
         assert report["version"] == report["distribution"] == ACCELERATE_API_VERSION

@@ -27,7 +27,9 @@ SCRIPT_PATH = os.pathsep.join([str(SHIM_DIR), str(ROOT / "src")])
 def test_accelerates_own_check_script_passes_on_two_processes(script, tmp_path):
     source = SCRIPTS_DIR / script
     if not source.is_file():
-        pytest.skip(f"no reference copy of accelerate 1.15 in {SCRIPTS_DIR.parents[2]} (`make reference` installs it; pip was offline?)")
+        pytest.skip(
+            f"no reference copy of accelerate 1.15 in {SCRIPTS_DIR.parents[2]} (`make reference` installs it; pip was offline?)"
+        )
     copy = tmp_path / script  # run from outside the reference package: only the shim answers `import accelerate`
     shutil.copy(source, copy)
     env = clean_env(PYTHONPATH=SCRIPT_PATH)
@@ -42,9 +44,13 @@ def test_accelerates_data_loop_script_passes_with_a_save_folder_per_process(tmp_
     # waiting for a folder nobody wrote).
     source = SCRIPTS_DIR / "test_distributed_data_loop.py"
     if not source.is_file():
-        pytest.skip(f"no reference copy of accelerate 1.15 in {SCRIPTS_DIR.parents[2]} (`make reference` installs it; pip was offline?)")
+        pytest.skip(
+            f"no reference copy of accelerate 1.15 in {SCRIPTS_DIR.parents[2]} (`make reference` installs it; pip was offline?)"
+        )
     copy = tmp_path / source.name
     shutil.copy(source, copy)
     env = clean_env(PYTHONPATH=SCRIPT_PATH)
     proc = torchrun(copy, env=env, timeout=600)
-    assert "Traceback" not in proc.stderr and "Test DataLoader with sampler as an instance" in proc.stdout, proc.stderr[-4000:]
+    assert "Traceback" not in proc.stderr and "Test DataLoader with sampler as an instance" in proc.stdout, proc.stderr[
+        -4000:
+    ]

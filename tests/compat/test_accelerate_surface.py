@@ -16,7 +16,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import ROOT, SCRIPTS, clean_env
 
 REFERENCE = ROOT / ".reference" / "accelerate-1.15.0"
@@ -79,7 +78,14 @@ ALLOWED = [
             for cls, methods in {
                 "DataLoaderShard": ("adjust_state_dict_for_prefetch", "get_sampler", "set_sampler", "reset"),
                 "DataLoaderDispatcher": ("adjust_state_dict_for_prefetch", "get_sampler", "set_sampler", "reset"),
-                "SkipDataLoader": ("adjust_state_dict_for_prefetch", "begin", "end", "reset", "state_dict", "load_state_dict"),
+                "SkipDataLoader": (
+                    "adjust_state_dict_for_prefetch",
+                    "begin",
+                    "end",
+                    "reset",
+                    "state_dict",
+                    "load_state_dict",
+                ),
                 "DataLoaderStateMixin": ("reset",),
             }.items()
             for method in methods
@@ -90,7 +96,10 @@ ALLOWED = [
         "swapping have no counterpart",
     },
     {
-        "names": [("accelerate.data_loader", "DataLoaderShard.load_state_dict"), ("accelerate.data_loader", "DataLoaderDispatcher.load_state_dict")],
+        "names": [
+            ("accelerate.data_loader", "DataLoaderShard.load_state_dict"),
+            ("accelerate.data_loader", "DataLoaderDispatcher.load_state_dict"),
+        ],
         "difference": "differs",
         "reason": "the parameter is named `state`, not `state_dict` (positional use is the same)",
     },
@@ -104,9 +113,17 @@ ALLOWED = [
         "names": [
             ("*", f"{cls}.*")
             for cls in (
-                "MegatronLMPlugin", "MegatronEngine", "MegatronLMDummyDataLoader", "MegatronLMOptimizerWrapper",
-                "MegatronLMSchedulerWrapper", "AbstractTrainStep", "BertTrainStep", "GPTTrainStep", "T5TrainStep",
-                "DeepSpeedEngineWrapper", "DeepSpeedOptimizerWrapper",
+                "MegatronLMPlugin",
+                "MegatronEngine",
+                "MegatronLMDummyDataLoader",
+                "MegatronLMOptimizerWrapper",
+                "MegatronLMSchedulerWrapper",
+                "AbstractTrainStep",
+                "BertTrainStep",
+                "GPTTrainStep",
+                "T5TrainStep",
+                "DeepSpeedEngineWrapper",
+                "DeepSpeedOptimizerWrapper",
             )
         ],
         "difference": "missing",
@@ -125,7 +142,10 @@ ALLOWED = [
         "reason": "no **kwargs: Accelerate accepts and ignores unknown keywords, hasten refuses them instead of ignoring them",
     },
     {
-        "names": [("accelerate.test_utils", "DEFAULT_LAUNCH_COMMAND"), ("accelerate.test_utils.testing", "DEFAULT_LAUNCH_COMMAND")],
+        "names": [
+            ("accelerate.test_utils", "DEFAULT_LAUNCH_COMMAND"),
+            ("accelerate.test_utils.testing", "DEFAULT_LAUNCH_COMMAND"),
+        ],
         "difference": "differs",
         "reason": "test launch commands run `python -m hasten.commands.main launch --key value` with this interpreter, so "
         "no `accelerate` (or `hasten`) executable is needed on PATH",
@@ -138,10 +158,17 @@ ALLOWED = [
 ]
 
 
-
 def _dump(package: str, pythonpath: str, stdin: str | None = None) -> dict:
     env = clean_env(PYTHONPATH=pythonpath)
-    proc = subprocess.run([sys.executable, str(DUMP), package], input=stdin, capture_output=True, text=True, env=env, cwd=ROOT, timeout=180)
+    proc = subprocess.run(
+        [sys.executable, str(DUMP), package],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=180,
+    )
     assert proc.returncode == 0, f"dumping {package}'s surface failed:\n{proc.stderr[-6000:]}"
     return json.loads(proc.stdout)
 
@@ -149,7 +176,9 @@ def _dump(package: str, pythonpath: str, stdin: str | None = None) -> dict:
 @pytest.fixture(scope="module")
 def surfaces() -> tuple[dict, dict]:
     if not (REFERENCE / "accelerate" / "__init__.py").is_file():
-        pytest.skip(f"no reference copy of accelerate 1.15 in {REFERENCE} (`make reference` installs it; pip was offline?)")
+        pytest.skip(
+            f"no reference copy of accelerate 1.15 in {REFERENCE} (`make reference` installs it; pip was offline?)"
+        )
     reference_text = json.dumps(_dump("accelerate", str(REFERENCE)))
     src = str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")
     return json.loads(reference_text), _dump("hasten", src, stdin=reference_text)
@@ -170,7 +199,9 @@ def _extra_params_only(reference: dict, ours: dict) -> bool:
         return False
     theirs = [p for p in reference["signature"] if p[1] != "VAR_KEYWORD"]
     mine = [p for p in ours["signature"] if p[1] != "VAR_KEYWORD"]
-    same_kwargs = any(p[1] == "VAR_KEYWORD" for p in reference["signature"]) == any(p[1] == "VAR_KEYWORD" for p in ours["signature"])
+    same_kwargs = any(p[1] == "VAR_KEYWORD" for p in reference["signature"]) == any(
+        p[1] == "VAR_KEYWORD" for p in ours["signature"]
+    )
     return same_kwargs and mine[: len(theirs)] == theirs and all(p[2] is not None for p in mine[len(theirs) :])
 
 
@@ -180,7 +211,11 @@ def _pairs(expected_names: dict, actual_names: dict):
     for name, expected in expected_names.items():
         actual = actual_names[name]
         methods, actual_methods = expected.get("methods", {}), actual.get("methods", {})
-        yield name, {k: v for k, v in expected.items() if k != "methods"}, {k: v for k, v in actual.items() if k != "methods"}
+        yield (
+            name,
+            {k: v for k, v in expected.items() if k != "methods"},
+            {k: v for k, v in actual.items() if k != "methods"},
+        )
         if actual["kind"] != "class":
             continue
         for method, signature in methods.items():
@@ -212,14 +247,18 @@ def _differences(reference: dict, ours: dict) -> tuple[list[str], set[tuple[str,
             if ok:
                 used.add(key)
             else:
-                problems.append(f"{module}.{name}:\n    accelerate: {json.dumps(expected)}\n    hasten:     {json.dumps(actual)}")
+                problems.append(
+                    f"{module}.{name}:\n    accelerate: {json.dumps(expected)}\n    hasten:     {json.dumps(actual)}"
+                )
     return problems, used
 
 
 def test_every_public_name_and_signature_matches_accelerate(surfaces):
     reference, ours = surfaces
     problems, _ = _differences(reference, ours)
-    assert not problems, f"{len(problems)} differences from Accelerate 1.15 that are not in the allow-list:\n" + "\n".join(problems)
+    assert not problems, (
+        f"{len(problems)} differences from Accelerate 1.15 that are not in the allow-list:\n" + "\n".join(problems)
+    )
 
 
 def test_instances_have_every_property_of_accelerate(surfaces):
@@ -234,10 +273,14 @@ def test_allow_list_holds_no_stale_entry(surfaces):
     _, used = _differences(reference, ours)
     listed = {key for entry in ALLOWED for key in entry["names"] if key[0] != "*"}
     stale = sorted(listed - used)
-    assert not stale, f"these names now match Accelerate (or no longer exist there); remove them from the allow-list: {stale}"
+    assert not stale, (
+        f"these names now match Accelerate (or no longer exist there); remove them from the allow-list: {stale}"
+    )
     for _, pattern in {key for entry in ALLOWED for key in entry["names"] if key[0] == "*"}:
         prefix = pattern[:-1] if pattern.endswith(".*") else None
-        assert any(name == pattern or (prefix and name.startswith(prefix)) for _, name in used), f"the allow-list entry {pattern!r} is no longer needed"
+        assert any(name == pattern or (prefix and name.startswith(prefix)) for _, name in used), (
+            f"the allow-list entry {pattern!r} is no longer needed"
+        )
 
 
 def test_allow_list_is_small_and_explained():
@@ -248,4 +291,6 @@ def test_allow_list_is_small_and_explained():
     for entry in ALLOWED:
         for module, name in entry["names"]:
             word = name.split(".")[0] if name.endswith(".*") else name.split(".")[-1]
-            assert re.search(rf"\b{re.escape(word)}\b", documented), f"docs/migration.md does not mention the allowed difference {module}.{name}"
+            assert re.search(rf"\b{re.escape(word)}\b", documented), (
+                f"docs/migration.md does not mention the allowed difference {module}.{name}"
+            )

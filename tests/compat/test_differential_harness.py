@@ -1,7 +1,6 @@
 """The differential harness (tests/differential.py) itself: what it counts as the same outcome."""
 
 import torch
-
 from differential import describe, differences
 
 
@@ -40,4 +39,6 @@ def test_an_exception_must_be_an_instance_of_the_references_type():
 
 
 def test_warning_categories_are_compared():
-    assert differences(outcome(1, warnings=["UserWarning"]), outcome(1)) == ["warnings: Accelerate ['UserWarning'], hasten []"]
+    assert differences(outcome(1, warnings=["UserWarning"]), outcome(1)) == [
+        "warnings: Accelerate ['UserWarning'], hasten []"
+    ]

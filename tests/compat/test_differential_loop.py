@@ -17,7 +17,6 @@ mirrored in docs/migration.md ("Training loop and data loaders").
 from __future__ import annotations
 
 import pytest
-
 from compat import differential_loop_cases as loop
 from compat import differential_training_cases as training
 from differential import differences, repro_line, require_reference, run_side
@@ -25,12 +24,39 @@ from differential import differences, repro_line, require_reference, run_side
 MIXED = "compat.differential_loop_cases:mixed"
 SCENARIOS = "compat.differential_training_cases:"
 
-_RESUME = {"n": 12, "batch_size": 2, "split_batches": False, "epochs": 2, "save_after": 2, "accumulation": 1,
-           "optimizer": "sgd", "scheduler": False}
-_PREPARE = {"seed": 5, "n": 10, "split_batches": False, "batch_size": 2, "even_batches": True, "seedable": False,
-            "data_seed": None, "drop_last": False, "rng_types": None}
-_EMPTY_DISPATCH = {"seed": 1, "n": 3, "batch_size": 4, "split_batches": False, "even_batches": True,
-                   "dataset": "iterable", "drop_last": True, "dispatch": True, "output": "batch", "after_loop": False}
+_RESUME = {
+    "n": 12,
+    "batch_size": 2,
+    "split_batches": False,
+    "epochs": 2,
+    "save_after": 2,
+    "accumulation": 1,
+    "optimizer": "sgd",
+    "scheduler": False,
+}
+_PREPARE = {
+    "seed": 5,
+    "n": 10,
+    "split_batches": False,
+    "batch_size": 2,
+    "even_batches": True,
+    "seedable": False,
+    "data_seed": None,
+    "drop_last": False,
+    "rng_types": None,
+}
+_EMPTY_DISPATCH = {
+    "seed": 1,
+    "n": 3,
+    "batch_size": 4,
+    "split_batches": False,
+    "even_batches": True,
+    "dataset": "iterable",
+    "drop_last": True,
+    "dispatch": True,
+    "output": "batch",
+    "after_loop": False,
+}
 
 ALLOWED = [
     {

@@ -9,7 +9,6 @@ scenario, so the list stays true.
 from __future__ import annotations
 
 import pytest
-
 from compat import differential_misc_cases as misc
 from compat import differential_ops_cases as ops
 from differential import differences, repro_line, require_reference, run_side
@@ -91,7 +90,11 @@ def _compare(scenario: str, cases: list[dict], nproc: int = 1) -> set[int]:
         if nproc == 1:
             found = differences(reference, result)
         else:
-            found = [f"rank {rank}: {line}" for rank, (r, o) in enumerate(zip(reference, result)) for line in differences(r, o)]
+            found = [
+                f"rank {rank}: {line}"
+                for rank, (r, o) in enumerate(zip(reference, result))
+                for line in differences(r, o)
+            ]
         if not found:
             continue
         allowed = [i for i, entry in enumerate(ALLOWED) if entry["scenario"] == scenario and entry["when"](case)]
@@ -99,7 +102,10 @@ def _compare(scenario: str, cases: list[dict], nproc: int = 1) -> set[int]:
             used.update(allowed)
         else:
             unexplained.append(f"{'; '.join(found[:3])}\n    repro: {repro_line(scenario, case, nproc)}")
-    assert not unexplained, f"{len(unexplained)} of {len(cases)} cases of {scenario} differ from Accelerate 1.15:\n" + "\n".join(unexplained[:15])
+    assert not unexplained, (
+        f"{len(unexplained)} of {len(cases)} cases of {scenario} differ from Accelerate 1.15:\n"
+        + "\n".join(unexplained[:15])
+    )
     return used
 
 
@@ -157,7 +163,10 @@ def test_save_and_load_round_trips():
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_checkpoint_hooks_get_the_models_accelerate_gives(nproc):
-    cases = [{"seed": i, "mixed_precision": precision, "with_optimizer": bool(i % 2)} for i, precision in enumerate(["no", "no", "bf16", "bf16"])]
+    cases = [
+        {"seed": i, "mixed_precision": precision, "with_optimizer": bool(i % 2)}
+        for i, precision in enumerate(["no", "no", "bf16", "bf16"])
+    ]
     _compare("compat.differential_misc_cases:hooks", cases, nproc=nproc)
 
 

@@ -20,7 +20,6 @@ import subprocess
 import sys
 
 import pytest
-
 from helpers import ROOT, SCRIPTS, clean_env, free_port
 
 LAUNCH = ("--as_accelerate", "--cpu", "--num_processes", "2", "-q")
@@ -35,8 +34,26 @@ def _require(*packages: str) -> None:
 
 def _launch(script, *args, timeout: float) -> str:
     """Run ``script`` under ``hasten launch`` (its own process group, killed whole on timeout); returns its output."""
-    cmd = [sys.executable, "-m", "hasten.commands.main", "launch", *LAUNCH, "--main_process_port", str(free_port()), str(script), *map(str, args)]
-    with subprocess.Popen(cmd, env=clean_env(), cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True) as proc:
+    cmd = [
+        sys.executable,
+        "-m",
+        "hasten.commands.main",
+        "launch",
+        *LAUNCH,
+        "--main_process_port",
+        str(free_port()),
+        str(script),
+        *map(str, args),
+    ]
+    with subprocess.Popen(
+        cmd,
+        env=clean_env(),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    ) as proc:
         try:
             output, _ = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -64,7 +81,9 @@ def _require_alias_distribution() -> str:
     version = _run_plain([sys.executable, "-c", code], timeout=60).stdout.strip()
     if "+hasten." not in version:
         found = version or "none"
-        pytest.skip(f"hasten's accelerate distribution is not installed in this venv (found: {found}; `make setup` installs it)")
+        pytest.skip(
+            f"hasten's accelerate distribution is not installed in this venv (found: {found}; `make setup` installs it)"
+        )
     return version
 
 
@@ -112,7 +131,9 @@ def transformers_run(tmp_path_factory):
 @pytest.mark.slow
 def test_trainer_accumulates_evaluates_rotates_and_resumes_to_the_same_weights(transformers_run):
     for result in _results(*transformers_run, "trainer"):
-        assert result["accelerate_version"] == "1.15.0" and result["accelerator_class"] == "hasten.accelerator.Accelerator"
+        assert (
+            result["accelerate_version"] == "1.15.0" and result["accelerator_class"] == "hasten.accelerator.Accelerator"
+        )
         assert (result["stopped_at"], result["global_step"], result["straight_global_step"]) == (8, 12, 12)
         assert result["resumed_steps_logged"] == [9, 10, 11, 12]
         assert result["eval_steps"] == {"straight": [4, 8, 12], "resumed": [4, 8, 12]}

@@ -8,7 +8,14 @@ import pickle
 import pytest
 import torch
 
-from hasten.utils import BnbQuantizationConfig, DistributedDataParallelKwargs, InitProcessGroupKwargs, ProfileKwargs, load, save
+from hasten.utils import (
+    BnbQuantizationConfig,
+    DistributedDataParallelKwargs,
+    InitProcessGroupKwargs,
+    ProfileKwargs,
+    load,
+    save,
+)
 
 
 def test_kwargs_handlers_give_a_copy_and_only_the_changed_fields():

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from hasten import test_utils
-from hasten.runtime.availability import is_transformers_available
 from hasten.errors import NotSupportedError
+from hasten.runtime.availability import is_transformers_available
 from hasten.test_utils import testing
 from hasten.test_utils.training import RegressionDataset, RegressionModel, mocked_dataloaders
 
@@ -23,7 +23,11 @@ def _run(case_class) -> unittest.TestResult:
 
 
 def test_regression_dataset_is_seeded_and_follows_the_line():
-    first, again, other = RegressionDataset(length=32, seed=7), RegressionDataset(length=32, seed=7), RegressionDataset(length=32, seed=8)
+    first, again, other = (
+        RegressionDataset(length=32, seed=7),
+        RegressionDataset(length=32, seed=7),
+        RegressionDataset(length=32, seed=8),
+    )
     assert len(first) == 32 and first[3]["x"].dtype.name == "float32"
     assert (first.x == again.x).all() and (first.y == again.y).all() and not (first.x == other.x).all()
     residual = first.y - (2 * first.x + 3)

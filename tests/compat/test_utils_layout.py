@@ -13,13 +13,12 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from helpers import ROOT, clean_env, free_port, requires
 from torch import nn
 
-import hasten.utils
 import hasten.errors
+import hasten.utils
 from hasten.errors import NotSupportedError
-
-from helpers import ROOT, clean_env, free_port, requires
 
 
 class Block(nn.Module):
@@ -65,7 +64,9 @@ def test_fsdp_constants_are_the_option_lists_of_the_config_file():
 
     assert FSDP_SHARDING_STRATEGY == ["FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID_SHARD", "HYBRID_SHARD_ZERO2"]
     assert FSDP_AUTO_WRAP_POLICY == ["TRANSFORMER_BASED_WRAP", "SIZE_BASED_WRAP", "NO_WRAP"]
-    assert FSDP_SHARDING_STRATEGY == list(FSDP_SHARDING_STRATEGIES) and FSDP_AUTO_WRAP_POLICY == list(FSDP_AUTO_WRAP_POLICIES)
+    assert FSDP_SHARDING_STRATEGY == list(FSDP_SHARDING_STRATEGIES) and FSDP_AUTO_WRAP_POLICY == list(
+        FSDP_AUTO_WRAP_POLICIES
+    )
     assert SAFE_WEIGHTS_NAME == "model.safetensors"
 
 
@@ -125,7 +126,11 @@ def test_launch_command_parser_standalone_and_as_subcommand():
     from hasten.commands.launch import launch_command, launch_command_parser
 
     args = launch_command_parser().parse_args(["--num_processes", "2", "train.py", "--lr", "1e-3"])
-    assert (str(args.num_processes), args.training_script, args.training_script_args) == ("2", "train.py", ["--lr", "1e-3"])
+    assert (str(args.num_processes), args.training_script, args.training_script_args) == (
+        "2",
+        "train.py",
+        ["--lr", "1e-3"],
+    )
     root = argparse.ArgumentParser()
     sub = launch_command_parser(root.add_subparsers())
     assert sub.prog.endswith("launch")
@@ -138,7 +143,16 @@ def test_prepare_multi_gpu_env_gives_the_process_environment(tmp_path):
 
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
-    argv = ["--cpu", "--num_processes", "2", "--mixed_precision", "bf16", "--main_process_port", str(free_port()), str(script)]
+    argv = [
+        "--cpu",
+        "--num_processes",
+        "2",
+        "--mixed_precision",
+        "bf16",
+        "--main_process_port",
+        str(free_port()),
+        str(script),
+    ]
     args = launch_command_parser().parse_args(argv)
     env = prepare_multi_gpu_env(args)
     assert env["HASTEN_MIXED_PRECISION"] == "bf16" and env["HASTEN_LAUNCHED"] == "1"
@@ -154,7 +168,9 @@ def test_prepare_multi_gpu_env_refuses_a_missing_script():
     from hasten.utils.launch import prepare_multi_gpu_env
 
     with pytest.raises(HastenError, match="no_such_script.py"):
-        prepare_multi_gpu_env(launch_command_parser().parse_args(["--cpu", "--num_processes", "2", "no_such_script.py"]))
+        prepare_multi_gpu_env(
+            launch_command_parser().parse_args(["--cpu", "--num_processes", "2", "no_such_script.py"])
+        )
 
 
 def test_prepare_multi_gpu_env_takes_a_partial_namespace_written_for_accelerate():
@@ -163,8 +179,19 @@ def test_prepare_multi_gpu_env_takes_a_partial_namespace_written_for_accelerate(
     from hasten.utils.launch import prepare_multi_gpu_env
 
     # what a library builds by hand: no config_file, no script, switches left out as False, gpu_ids "all", port 0
-    args = argparse.Namespace(num_processes=1, num_machines=1, machine_rank=0, main_process_ip="127.0.0.1", main_process_port=0,
-                              gpu_ids="all", mixed_precision="no", use_fsdp=False, use_megatron_lm=False, module=False, no_python=False)
+    args = argparse.Namespace(
+        num_processes=1,
+        num_machines=1,
+        machine_rank=0,
+        main_process_ip="127.0.0.1",
+        main_process_port=0,
+        gpu_ids="all",
+        mixed_precision="no",
+        use_fsdp=False,
+        use_megatron_lm=False,
+        module=False,
+        no_python=False,
+    )
     prepare_multi_gpu_env(args)
     assert args.master_port.isdigit() and args.master_port != "0", "port 0 picks a free port, as in Accelerate"
     assert args.nproc_per_node == "1" and args.nnodes == "1"
@@ -228,7 +255,9 @@ def test_megatron_dummy_scheduler_holds_its_settings_and_the_rest_refuses():
 def test_str_to_bool_to_bool():
     from hasten.utils import str_to_bool
 
-    assert str_to_bool("yes") == 1 and str_to_bool("yes", to_bool=True) is True and str_to_bool("0", to_bool=True) is False
+    assert (
+        str_to_bool("yes") == 1 and str_to_bool("yes", to_bool=True) is True and str_to_bool("0", to_bool=True) is False
+    )
 
 
 def test_layerwise_casting_stores_low_and_computes_high():
@@ -256,7 +285,12 @@ def test_non_persistent_buffers_names_with_and_without_fqns():
 
 def test_operation_helpers_on_one_process():
     from hasten.errors import DistributedOperationException
-    from hasten.utils.operations import GatheredParameters, chained_operation, copy_tensor_to_devices, gather_tensor_shape
+    from hasten.utils.operations import (
+        GatheredParameters,
+        chained_operation,
+        copy_tensor_to_devices,
+        gather_tensor_shape,
+    )
 
     tensor = torch.arange(6.0).reshape(2, 3)
     assert gather_tensor_shape(tensor) == (torch.Size([2, 3]), torch.float32)
@@ -336,7 +370,13 @@ def test_importing_every_utils_submodule_stays_cheap():
         "for name in _layout.LAYOUT: importlib.import_module('hasten.utils.' + name)\n"
         "print(sorted(m for m in ('torch', 'deepspeed', 'transformers', 'peft', 'numpy') if m in sys.modules))"
     )
-    out = subprocess.run([sys.executable, "-c", code], env=clean_env(PYTHONPATH=str(ROOT / "src")), capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env=clean_env(PYTHONPATH=str(ROOT / "src")),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert out.stdout.strip() == "[]"
 
 
@@ -344,7 +384,10 @@ def test_hf_deepspeed_config_navigation_as_transformers_uses_it():
     from hasten.utils.deepspeed import HfDeepSpeedConfig
 
     config = HfDeepSpeedConfig._unregistered(
-        {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}, "optimizer": {"params": {"lr": "auto"}}}
+        {
+            "zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}},
+            "optimizer": {"params": {"lr": "auto"}},
+        }
     )
     assert config.is_zero2() and not config.is_zero3() and (config._stage, config._offload) == (2, True)
     node, key = config.find_config_node("optimizer.params.lr")
@@ -429,7 +472,9 @@ def test_prepare_for_launch_sets_the_rank_then_runs(monkeypatch):
     monkeypatch.setenv("NODE_RANK", "1")
     for key in ("LOCAL_RANK", "RANK", "FORK_LAUNCHED"):
         monkeypatch.delenv(key, raising=False)
-    PrepareForLaunch(lambda x: seen.append((x, os.environ["LOCAL_RANK"], os.environ["RANK"])), distributed_type="MULTI_CPU")(1, "arg")
+    PrepareForLaunch(
+        lambda x: seen.append((x, os.environ["LOCAL_RANK"], os.environ["RANK"])), distributed_type="MULTI_CPU"
+    )(1, "arg")
     assert seen == [("arg", "1", "3")]
 
 

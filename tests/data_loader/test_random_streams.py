@@ -53,7 +53,9 @@ class _WorkerSeeds(Dataset):
         return torch.tensor([index, torch.utils.data.get_worker_info().seed])
 
 
-def _run(folder, save_after: int, resume: tuple[int, int] | None = None, workers: int = 0, loader_generator: bool = False):
+def _run(
+    folder, save_after: int, resume: tuple[int, int] | None = None, workers: int = 0, loader_generator: bool = False
+):
     """Train two epochs (dropout, shuffling) on one process and save after ``save_after`` batches; or, with
     ``resume=(epoch, batches)``, load ``folder`` and go on from there, skipping what the checkpoint trained."""
     accelerator = Accelerator()
@@ -92,7 +94,9 @@ def test_a_resumed_run_is_the_uninterrupted_one_bit_for_bit(tmp_path, save_after
     end of an epoch it holds where the loader's own generator (here, with ``loader_generator``, the shuffling one)
     stands, so the next epochs shuffle as the uninterrupted run's."""
     seen, weights, probe = _run(tmp_path / "ckpt", save_after, loader_generator=loader_generator)
-    resumed_seen, resumed_weights, resumed_probe = _run(tmp_path / "ckpt", save_after, resume, loader_generator=loader_generator)
+    resumed_seen, resumed_weights, resumed_probe = _run(
+        tmp_path / "ckpt", save_after, resume, loader_generator=loader_generator
+    )
     assert resumed_seen == seen[save_after:]
     assert all(a.equal(b) for a, b in zip(weights, resumed_weights)) and probe.equal(resumed_probe)
 

@@ -44,7 +44,9 @@ def test_uneven_batches_keep_accelerates_layout_and_never_duplicate():
     (r0, f0, l0), (r1, _, l1) = shards(1, 4, even_batches=False)
     assert r0 == [[0]] and r1 == [] and (l0, l1) == (1, 0)
     base = BatchSampler(SequentialSampler(range(11)), 4, False)
-    assert [BatchSamplerShard(base, 2, r, even_batches=False).rounds for r in (0, 1)] == [2, 2], "rounds: the same on every rank"
+    assert [BatchSamplerShard(base, 2, r, even_batches=False).rounds for r in (0, 1)] == [2, 2], (
+        "rounds: the same on every rank"
+    )
     assert not hasattr(SkipBatchSampler(base, 1), "rounds")
 
 
@@ -150,8 +152,13 @@ class _MyRandomSampler(RandomSampler):
 @pytest.mark.parametrize("world", [1, 2])
 def test_custom_samplers_and_batch_samplers_are_kept(world):
     custom = _CustomBatchSampler(16, 4)
-    prepared = [prepare_data_loader(DataLoader(list(range(16)), batch_sampler=custom), num_processes=world, process_index=r) for r in range(world)]
-    assert all(p.batch_sampler.batch_sampler is custom for p in prepared), "Accelerate's check: dl.batch_sampler.batch_sampler is the user's"
+    prepared = [
+        prepare_data_loader(DataLoader(list(range(16)), batch_sampler=custom), num_processes=world, process_index=r)
+        for r in range(world)
+    ]
+    assert all(p.batch_sampler.batch_sampler is custom for p in prepared), (
+        "Accelerate's check: dl.batch_sampler.batch_sampler is the user's"
+    )
     assert sorted(x for p in prepared for batch in p for x in batch.tolist()) == list(range(16))
     samplers = [_MyRandomSampler(range(16)) for _ in range(world)]
     loaders = []
@@ -178,9 +185,15 @@ def test_set_epoch_reaches_a_custom_batch_sampler_at_once():
 
 def test_iterable_shard_with_no_batch_size_deals_whole_batches():
     dataset = _Batches()
-    assert [t.tolist() for t in IterableDatasetShard(dataset, batch_size=None, num_processes=2, process_index=1)] == [[1, 1], [3, 3], [0, 0]]
+    assert [t.tolist() for t in IterableDatasetShard(dataset, batch_size=None, num_processes=2, process_index=1)] == [
+        [1, 1],
+        [3, 3],
+        [0, 0],
+    ]
     for rank, expected in ((0, [[0, 0], [2, 2], [4, 4]]), (1, [[1, 1], [3, 3], [0, 0]])):
-        loader = prepare_data_loader(DataLoader(dataset, batch_size=None), num_processes=2, process_index=rank, dispatch_batches=False)
+        loader = prepare_data_loader(
+            DataLoader(dataset, batch_size=None), num_processes=2, process_index=rank, dispatch_batches=False
+        )
         assert [t.tolist() for t in loader] == expected  # each element stays a batch: no collation, no extra dimension
     alone = prepare_data_loader(DataLoader(dataset, batch_size=None))
     assert [t.tolist() for t in alone] == [[i, i] for i in range(5)]  # one process: nothing duplicated
@@ -190,11 +203,24 @@ def test_iterable_shard_with_no_batch_size_deals_whole_batches():
 
 def test_split_batches_refuses_batches_that_do_not_divide_before_sharding():
     with pytest.raises(ConfigError, match=r"cuts each batch of 3 into 2 pieces.*Use a batch size of 2 or 4"):
-        prepare_data_loader(DataLoader(list(range(12)), batch_size=3), num_processes=2, process_index=0, split_batches=True)
+        prepare_data_loader(
+            DataLoader(list(range(12)), batch_size=3), num_processes=2, process_index=0, split_batches=True
+        )
     with pytest.raises(ConfigError, match="has batch_size=None and its batch sampler \\(list\\) has no `batch_size`"):
-        prepare_data_loader(DataLoader(list(range(4)), batch_sampler=[[0, 1], [2, 3]]), num_processes=2, process_index=0, split_batches=True)
+        prepare_data_loader(
+            DataLoader(list(range(4)), batch_sampler=[[0, 1], [2, 3]]),
+            num_processes=2,
+            process_index=0,
+            split_batches=True,
+        )
     with pytest.raises(ConfigError, match="cuts each batch of 3 into 2 pieces"):
-        prepare_data_loader(DataLoader(_Batches(), batch_size=3), num_processes=2, process_index=0, split_batches=True, dispatch_batches=False)
+        prepare_data_loader(
+            DataLoader(_Batches(), batch_size=3),
+            num_processes=2,
+            process_index=0,
+            split_batches=True,
+            dispatch_batches=False,
+        )
 
 
 class _Batches(IterableDataset):

@@ -5,27 +5,31 @@ import sys
 
 import pytest
 import torch
+from helpers import SCRIPTS
 from safetensors.torch import load_file
 
 from hasten import Accelerator
-from hasten.runtime.compilation import compile_model, compile_regions
 from hasten.enums import DynamoBackend
 from hasten.errors import ConfigError
 from hasten.plugins.dynamo import TorchDynamoPlugin, build_dynamo_plugin
+from hasten.runtime.compilation import compile_model, compile_regions
 from hasten.runtime.wrappers import extract_model_from_parallel, has_compiled_regions, is_compiled_module
-
-from helpers import SCRIPTS
 
 sys.path.insert(0, str(SCRIPTS))
 from fsdp_model import batches, loss_fn, make_model  # noqa: E402
-
 
 # ----------------------------------------------------------------------------------- the plugin
 
 
 def test_plugin_defaults_and_environment(monkeypatch):
     plugin = TorchDynamoPlugin()
-    assert (plugin.backend, plugin.mode, plugin.fullgraph, plugin.dynamic, plugin.use_regional_compilation) == (DynamoBackend.NO, "default", False, None, False)
+    assert (plugin.backend, plugin.mode, plugin.fullgraph, plugin.dynamic, plugin.use_regional_compilation) == (
+        DynamoBackend.NO,
+        "default",
+        False,
+        None,
+        False,
+    )
     assert not plugin.enabled and plugin.to_kwargs() == {}
     monkeypatch.setenv("ACCELERATE_DYNAMO_BACKEND", "inductor")
     monkeypatch.setenv("HASTEN_DYNAMO_MODE", "max-autotune")
@@ -34,19 +38,34 @@ def test_plugin_defaults_and_environment(monkeypatch):
     monkeypatch.setenv("HASTEN_DYNAMO_USE_REGIONAL_COMPILATION", "1")
     plugin = TorchDynamoPlugin()
     assert plugin.enabled and plugin.backend == DynamoBackend.INDUCTOR and plugin.use_regional_compilation
-    assert plugin.compile_kwargs() == {"backend": "inductor", "mode": "max-autotune", "fullgraph": True, "dynamic": False}
-    assert plugin.to_kwargs() == {"backend": "inductor", "mode": "max-autotune", "fullgraph": True, "dynamic": False, "use_regional_compilation": True}
+    assert plugin.compile_kwargs() == {
+        "backend": "inductor",
+        "mode": "max-autotune",
+        "fullgraph": True,
+        "dynamic": False,
+    }
+    assert plugin.to_kwargs() == {
+        "backend": "inductor",
+        "mode": "max-autotune",
+        "fullgraph": True,
+        "dynamic": False,
+        "use_regional_compilation": True,
+    }
     assert TorchDynamoPlugin(backend="eager", disable=True).enabled is False
 
 
 def test_plugin_errors_name_the_setting():
-    with pytest.raises(ConfigError, match="backend='inductr' is not a known torch.compile backend.*Did you mean 'inductor'"):
+    with pytest.raises(
+        ConfigError, match="backend='inductr' is not a known torch.compile backend.*Did you mean 'inductor'"
+    ):
         TorchDynamoPlugin(backend="inductr")
     with pytest.raises(ConfigError, match="mode='max_autotune'.*Did you mean 'max-autotune'"):
         TorchDynamoPlugin(backend="eager", mode="max_autotune")
     with pytest.raises(ConfigError, match="either a mode or options"):
         TorchDynamoPlugin(backend="inductor", mode="reduce-overhead", options={"trace.enabled": True})
-    assert TorchDynamoPlugin(backend="inductor", options={"trace.enabled": False}).compile_kwargs()["options"] == {"trace.enabled": False}
+    assert TorchDynamoPlugin(backend="inductor", options={"trace.enabled": False}).compile_kwargs()["options"] == {
+        "trace.enabled": False
+    }
     with pytest.raises(ConfigError, match="either dynamo_backend or dynamo_plugin, not both"):
         build_dynamo_plugin("eager", TorchDynamoPlugin())
     assert build_dynamo_plugin("EAGER").backend == DynamoBackend.EAGER
@@ -80,7 +99,9 @@ def test_regional_compilation_compiles_repeated_blocks_in_place():
     flat = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
     compile_regions(flat, backend="eager")
     assert flat._compiled_call_impl is not None, "without repeated blocks the whole model is compiled in place"
-    assert compile_model(model, TorchDynamoPlugin(backend="eager")) is model, "a model with compiled regions is not compiled again"
+    assert compile_model(model, TorchDynamoPlugin(backend="eager")) is model, (
+        "a model with compiled regions is not compiled again"
+    )
 
 
 @pytest.mark.parametrize("regional", [False, True])
@@ -127,4 +148,6 @@ def test_inductor_compiled_model_trains_like_eager(tmp_path):
         assert abs(loss.item() - expected.item()) < 1e-5
     acc.save_model(model, tmp_path)
     saved = load_file(tmp_path / "model.safetensors")
-    assert list(saved) == list(reference.state_dict()) and all(torch.allclose(saved[k], v, atol=1e-5) for k, v in reference.state_dict().items())
+    assert list(saved) == list(reference.state_dict()) and all(
+        torch.allclose(saved[k], v, atol=1e-5) for k, v in reference.state_dict().items()
+    )

@@ -1,8 +1,6 @@
 """Behaviour across 2 real processes over gloo, each launch checking many things (see tests/scripts/)."""
 
-
 import pytest
-
 from helpers import SCRIPTS, clean_env, hasten_launch, torchrun
 
 pytestmark = pytest.mark.slow
@@ -30,7 +28,9 @@ def test_training_two_processes():
 
 
 def test_debug_mode_reports_shape_mismatch_under_torchrun():
-    proc = torchrun(SCRIPTS / "check_debug_mode.py", "shapes", env=clean_env(HASTEN_DEBUG_MODE="1"), check=False, timeout=60)
+    proc = torchrun(
+        SCRIPTS / "check_debug_mode.py", "shapes", env=clean_env(HASTEN_DEBUG_MODE="1"), check=False, timeout=60
+    )
     assert proc.returncode != 0
     assert "Operation: `hasten.runtime.operations.broadcast`" in proc.stderr
     assert "Process 0: [1, 5]" in proc.stderr and "Process 1: [1, 2, 5]" in proc.stderr
@@ -38,14 +38,26 @@ def test_debug_mode_reports_shape_mismatch_under_torchrun():
 
 
 def test_debug_mode_names_a_rank_that_skipped_a_collective():
-    proc = torchrun(SCRIPTS / "check_debug_mode.py", "skip", env=clean_env(HASTEN_DEBUG_MODE="1", HASTEN_HANG_TIMEOUT="3"), check=False, timeout=60)
+    proc = torchrun(
+        SCRIPTS / "check_debug_mode.py",
+        "skip",
+        env=clean_env(HASTEN_DEBUG_MODE="1", HASTEN_HANG_TIMEOUT="3"),
+        check=False,
+        timeout=60,
+    )
     assert proc.returncode != 0
     assert "rank 0 has waited" in proc.stderr and "`hasten.runtime.operations.gather` (collective #2)" in proc.stderr
     assert "rank 1: last entered collective #1 `gather`, status: done" in proc.stderr
 
 
 def test_hasten_launch_debug_reports_shape_mismatch():
-    proc = hasten_launch(SCRIPTS / "check_debug_mode.py", "shapes", launch_args=("--debug", "--num_processes", "2"), check=False, timeout=60)
+    proc = hasten_launch(
+        SCRIPTS / "check_debug_mode.py",
+        "shapes",
+        launch_args=("--debug", "--num_processes", "2"),
+        check=False,
+        timeout=60,
+    )
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output
     assert "Process 0: [1, 5]" in output and "Process 1: [1, 2, 5]" in output, output
@@ -53,10 +65,18 @@ def test_hasten_launch_debug_reports_shape_mismatch():
 
 def test_hasten_launch_debug_summarises_the_stuck_rank():
     proc = hasten_launch(
-        SCRIPTS / "check_debug_mode.py", "skip", launch_args=("--debug", "--num_processes", "2"), env=clean_env(HASTEN_HANG_TIMEOUT="3"), check=False, timeout=60
+        SCRIPTS / "check_debug_mode.py",
+        "skip",
+        launch_args=("--debug", "--num_processes", "2"),
+        env=clean_env(HASTEN_HANG_TIMEOUT="3"),
+        check=False,
+        timeout=60,
     )
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output
     assert "rank 0 has waited" in output, output
     assert "debug mode: rank(s) 0 were stuck in a collective" in output, output
-    assert "in hasten.runtime.operations.gather (collective #2)" in output and "rank 1: last entered collective #1 `gather`" in output, output
+    assert (
+        "in hasten.runtime.operations.gather (collective #2)" in output
+        and "rank 1: last entered collective #1 `gather`" in output
+    ), output

@@ -11,7 +11,9 @@ def test_plain_process(monkeypatch):
 
 
 def test_torchrun_variables(monkeypatch):
-    for k, v in dict(RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_ADDR="10.0.0.1", MASTER_PORT="1234").items():
+    for k, v in dict(
+        RANK="3", WORLD_SIZE="4", LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_ADDR="10.0.0.1", MASTER_PORT="1234"
+    ).items():
         monkeypatch.setenv(k, v)
     info = environment.detect_launch()
     assert (info.source, info.rank, info.world_size, info.local_rank, info.local_world_size) == ("torchrun", 3, 4, 1, 2)
@@ -19,7 +21,12 @@ def test_torchrun_variables(monkeypatch):
 
 
 def test_open_mpi_variables(monkeypatch):
-    for k, v in dict(OMPI_COMM_WORLD_RANK="1", OMPI_COMM_WORLD_SIZE="2", OMPI_COMM_WORLD_LOCAL_RANK="1", OMPI_COMM_WORLD_LOCAL_SIZE="2").items():
+    for k, v in dict(
+        OMPI_COMM_WORLD_RANK="1",
+        OMPI_COMM_WORLD_SIZE="2",
+        OMPI_COMM_WORLD_LOCAL_RANK="1",
+        OMPI_COMM_WORLD_LOCAL_SIZE="2",
+    ).items():
         monkeypatch.setenv(k, v)
     info = environment.detect_launch()
     assert (info.source, info.rank, info.world_size, info.local_rank) == ("mpi", 1, 2, 1)
@@ -36,14 +43,28 @@ def test_mpich_pmi_variables(monkeypatch):
 
 
 def test_mpi_across_machines_needs_master_addr(monkeypatch):
-    for k, v in dict(OMPI_COMM_WORLD_RANK="2", OMPI_COMM_WORLD_SIZE="4", OMPI_COMM_WORLD_LOCAL_RANK="0", OMPI_COMM_WORLD_LOCAL_SIZE="2").items():
+    for k, v in dict(
+        OMPI_COMM_WORLD_RANK="2",
+        OMPI_COMM_WORLD_SIZE="4",
+        OMPI_COMM_WORLD_LOCAL_RANK="0",
+        OMPI_COMM_WORLD_LOCAL_SIZE="2",
+    ).items():
         monkeypatch.setenv(k, v)
     with pytest.raises(DistributedSetupError, match="MASTER_ADDR"):
         environment.detect_launch()
 
 
 def test_slurm_job_step(monkeypatch):
-    for k, v in dict(SLURM_PROCID="3", SLURM_NTASKS="4", SLURM_LOCALID="1", SLURM_STEP_ID="0", SLURM_NODEID="1", SLURM_STEP_TASKS_PER_NODE="2(x2)", SLURM_STEP_NODELIST="gpu[07-08]", SLURM_JOB_ID="4242").items():
+    for k, v in dict(
+        SLURM_PROCID="3",
+        SLURM_NTASKS="4",
+        SLURM_LOCALID="1",
+        SLURM_STEP_ID="0",
+        SLURM_NODEID="1",
+        SLURM_STEP_TASKS_PER_NODE="2(x2)",
+        SLURM_STEP_NODELIST="gpu[07-08]",
+        SLURM_JOB_ID="4242",
+    ).items():
         monkeypatch.setenv(k, v)
     info = environment.detect_launch()
     assert (info.source, info.rank, info.world_size, info.local_rank, info.local_world_size) == ("slurm", 3, 4, 1, 2)
@@ -57,7 +78,15 @@ def test_slurm_batch_script_is_a_single_process(monkeypatch):
 
 
 def test_torchrun_wins_inside_slurm(monkeypatch):
-    for k, v in dict(SLURM_PROCID="0", SLURM_NTASKS="2", SLURM_STEP_ID="0", RANK="1", WORLD_SIZE="2", MASTER_ADDR="h", MASTER_PORT="1").items():
+    for k, v in dict(
+        SLURM_PROCID="0",
+        SLURM_NTASKS="2",
+        SLURM_STEP_ID="0",
+        RANK="1",
+        WORLD_SIZE="2",
+        MASTER_ADDR="h",
+        MASTER_PORT="1",
+    ).items():
         monkeypatch.setenv(k, v)
     assert environment.detect_launch().source == "torchrun"
 

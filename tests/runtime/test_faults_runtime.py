@@ -39,13 +39,17 @@ def test_oom_on_one_rank_inside_a_ddp_step_recovers_at_the_halved_size(launcher)
     # the agreement collective met the all-reduce and gloo aborted both ranks.
     proc = launcher(SCRIPTS / "fault_runtime_oom.py", env=clean_env(HASTEN_HANG_TIMEOUT="60"), timeout=180)
     for rank in (0, 1):
-        assert f"rank {rank}: tried [16, 8], ended at batch size 8 after 4 steps" in proc.stdout, proc.stdout + proc.stderr
+        assert f"rank {rank}: tried [16, 8], ended at batch size 8 after 4 steps" in proc.stdout, (
+            proc.stdout + proc.stderr
+        )
     assert proc.stdout.count("weights equal across ranks and to the reference") == 2, proc.stdout
 
 
 def test_another_error_inside_the_attempt_ends_the_job_at_once():
     start = time.monotonic()
-    proc = torchrun(SCRIPTS / "fault_runtime_oom.py", "error", env=clean_env(HASTEN_HANG_TIMEOUT="120"), check=False, timeout=180)
+    proc = torchrun(
+        SCRIPTS / "fault_runtime_oom.py", "error", env=clean_env(HASTEN_HANG_TIMEOUT="120"), check=False, timeout=180
+    )
     elapsed = time.monotonic() - start
     assert proc.returncode != 0 and "ValueError: a bug in the training step (rank 0 only)" in proc.stderr, proc.stderr
     assert elapsed < 60, f"the job took {elapsed:.0f} s to end"
@@ -78,7 +82,10 @@ _STUCK = {
     "gil": ["stacks written by faulthandler", "in hold_the_gil"],
     "raw": ["dist.all_reduce(torch.ones(1), group=side_group)"],
     "worker": [
-        "in wait_for_a_worker", "Child process", "a fork of this process (e.g. a DataLoader worker)", "in __getitem__"
+        "in wait_for_a_worker",
+        "Child process",
+        "a fork of this process (e.g. a DataLoader worker)",
+        "in __getitem__",
     ],
 }
 

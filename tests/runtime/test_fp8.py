@@ -12,15 +12,14 @@ import sys
 
 import pytest
 import torch
+from differential import assert_same, require_reference
+from helpers import ROOT, SCRIPTS, clean_env, hasten_launch
 from torch import nn
 
 from hasten import Accelerator
 from hasten.errors import ConfigError, MissingDependencyError, NotSupportedError
 from hasten.runtime.float8 import default_module_filter, first_and_last_linear
 from hasten.state import reset_state
-
-from differential import assert_same, require_reference
-from helpers import ROOT, SCRIPTS, clean_env, hasten_launch
 
 sys.path.insert(0, str(SCRIPTS))
 from fp8_model import TinyLM, batch, lm_loss  # noqa: E402

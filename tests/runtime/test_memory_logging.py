@@ -14,7 +14,11 @@ from hasten.utils import tqdm
 
 def test_oom_recognition():
     assert should_reduce_batch_size(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate"))
-    assert should_reduce_batch_size(RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1234 bytes"))
+    assert should_reduce_batch_size(
+        RuntimeError(
+            "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1234 bytes"
+        )
+    )
     assert should_reduce_batch_size(RuntimeError("MPS backend out of memory (MPS allocated: 1 GB)"))
     assert should_reduce_batch_size(MemoryError())
     assert not should_reduce_batch_size(RuntimeError("shape mismatch"))
@@ -123,6 +127,8 @@ def test_find_executable_batch_size_accepts_callables_without_a_name():
             raise RuntimeError("CUDA out of memory. Tried to allocate 1 GiB")
         return batch_size * scale
 
-    assert find_executable_batch_size(functools.partial(train, scale=2), starting_batch_size=32)() == 16  # 32, 28, 25, 22, 19, 17, 15, 13, 11, 9, then 8 fits
+    assert (
+        find_executable_batch_size(functools.partial(train, scale=2), starting_batch_size=32)() == 16
+    )  # 32, 28, 25, 22, 19, 17, 15, 13, 11, 9, then 8 fits
     with pytest.raises(TypeError, match="Batch size was passed into `train`"):
         find_executable_batch_size(functools.partial(train), starting_batch_size=32)(4, 2)

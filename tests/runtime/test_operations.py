@@ -84,7 +84,9 @@ def test_send_to_device_moves_a_mapping_with_to_as_a_whole():
             return self
 
     batch = Encoding(ids=torch.ones(2))
-    assert tree.send_to_device(batch, "cpu", skip_keys="ids") is batch and batch.moved == "cpu", "its own .to, as Accelerate"
+    assert tree.send_to_device(batch, "cpu", skip_keys="ids") is batch and batch.moved == "cpu", (
+        "its own .to, as Accelerate"
+    )
 
 
 def test_concatenate_and_find_batch_size():
@@ -126,7 +128,9 @@ def test_pad_input_tensors_and_convert_to_fp32():
     padded = tree.pad_input_tensors(torch.arange(1, 6), batch_size=5, num_processes=2)
     assert padded.tolist() == [1, 2, 3, 4, 5, 0], "Accelerate's size and zeros"
     assert tree.pad_input_tensors(torch.ones(3, 2), batch_size=3, num_processes=4).shape == (4, 2)
-    assert tree.pad_input_tensors(torch.ones(8), batch_size=8, num_processes=4).shape == (10,), "Accelerate pads even then"
+    assert tree.pad_input_tensors(torch.ones(8), batch_size=8, num_processes=4).shape == (10,), (
+        "Accelerate pads even then"
+    )
     out = tree.convert_to_fp32({"h": torch.ones(1, dtype=torch.float16), "i": torch.ones(1, dtype=torch.int64)})
     assert out["h"].dtype == torch.float32 and out["i"].dtype == torch.int64
 

@@ -7,12 +7,11 @@ from collections import OrderedDict
 
 import pytest
 import torch
+from helpers import SCRIPTS
 
 from hasten import Accelerator
 from hasten.runtime.precision import AutocastForward
 from hasten.utils import AutocastKwargs
-
-from helpers import SCRIPTS
 
 sys.path.insert(0, str(SCRIPTS))
 from fp8_model import TinyLM, batch, lm_loss  # noqa: E402

@@ -17,7 +17,6 @@ from safetensors.torch import load_file
 
 from hasten.runtime.preemption import PREEMPTED_EXIT_CODE
 from tests.helpers import ROOT, SCRIPTS, clean_env, free_port, hasten_launch
-from helpers import ROOT, SCRIPTS
 
 SCRIPT = SCRIPTS / "preempt_train.py"
 pytestmark = pytest.mark.slow
@@ -30,7 +29,14 @@ def _launch_cmd(folder: Path, *script_args: str, launch_args: tuple[str, ...] = 
     ]  # fmt: skip
 
 
-def _interrupt(folder: Path, sig: signal.Signals, *script_args: str, launch_args: tuple[str, ...] = (), env: dict | None = None, one_worker: bool = False):
+def _interrupt(
+    folder: Path,
+    sig: signal.Signals,
+    *script_args: str,
+    launch_args: tuple[str, ...] = (),
+    env: dict | None = None,
+    one_worker: bool = False,
+):
     """Start a launch, send ``sig`` to the launcher (or to its last worker only) after 4 optimizer steps;
     returns (process result, seconds from the signal to the launcher's exit)."""
     folder.mkdir(parents=True, exist_ok=True)
@@ -87,7 +93,9 @@ def test_sigterm_saves_at_the_same_step_and_resumes_bitwise(tmp_path, uninterrup
     assert set(steps) == {0, 1} and steps[0] == steps[1], log[-4000:]
     checkpoints = sorted((tmp_path / "cut" / "checkpoints").iterdir())
     assert [c.name for c in checkpoints] == ["checkpoint_0"], checkpoints
-    assert (checkpoints[0] / "random_states_0.safetensors").is_file() and (checkpoints[0] / "random_states_1.safetensors").is_file()
+    assert (checkpoints[0] / "random_states_0.safetensors").is_file() and (
+        checkpoints[0] / "random_states_1.safetensors"
+    ).is_file()
     assert f"all 2 process(es) saved {checkpoints[0]} after optimizer step {steps[0]}; exit code 75" in result.stderr
 
     resumed = hasten_launch(SCRIPT, str(tmp_path / "cut"), launch_args=("--num_processes", "2"))
@@ -99,12 +107,16 @@ def test_save_at_the_end_of_an_epoch_resumes_bitwise(tmp_path, uninterrupted):
     # Signalled after step 6 of an 8-step epoch, the ranks agree on step 7 or 8; at 8 the save waits for
     # the next epoch's first batch request, when the loop's epoch counter and the loader agree.
     cut = tmp_path / "cut"
-    result = hasten_launch(SCRIPT, str(cut), "--signal-launcher-at", "6", launch_args=("--num_processes", "2"), check=False)
+    result = hasten_launch(
+        SCRIPT, str(cut), "--signal-launcher-at", "6", launch_args=("--num_processes", "2"), check=False
+    )
     assert result.returncode == PREEMPTED_EXIT_CODE, (result.stdout + result.stderr)[-4000:]
     steps = _stopped_steps(result.stdout)
     assert steps[0] == steps[1] in (7, 8), result.stdout
     resumed = hasten_launch(SCRIPT, str(cut), launch_args=("--num_processes", "2"))
-    assert resumed.stdout.count(f"resumed at step {steps[0]}") == 2 and "stopped after step 24" in resumed.stdout, resumed.stdout
+    assert resumed.stdout.count(f"resumed at step {steps[0]}") == 2 and "stopped after step 24" in resumed.stdout, (
+        resumed.stdout
+    )
     _assert_same_weights(uninterrupted, cut)
 
 
@@ -117,7 +129,9 @@ def test_sigusr1_with_accumulation_requeues_under_slurm(tmp_path):
     fake.chmod(0o755)
     env = clean_env(SLURM_JOB_ID="4242")
     env["PATH"] = f"{bin_dir}:{env['PATH']}"
-    result, elapsed = _interrupt(tmp_path / "run", signal.SIGUSR1, "--accumulate", launch_args=("--requeue_on_preemption",), env=env)
+    result, elapsed = _interrupt(
+        tmp_path / "run", signal.SIGUSR1, "--accumulate", launch_args=("--requeue_on_preemption",), env=env
+    )
     log = result.stdout + result.stderr
     assert result.returncode == PREEMPTED_EXIT_CODE, log[-4000:]
     assert elapsed < 30

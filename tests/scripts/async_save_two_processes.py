@@ -15,7 +15,9 @@ from hasten.checkpointing import MANIFEST, wait_for_pending_save
 from hasten.utils import ProjectConfiguration, set_seed
 
 folder = Path(sys.argv[1])
-acc = Accelerator(project_config=ProjectConfiguration(project_dir=str(folder), automatic_checkpoint_naming=True, async_save=True))
+acc = Accelerator(
+    project_config=ProjectConfiguration(project_dir=str(folder), automatic_checkpoint_naming=True, async_save=True)
+)
 set_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 1))
 model, opt = acc.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-2))
@@ -37,7 +39,9 @@ for _ in range(3):
     step()  # the weights change while (or after) the background thread writes
 assert wait_for_pending_save() == Path(path)
 manifest = json.loads((Path(path) / MANIFEST).read_text())
-assert {"random_states_0.json", "random_states_1.json", "model.safetensors"} <= set(manifest["files"]), sorted(manifest["files"])
+assert {"random_states_0.json", "random_states_1.json", "model.safetensors"} <= set(manifest["files"]), sorted(
+    manifest["files"]
+)
 after = torch.get_rng_state().clone()
 acc.load_state()
 for key, value in acc.unwrap_model(model).state_dict().items():

@@ -12,7 +12,16 @@ import torch
 
 from hasten import Accelerator
 from hasten.logging import get_logger
-from hasten.utils import broadcast, broadcast_object_list, gather, gather_object, pad_across_processes, reduce, set_seed, synchronize_rng_states
+from hasten.utils import (
+    broadcast,
+    broadcast_object_list,
+    gather,
+    gather_object,
+    pad_across_processes,
+    reduce,
+    set_seed,
+    synchronize_rng_states,
+)
 
 logging.basicConfig(stream=sys.stdout, format="%(message)s", level=logging.INFO)
 accelerator = Accelerator()
@@ -21,14 +30,19 @@ Pair = namedtuple("Pair", "a b")
 
 
 def check_gather():
-    data = {"x": torch.full((2, 3), float(RANK)), "items": [torch.tensor(RANK), Pair(torch.tensor([RANK]), torch.ones(1, 2) * RANK)]}
+    data = {
+        "x": torch.full((2, 3), float(RANK)),
+        "items": [torch.tensor(RANK), Pair(torch.tensor([RANK]), torch.ones(1, 2) * RANK)],
+    }
     out = gather(data)
     assert out["x"].shape == (4, 3) and out["x"][:2].eq(0).all() and out["x"][2:].eq(1).all(), out["x"]
     assert out["items"][0].tolist() == [0, 1], "0-dim tensors become 1-dim when gathered"
     assert isinstance(out["items"][1], Pair) and out["items"][1].a.tolist() == [0, 1]
     assert gather_object([RANK, RANK * 10]) == [0, 0, 1, 10]
     assert gather_object([{"r": RANK}]) == [{"r": 0}, {"r": 1}], "a list of one object gives one object per rank"
-    assert gather_object({"r": RANK}) == ["r", "r"], "as in Accelerate, each rank's object is iterated (a dict: its keys)"
+    assert gather_object({"r": RANK}) == ["r", "r"], (
+        "as in Accelerate, each rank's object is iterated (a dict: its keys)"
+    )
     assert accelerator.gather(torch.tensor([RANK + 1.0])).tolist() == [1.0, 2.0]
 
 
@@ -105,7 +119,15 @@ def check_ordered_logging():
     logger.info("MAIN ONLY")
 
 
-for check in (check_gather, check_reduce_broadcast_pad, check_type_errors, check_process_helpers, check_rng, check_trigger, check_ordered_logging):
+for check in (
+    check_gather,
+    check_reduce_broadcast_pad,
+    check_type_errors,
+    check_process_helpers,
+    check_rng,
+    check_trigger,
+    check_ordered_logging,
+):
     check()
     accelerator.wait_for_everyone()
 accelerator.print("collective checks passed")

@@ -43,7 +43,11 @@ def check_sharding_and_shuffle():
 
 
 def check_gather_for_metrics():
-    configs = [("even", DataLoaderConfiguration(even_batches=True)), ("uneven", DataLoaderConfiguration(even_batches=False)), ("split", DataLoaderConfiguration(split_batches=True))]
+    configs = [
+        ("even", DataLoaderConfiguration(even_batches=True)),
+        ("uneven", DataLoaderConfiguration(even_batches=False)),
+        ("split", DataLoaderConfiguration(split_batches=True)),
+    ]
     for label, config in configs:
         acc = Accelerator()
         acc.dataloader_config = config
@@ -57,18 +61,31 @@ def check_gather_for_metrics():
                 else:
                     seen = [acc.gather_for_metrics(batch * 10) for (batch,) in loader]
                 got = torch.cat(seen).tolist()
-                assert got == [10 * i for i in range(n)], f"{label} n={n} bs={batch_size}: gather_for_metrics gave {got}"
+                assert got == [10 * i for i in range(n)], (
+                    f"{label} n={n} bs={batch_size}: gather_for_metrics gave {got}"
+                )
                 expected = [f"s{i}" for i in range(n)]
                 if label == "uneven":  # objects gathered after the loop come in rank order: each sample once
-                    objects = acc.gather_for_metrics([f"s{int(i)}" for (batch,) in loader for i in batch], use_gather_object=True)
+                    objects = acc.gather_for_metrics(
+                        [f"s{int(i)}" for (batch,) in loader for i in batch], use_gather_object=True
+                    )
                     objects, expected = sorted(objects), sorted(expected)
                 else:
-                    objects = [o for (batch,) in loader for o in acc.gather_for_metrics([f"s{int(i)}" for i in batch], use_gather_object=True)]
+                    objects = [
+                        o
+                        for (batch,) in loader
+                        for o in acc.gather_for_metrics([f"s{int(i)}" for i in batch], use_gather_object=True)
+                    ]
                 assert objects == expected, f"{label} n={n} bs={batch_size}: objects {objects}"
 
 
 def check_lengths():
-    for n, bs, even, expected in [(101, 16, True, (4, 4)), (101, 16, False, (4, 3)), (64, 16, True, (2, 2)), (7, 4, False, (1, 1))]:
+    for n, bs, even, expected in [
+        (101, 16, True, (4, 4)),
+        (101, 16, False, (4, 3)),
+        (64, 16, True, (2, 2)),
+        (7, 4, False, (1, 1)),
+    ]:
         acc = Accelerator()
         acc.even_batches = even
         loader = acc.prepare(DataLoader(dataset(n), batch_size=bs))
@@ -112,7 +129,9 @@ def check_dispatch_and_iterable():
         got = torch.cat(gathered).tolist()
         # dispatched: the padding is dropped; sharded: Accelerate's remainder for an iterable shard is 0, so the
         # last round's padding from the first batch stays (as in Accelerate: tests/compat/test_differential_loop.py)
-        assert got[:23] == list(range(23)) and (len(got) == 23 if dispatch else set(got[23:]) <= set(range(8))), f"dispatch={dispatch}: {got}"
+        assert got[:23] == list(range(23)) and (len(got) == 23 if dispatch else set(got[23:]) <= set(range(8))), (
+            f"dispatch={dispatch}: {got}"
+        )
     acc = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
     calls = []
 
@@ -128,7 +147,9 @@ def check_dispatch_and_iterable():
     loader = acc.prepare(DataLoader(strings, batch_size=2))
     names = [n for batch in loader for n in batch["name"]]
     everyone = all_ranks(names)
-    assert sorted(everyone[0] + everyone[1]) == sorted(f"n{i}" for i in range(8)), f"dispatch of non-tensors: {everyone}"
+    assert sorted(everyone[0] + everyone[1]) == sorted(f"n{i}" for i in range(8)), (
+        f"dispatch of non-tensors: {everyone}"
+    )
 
 
 def check_resume_position():
@@ -141,7 +162,9 @@ def check_resume_position():
         if i == 2:
             state = loader.state_dict()
     assert state["epoch"] == 4 and state["batches_yielded"] == 3 and "rng" in state, f"state_dict {sorted(state)}"
-    other = acc.prepare(DataLoader(dataset(32), batch_size=2, shuffle=True))  # its own generator: the state replays the epoch
+    other = acc.prepare(
+        DataLoader(dataset(32), batch_size=2, shuffle=True)
+    )  # its own generator: the state replays the epoch
     other.load_state_dict(state)
     before = torch.get_rng_state()
     rest = [b.tolist() for (b,) in other]
@@ -172,7 +195,16 @@ def check_end_of_dataloader():
     assert acc.gradient_state.active_dataloader is None
 
 
-for check in (check_sharding_and_shuffle, check_gather_for_metrics, check_lengths, check_split_batches_layout, check_dispatch_and_iterable, check_resume_position, check_user_sharded, check_end_of_dataloader):
+for check in (
+    check_sharding_and_shuffle,
+    check_gather_for_metrics,
+    check_lengths,
+    check_split_batches_layout,
+    check_dispatch_and_iterable,
+    check_resume_position,
+    check_user_sharded,
+    check_end_of_dataloader,
+):
     check()
     accelerator.wait_for_everyone()
 accelerator.print("data loading checks passed")

@@ -39,7 +39,10 @@ def build(**kwargs):
     set_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    data = TensorDataset(torch.randn(48, 4, generator=torch.Generator().manual_seed(1)), torch.randn(48, 1, generator=torch.Generator().manual_seed(2)))
+    data = TensorDataset(
+        torch.randn(48, 4, generator=torch.Generator().manual_seed(1)),
+        torch.randn(48, 1, generator=torch.Generator().manual_seed(2)),
+    )
     loader = DataLoader(data, batch_size=2, shuffle=True)
     return (accelerator, *accelerator.prepare(model, optimizer, loader))
 
@@ -82,21 +85,33 @@ def full():
             if step + 1 == 10:
                 times["rejoined"] = timed_save(accelerator, folder / "rejoined")
                 assert not participants.solo_run(), "a process that came late makes the writer wait for it again"
-    print(f"rank {accelerator.process_index}: save times " + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in times.items()))
+    print(
+        f"rank {accelerator.process_index}: save times "
+        + ", ".join(f"{name} {seconds:.3f} s" for name, seconds in times.items())
+    )
     main_only_warnings = [str(w.message) for w in caught if "without process(es) [1]" in str(w.message)]
     late_warnings = [str(w.message) for w in caught if "came after the main process" in str(w.message)]
-    assert len(late_warnings) == (0 if accelerator.is_main_process else 1), f"the late process must learn it was left out: {late_warnings}"
+    assert len(late_warnings) == (0 if accelerator.is_main_process else 1), (
+        f"the late process must learn it was left out: {late_warnings}"
+    )
     if accelerator.is_main_process:
-        assert times["everyone"] < participants.JOIN_GRACE_S, f"every process saved: nobody should wait the grace: {times}"
+        assert times["everyone"] < participants.JOIN_GRACE_S, (
+            f"every process saved: nobody should wait the grace: {times}"
+        )
         assert times["main_only_a"] >= participants.JOIN_GRACE_S, f"the first main-only save waits the grace: {times}"
         assert len(main_only_warnings) == 1, f"the main-only save must say once what it left out: {main_only_warnings}"
         assert "random number generator states of process(es) [1]" in main_only_warnings[0], main_only_warnings
         for name in MAIN_ONLY.values():
-            assert not (folder / name / "random_states_1.json").exists() and (folder / name / "random_states_0.json").exists()
+            assert (
+                not (folder / name / "random_states_1.json").exists()
+                and (folder / name / "random_states_0.json").exists()
+            )
         (folder / "full.json").write_text(json.dumps(weights(accelerator, model)))
     accelerator.wait_for_everyone()
     for name in ("everyone", "rejoined"):
-        assert (folder / name / "random_states_1.json").exists(), f"{name}: a save by every process holds every process's random states"
+        assert (folder / name / "random_states_1.json").exists(), (
+            f"{name}: a save by every process holds every process's random states"
+        )
     assert not (folder / "late" / "random_states_1.json").exists()
     print(f"rank {accelerator.process_index}: full run done")
 
@@ -115,7 +130,9 @@ def resume():
                 continue
             train_step(accelerator, model, optimizer, x, y)
             trained += 1
-        assert trained == STEPS - SAVE_AT, f"{how}: trained {trained} steps after the resume, expected {STEPS - SAVE_AT}"
+        assert trained == STEPS - SAVE_AT, (
+            f"{how}: trained {trained} steps after the resume, expected {STEPS - SAVE_AT}"
+        )
         assert weights(accelerator, model) == reference, f"{how}: final weights differ from the uninterrupted run"
         reset_state()
     print(f"rank {torch.distributed.get_rank()}: resume matches with both skips")
@@ -129,7 +146,9 @@ def sharded():
         try:
             accelerator.save_state(folder / "fsdp")
         except CheckpointError as error:
-            assert "process(es) [1] did not call it" in str(error) and "call save_state on every process" in str(error), error
+            assert "process(es) [1] did not call it" in str(error) and "call save_state on every process" in str(
+                error
+            ), error
         else:
             raise AssertionError("a main-only save under FSDP must be refused")
     accelerator.wait_for_everyone()

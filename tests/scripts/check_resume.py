@@ -36,8 +36,13 @@ set_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 1))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=40)
-data = TensorDataset(torch.randn(52, 8, generator=torch.Generator().manual_seed(1)), torch.randn(52, 1, generator=torch.Generator().manual_seed(2)))
-model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=4, shuffle=True), scheduler)
+data = TensorDataset(
+    torch.randn(52, 8, generator=torch.Generator().manual_seed(1)),
+    torch.randn(52, 1, generator=torch.Generator().manual_seed(2)),
+)
+model, optimizer, loader, scheduler = accelerator.prepare(
+    model, optimizer, DataLoader(data, batch_size=4, shuffle=True), scheduler
+)
 progress = Progress()
 accelerator.register_for_checkpointing(progress)
 if mode == "resume":

@@ -63,11 +63,16 @@ def replicated():
         accelerator.save_state(root / f"rank{rank}" / "same_step")  # a second save at the same step, elsewhere again
         shared = root / "shared"
         accelerator.save_state(shared)  # one folder for both: the main process writes both processes' states
-    problems = [str(w.message) for w in caught if "without process(es)" in str(w.message) or "came after" in str(w.message)]
+    problems = [
+        str(w.message) for w in caught if "without process(es)" in str(w.message) or "came after" in str(w.message)
+    ]
     assert not problems, problems
     assert len(hooked) == 5, hooked
     for name, (folder, weights, rng) in saved.items():
-        assert sorted(p.name for p in folder.glob("random_states_*.json")) == [f"random_states_{rank}.json"], (name, list(folder.iterdir()))
+        assert sorted(p.name for p in folder.glob("random_states_*.json")) == [f"random_states_{rank}.json"], (
+            name,
+            list(folder.iterdir()),
+        )
         accelerator.load_state(folder)
         now = snapshot(accelerator, model)
         assert all(torch.equal(weights[k], v) for k, v in now[0].items()), f"{name}: weights differ after load"

@@ -15,7 +15,6 @@ from hasten.state import reset_state
 from hasten.utils import gather_object
 
 
-
 def _process_group_must_be_gone():
     # Registered before hasten's own exit hook, so it runs after it (atexit is last-in, first-out).
     if dist.is_initialized():
@@ -52,7 +51,9 @@ def max_diff(a, b):
 def check_split_batches_equivalence():
     acc = Accelerator(split_batches=True)
     raw = model_factory()
-    model, opt, loader = acc.prepare(raw, torch.optim.SGD(raw.parameters(), lr=0.1), DataLoader(TensorDataset(X, Y), batch_size=16))
+    model, opt, loader = acc.prepare(
+        raw, torch.optim.SGD(raw.parameters(), lr=0.1), DataLoader(TensorDataset(X, Y), batch_size=16)
+    )
     assert isinstance(model, torch.nn.parallel.DistributedDataParallel)
     for x, y in loader:
         assert x.shape[0] == 8, "split_batches gives each process half the batch"
@@ -76,7 +77,9 @@ def counting_hook(counter, bucket):
 def check_accumulation():
     acc = Accelerator(gradient_accumulation_steps=2)
     raw = model_factory()
-    model, opt, loader = acc.prepare(raw, torch.optim.SGD(raw.parameters(), lr=0.1), DataLoader(TensorDataset(X, Y), batch_size=4))
+    model, opt, loader = acc.prepare(
+        raw, torch.optim.SGD(raw.parameters(), lr=0.1), DataLoader(TensorDataset(X, Y), batch_size=4)
+    )
     counter = {"calls": 0}
     model.register_comm_hook(counter, counting_hook)
     per_step = []
@@ -114,7 +117,9 @@ def check_fp16_skip_and_scheduler():
         if not acc.optimizer_step_was_skipped:
             sched.step()
     assert skipped == [False, True, False], f"skips {skipped}"
-    assert sched.scheduler.last_epoch == 2 * 2, f"scheduler advanced {sched.scheduler.last_epoch} (2 real steps x 2 processes)"
+    assert sched.scheduler.last_epoch == 2 * 2, (
+        f"scheduler advanced {sched.scheduler.last_epoch} (2 real steps x 2 processes)"
+    )
     reset_state()
 
 
@@ -182,6 +187,14 @@ def check_local_sgd():
     reset_state()
 
 
-for check in (check_local_sgd, check_split_batches_equivalence, check_accumulation, check_fp16_skip_and_scheduler, check_bf16_forward, check_clip_grad_norm, check_oom_agreement):
+for check in (
+    check_local_sgd,
+    check_split_batches_equivalence,
+    check_accumulation,
+    check_fp16_skip_and_scheduler,
+    check_bf16_forward,
+    check_clip_grad_norm,
+    check_oom_agreement,
+):
     check()
 print(f"rank {dist.get_rank()}: training checks passed")

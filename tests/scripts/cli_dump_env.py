@@ -8,7 +8,17 @@ import os
 import sys
 from pathlib import Path
 
-PREFIXES = ("HASTEN_", "ACCELERATE_", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_", "OMP_NUM_THREADS", "CUDA_VISIBLE")
+PREFIXES = (
+    "HASTEN_",
+    "ACCELERATE_",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_",
+    "OMP_NUM_THREADS",
+    "CUDA_VISIBLE",
+)
 
 if __name__ == "__main__":
     out = Path(sys.argv[1])

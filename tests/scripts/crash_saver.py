@@ -41,7 +41,9 @@ if shared:
 
 def accelerator_and_model():
     reset_state()
-    acc = Accelerator(project_config=ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, total_limit=2))
+    acc = Accelerator(
+        project_config=ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True, total_limit=2)
+    )
     model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(16)])
     model, _ = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
     return acc, model
@@ -97,7 +99,9 @@ while killed_mid_save < wanted_kills and attempt < 4 * wanted_kills:
         sys.exit(f"attempt {attempt}: checkpoint {path} holds mixed content")
     if shared:
         if number not in (attempt, loaded):
-            sys.exit(f"attempt {attempt}: {shared} holds checkpoint {number}, neither the previous ({loaded}) nor the new one")
+            sys.exit(
+                f"attempt {attempt}: {shared} holds checkpoint {number}, neither the previous ({loaded}) nor the new one"
+            )
         loaded = number
         for name, data in USER_FILES.items():
             with open(os.path.join(shared, name), "rb") as handle:
@@ -107,5 +111,9 @@ while killed_mid_save < wanted_kills and attempt < 4 * wanted_kills:
     # next completed save removes.
     limit = 2 if finished else 3
     if len(complete_checkpoints(project)) > limit:
-        sys.exit(f"attempt {attempt}: more than {limit} checkpoints kept with total_limit=2: {complete_checkpoints(project)}")
-print(f"crash test ({'async' if asynchronous else 'sync'}{', shared folder' if shared else ''}): one save takes {save_seconds:.2f} s; {attempt} attempts, {killed_mid_save} killed during the save, {completed} completed, every load whole")
+        sys.exit(
+            f"attempt {attempt}: more than {limit} checkpoints kept with total_limit=2: {complete_checkpoints(project)}"
+        )
+print(
+    f"crash test ({'async' if asynchronous else 'sync'}{', shared folder' if shared else ''}): one save takes {save_seconds:.2f} s; {attempt} attempts, {killed_mid_save} killed during the save, {completed} completed, every load whole"
+)

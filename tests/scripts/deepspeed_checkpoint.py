@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, DataLoaderConfiguration
 from hasten.errors import CheckpointError, ConfigError
-from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin
 from hasten.state import reset_state
 from hasten.strategies.deepspeed.checkpoint import merge_deepspeed_weights
+from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin
 
 torch.manual_seed(0)
 X, Y = torch.randn(96, 6), torch.randn(96, 2)
@@ -42,10 +42,14 @@ def run(model, optimizer, iterator, accelerator, steps):
 def check_resume_and_merge():
     accelerator = Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
     plugin = accelerator.state.deepspeed_plugin
-    assert (plugin.zero_stage, plugin.zero3_init_flag, plugin.zero3_save_16bit_model) == (3, True, True), "the launch flags did not reach the plugin"
+    assert (plugin.zero_stage, plugin.zero3_init_flag, plugin.zero3_save_16bit_model) == (3, True, True), (
+        "the launch flags did not reach the plugin"
+    )
     with plugin.zero3_init_context_manager(enable=True):
         raw = model_factory()
-    assert all(p.numel() == 0 and hasattr(p, "ds_id") for p in raw.parameters()), "zero3_init_context_manager did not partition the model"
+    assert all(p.numel() == 0 and hasattr(p, "ds_id") for p in raw.parameters()), (
+        "zero3_init_context_manager did not partition the model"
+    )
     optimizer = torch.optim.AdamW(raw.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
     loader = DataLoader(TensorDataset(X, Y), batch_size=4)
@@ -62,7 +66,9 @@ def check_resume_and_merge():
     if accelerator.is_main_process:
         merge_deepspeed_weights(checkpoint, ROOT / "merged")
         merged = load_file(ROOT / "merged" / "model.safetensors")
-        assert merged.keys() == gathered.keys() and all(torch.equal(merged[k], gathered[k]) for k in merged), "merged weights differ from the gathered ones"
+        assert merged.keys() == gathered.keys() and all(torch.equal(merged[k], gathered[k]) for k in merged), (
+            "merged weights differ from the gathered ones"
+        )
         plain = model_factory()
         plain.load_state_dict(merged)
         diff = (plain(probe) - engine_out).abs().max().item()
@@ -99,7 +105,9 @@ def check_resume_and_merge():
 def check_unsaved_zero3_weights_point_to_merge():
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero3_init_flag=False, zero3_save_16bit_model=False))
     raw = model_factory()
-    model, _, _ = accelerator.prepare(raw, torch.optim.SGD(raw.parameters(), lr=0.1), DataLoader(TensorDataset(X, Y), batch_size=4))
+    model, _, _ = accelerator.prepare(
+        raw, torch.optim.SGD(raw.parameters(), lr=0.1), DataLoader(TensorDataset(X, Y), batch_size=4)
+    )
     try:
         accelerator.get_state_dict(model)
     except ConfigError as error:

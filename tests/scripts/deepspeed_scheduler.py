@@ -12,10 +12,10 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, DeepSpeedPlugin
-from hasten.utils import DummyOptim, DummyScheduler
 from hasten.scheduler import AcceleratedScheduler
 from hasten.state import reset_state
 from hasten.strategies.deepspeed.strategy import DeepSpeedSchedulerWrapper
+from hasten.utils import DummyOptim, DummyScheduler
 
 STEPS = 6
 WARMUP = {"type": "WarmupLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": 0.01, "warmup_num_steps": 4}}
@@ -37,7 +37,9 @@ def run(cfg, make_optimizer, make_scheduler):
     optimizer = make_optimizer(raw)
     loader = DataLoader(TensorDataset(torch.randn(64, 6), torch.randn(64, 2)), batch_size=4)
     model, optimizer, loader, scheduler = acc.prepare(raw, optimizer, loader, make_scheduler(optimizer))
-    assert isinstance(scheduler, DeepSpeedSchedulerWrapper) and isinstance(scheduler, AcceleratedScheduler), type(scheduler)
+    assert isinstance(scheduler, DeepSpeedSchedulerWrapper) and isinstance(scheduler, AcceleratedScheduler), type(
+        scheduler
+    )
     assert acc._schedulers == [scheduler]
     lrs, early = [], None
     for step, (x, y) in enumerate(loader):
@@ -80,7 +82,11 @@ def step_lr(optimizer):
 expected_warmup = by_hand(warmup_by_hand)
 configured = run(config(True, True), lambda m: DummyOptim(m.parameters(), lr=0.01), lambda o: DummyScheduler(o))
 assert configured == expected_warmup, (configured, expected_warmup)
-callable_ = run(config(True, False), lambda m: DummyOptim(m.parameters(), lr=0.01), lambda o: DummyScheduler(o, lr_scheduler_callable=step_lr))
+callable_ = run(
+    config(True, False),
+    lambda m: DummyOptim(m.parameters(), lr=0.01),
+    lambda o: DummyScheduler(o, lr_scheduler_callable=step_lr),
+)
 own = run(config(False, False), lambda m: torch.optim.AdamW(m.parameters(), lr=0.01), step_lr)
 assert callable_ == own == by_hand(step_lr), (callable_, own, by_hand(step_lr))
 print(f"rank {dist.get_rank()}: lrs {configured} {own}")

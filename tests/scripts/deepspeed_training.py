@@ -13,9 +13,9 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator, DeepSpeedPlugin
-from hasten.utils import DummyOptim, DummyScheduler
 from hasten.state import reset_state
 from hasten.strategies.deepspeed.checkpoint import merge_deepspeed_weights
+from hasten.utils import DummyOptim, DummyScheduler
 
 torch.manual_seed(0)
 X, Y = torch.randn(160, 6), torch.randn(160, 2)
@@ -56,7 +56,9 @@ def check_merged(accelerator, model, name):
     if accelerator.is_main_process:
         merge_deepspeed_weights(checkpoint, ROOT / f"{name}_merged")
         merged = load_file(ROOT / f"{name}_merged" / "model.safetensors")
-        assert merged.keys() == weights.keys() and all(torch.equal(merged[k], weights[k]) for k in merged), f"{name}: merged weights differ"
+        assert merged.keys() == weights.keys() and all(torch.equal(merged[k], weights[k]) for k in merged), (
+            f"{name}: merged weights differ"
+        )
     accelerator.wait_for_everyone()
 
 
@@ -102,11 +104,23 @@ def check_auto_config(timings):
     scheduler = DummyScheduler(optimizer, warmup_num_steps=5)
     losses, model, (_, _, _, prepared_scheduler) = train(accelerator, raw, optimizer, scheduler, steps=12)
     config = plugin.deepspeed_config
-    assert (config["train_micro_batch_size_per_gpu"], config["train_batch_size"], config["gradient_accumulation_steps"]) == (4, 16, 2), config
+    assert (
+        config["train_micro_batch_size_per_gpu"],
+        config["train_batch_size"],
+        config["gradient_accumulation_steps"],
+    ) == (4, 16, 2), config
     zero = config["zero_optimization"]
-    assert (zero["reduce_bucket_size"], zero["stage3_prefetch_bucket_size"], zero["stage3_param_persistence_threshold"]) == (256, 230, 160), zero
-    assert config["optimizer"]["params"] == {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}, config["optimizer"]
-    assert config["scheduler"]["params"] == {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 5}, config["scheduler"]
+    assert (
+        zero["reduce_bucket_size"],
+        zero["stage3_prefetch_bucket_size"],
+        zero["stage3_param_persistence_threshold"],
+    ) == (256, 230, 160), zero
+    assert config["optimizer"]["params"] == {"lr": 0.01, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.0}, (
+        config["optimizer"]
+    )
+    assert config["scheduler"]["params"] == {"warmup_min_lr": 0, "warmup_max_lr": 0.01, "warmup_num_steps": 5}, config[
+        "scheduler"
+    ]
     assert config["fp16"]["enabled"] is False and config["gradient_clipping"] == 1.0
     assert model.zero_cpu_offload() and model.optimizer.__class__.__name__ == "DeepSpeedZeroOptimizer_Stage3"
     lr = prepared_scheduler.get_last_lr()[0]

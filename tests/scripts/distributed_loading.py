@@ -17,8 +17,8 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from hasten.errors import ConfigError
 from hasten.big_modeling.serialization import load_checkpoint_in_model, save_model_weights
+from hasten.errors import ConfigError
 
 
 def check(condition: bool, message: str) -> None:

@@ -108,7 +108,11 @@ def public_methods(cls, package: str) -> dict:
 def describe(obj, package: str | None = None) -> dict:
     """Kind and signature of a class (with its public methods) or function; kind and (plain) value of anything else."""
     if isinstance(obj, type):
-        return {"kind": "class", "signature": _signature(obj), "methods": public_methods(obj, package or obj.__module__.split(".")[0])}
+        return {
+            "kind": "class",
+            "signature": _signature(obj),
+            "methods": public_methods(obj, package or obj.__module__.split(".")[0]),
+        }
     if callable(obj):
         return {"kind": "function", "signature": _signature(obj)}
     if _is_plain(obj):
@@ -129,7 +133,11 @@ def _top_level_names(tree: ast.Module, is_package: bool) -> list[str]:
                     names.extend(t.id for t in elements if isinstance(t, ast.Name))
             elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
                 names.append(node.target.id)
-            elif isinstance(node, ast.ImportFrom) and is_package and (node.level > 0 or (node.module or "").startswith("accelerate")):
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and is_package
+                and (node.level > 0 or (node.module or "").startswith("accelerate"))
+            ):
                 names.extend(alias.asname or alias.name for alias in node.names if alias.name != "*")
             elif isinstance(node, ast.If):
                 visit(node.body)
@@ -186,7 +194,9 @@ def reference_properties() -> dict:
     properties = {}
     for path in INSTANCE_CHECKED:
         cls = type(_instance(path, "accelerate"))
-        properties[path] = sorted(n for n in dir(cls) if not n.startswith("_") and isinstance(inspect.getattr_static(cls, n, None), property))
+        properties[path] = sorted(
+            n for n in dir(cls) if not n.startswith("_") and isinstance(inspect.getattr_static(cls, n, None), property)
+        )
     return properties
 
 
@@ -209,7 +219,7 @@ def missing_properties(reference: dict, package: str) -> dict:
 def dump_mirror(reference: dict, source: str, target: str) -> dict:
     surface = {}
     for module_name, entries in reference.items():
-        mirrored = target + module_name[len(source):]
+        mirrored = target + module_name[len(source) :]
         try:
             module = importlib.import_module(mirrored)
         except ImportError as exc:
@@ -227,7 +237,11 @@ def dump_mirror(reference: dict, source: str, target: str) -> dict:
                 cls = getattr(module, name)
                 for method in expected["methods"]:
                     if method not in ours:
-                        ours[method] = _method_signature(getattr(cls, method)) if callable(getattr(cls, method, None)) else "missing"
+                        ours[method] = (
+                            _method_signature(getattr(cls, method))
+                            if callable(getattr(cls, method, None))
+                            else "missing"
+                        )
         surface[module_name] = described
     return surface
 

@@ -16,16 +16,17 @@ import sys
 import traceback
 from pathlib import Path
 
-import accelerate
 import torch
 import torch.nn.functional as F
-from accelerate import Accelerator
-from accelerate.utils import ProjectConfiguration
 from diffusers import DDPMScheduler, UNet2DModel
 from diffusers.optimization import get_scheduler
 from diffusers.training_utils import EMAModel
 from packaging import version
 from torch.utils.data import DataLoader
+
+import accelerate
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration
 
 OUT = Path(sys.argv[1])
 ACCUMULATION, MAX_STEPS, CHECKPOINT_EVERY = 2, 12, 5
@@ -34,13 +35,21 @@ ACCUMULATION, MAX_STEPS, CHECKPOINT_EVERY = 2, 12, 5
 def unet() -> UNet2DModel:
     torch.manual_seed(0)
     return UNet2DModel(
-        sample_size=8, in_channels=1, out_channels=1, layers_per_block=1, block_out_channels=(8, 16), norm_num_groups=4,
-        down_block_types=("DownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "UpBlock2D"),
+        sample_size=8,
+        in_channels=1,
+        out_channels=1,
+        layers_per_block=1,
+        block_out_channels=(8, 16),
+        norm_num_groups=4,
+        down_block_types=("DownBlock2D", "DownBlock2D"),
+        up_block_types=("UpBlock2D", "UpBlock2D"),
     )
 
 
 def train(folder: Path, stop_after: int = MAX_STEPS, resume: bool = False) -> dict:
-    accelerator = Accelerator(gradient_accumulation_steps=ACCUMULATION, project_config=ProjectConfiguration(project_dir=str(folder)))
+    accelerator = Accelerator(
+        gradient_accumulation_steps=ACCUMULATION, project_config=ProjectConfiguration(project_dir=str(folder))
+    )
     model = unet()
     ema = EMAModel(model.parameters(), model_cls=UNet2DModel, model_config=model.config)
     if version.parse(accelerate.__version__) >= version.parse("0.16.0"):
@@ -66,7 +75,12 @@ def train(folder: Path, stop_after: int = MAX_STEPS, resume: bool = False) -> di
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     images = torch.randn(48, 1, 8, 8, generator=torch.Generator().manual_seed(1))
     loader = DataLoader(images, batch_size=4, shuffle=False)
-    scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=2 * accelerator.num_processes, num_training_steps=MAX_STEPS * accelerator.num_processes)
+    scheduler = get_scheduler(
+        "cosine",
+        optimizer,
+        num_warmup_steps=2 * accelerator.num_processes,
+        num_training_steps=MAX_STEPS * accelerator.num_processes,
+    )
     model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
     ema.to(accelerator.device)
     noise_scheduler = DDPMScheduler(num_train_timesteps=100)
@@ -122,10 +136,14 @@ def main() -> dict:
         "global_step": resumed["global_step"],
         "straight_global_step": straight["global_step"],
         "checkpoint_has_ema": (checkpoint / "unet_ema").is_dir(),
-        "weights_max_abs_diff": max(float((straight["weights"][k] - v).abs().max()) for k, v in resumed["weights"].items()),
+        "weights_max_abs_diff": max(
+            float((straight["weights"][k] - v).abs().max()) for k, v in resumed["weights"].items()
+        ),
         "weights_equal": all(torch.equal(straight["weights"][k], v) for k, v in resumed["weights"].items()),
         "ema_max_abs_diff": max(float((a - b).abs().max()) for a, b in zip(straight["ema"], resumed["ema"])),
-        "moved_from_start": max(float((straight["weights"][k] - v).abs().max()) for k, v in unet().state_dict().items()),
+        "moved_from_start": max(
+            float((straight["weights"][k] - v).abs().max()) for k, v in unet().state_dict().items()
+        ),
     }
 
 

@@ -11,10 +11,11 @@ import sys
 import traceback
 from pathlib import Path
 
-import accelerate
 import torch
-from accelerate import Accelerator, PartialState
 from torch.utils.data import DataLoader, Dataset
+
+import accelerate
+from accelerate import Accelerator, PartialState
 
 OUT = Path(sys.argv[1])
 STATE = PartialState()
@@ -25,7 +26,9 @@ def tiny_gpt2():
     """A 2-layer GPT-2 built from a config (nothing downloaded), same weights on every process; no dropout."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    config = GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    config = GPT2Config(
+        vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     config.bos_token_id = config.eos_token_id = 0
     torch.manual_seed(0)
     return GPT2LMHeadModel(config)
@@ -88,7 +91,9 @@ def _trainer(output_dir: Path, stop_at: int | None = None):
         dataloader_num_workers=0,
     )
     callbacks = [StopAt()] if stop_at else []
-    return Trainer(model=tiny_gpt2(), args=args, train_dataset=Tokens(40, 1), eval_dataset=Tokens(12, 2), callbacks=callbacks)
+    return Trainer(
+        model=tiny_gpt2(), args=args, train_dataset=Tokens(40, 1), eval_dataset=Tokens(12, 2), callbacks=callbacks
+    )
 
 
 def part_trainer(folder: Path) -> dict:
@@ -100,8 +105,14 @@ def part_trainer(folder: Path) -> dict:
     stopped_at = interrupted.state.global_step
     resumed = _trainer(folder / "resumed")
     resumed.train(resume_from_checkpoint=True)
-    evals = {name: {e["step"]: e["eval_loss"] for e in t.state.log_history if "eval_loss" in e} for name, t in (("straight", straight), ("resumed", resumed))}
-    losses = {name: {e["step"]: e["loss"] for e in t.state.log_history if "loss" in e} for name, t in (("straight", straight), ("resumed", resumed))}
+    evals = {
+        name: {e["step"]: e["eval_loss"] for e in t.state.log_history if "eval_loss" in e}
+        for name, t in (("straight", straight), ("resumed", resumed))
+    }
+    losses = {
+        name: {e["step"]: e["loss"] for e in t.state.log_history if "loss" in e}
+        for name, t in (("straight", straight), ("resumed", resumed))
+    }
     straight_weights = {k: v.detach().cpu() for k, v in straight.model.state_dict().items()}
     resumed_weights = {k: v.detach().cpu() for k, v in resumed.model.state_dict().items()}
     return {
@@ -113,7 +124,9 @@ def part_trainer(folder: Path) -> dict:
         "resumed_steps_logged": sorted(step for step in losses["resumed"] if step > stopped_at),
         "eval_steps": {name: sorted(v) for name, v in evals.items()},
         "eval_loss_diff": max(abs(evals["straight"][s] - evals["resumed"][s]) for s in evals["straight"]),
-        "loss_diff_after_resume": max(abs(losses["straight"][s] - losses["resumed"][s]) for s in range(stopped_at + 1, 13)),
+        "loss_diff_after_resume": max(
+            abs(losses["straight"][s] - losses["resumed"][s]) for s in range(stopped_at + 1, 13)
+        ),
         "checkpoints": sorted(p.name for p in (folder / "resumed").glob("checkpoint-*")),
         "weights_max_abs_diff": max_abs_diff(straight_weights, resumed_weights),
         "weights_equal": all(torch.equal(straight_weights[k], resumed_weights[k]) for k in straight_weights),
@@ -146,7 +159,9 @@ def part_peft(folder: Path) -> dict:
     """A LoRA adapter on the tiny GPT-2, trained on 2 processes; the base weights must not move."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
-    model = get_peft_model(tiny_gpt2(), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["c_attn"], task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        tiny_gpt2(), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=["c_attn"], task_type="CAUSAL_LM")
+    )
     frozen_before = {k: v.detach().clone() for k, v in model.named_parameters() if not v.requires_grad}
     accelerator = Accelerator()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)

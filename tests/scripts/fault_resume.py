@@ -46,7 +46,10 @@ accelerator = Accelerator(
 set_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.3), torch.nn.Linear(32, 1))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-data = TensorDataset(torch.randn(104, 8, generator=torch.Generator().manual_seed(1)), torch.randn(104, 1, generator=torch.Generator().manual_seed(2)))
+data = TensorDataset(
+    torch.randn(104, 8, generator=torch.Generator().manual_seed(1)),
+    torch.randn(104, 1, generator=torch.Generator().manual_seed(2)),
+)
 model, optimizer, loader = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=4, shuffle=True))
 progress = Progress()
 accelerator.register_for_checkpointing(progress)

@@ -15,7 +15,10 @@ accelerator = Accelerator()
 assert accelerator.num_processes == 2
 results = []
 cases = [(n, b, even, "shard") for n, b, even in itertools.product((1, 7, 64, 101), (1, 4, 16), (True, False))]
-cases += [(n, b, even, mode) for n, b, even, mode in itertools.product((1, 7, 101), (4, 16), (True, False), ("split", "dispatch"))]
+cases += [
+    (n, b, even, mode)
+    for n, b, even, mode in itertools.product((1, 7, 101), (4, 16), (True, False), ("split", "dispatch"))
+]
 for n, batch_size, even, mode in cases:
     accelerator.even_batches = even
     accelerator.dataloader_config.split_batches = mode == "split"
@@ -26,11 +29,23 @@ for n, batch_size, even, mode in cases:
     # with even_batches=False a rank may have no batch at all (Accelerate's layout): its part is empty
     joined = accelerator.gather_for_metrics(torch.cat(collected) if collected else data[:0])
     as_list = accelerator.gather_for_metrics(collected)
-    listed = torch.cat(as_list) if isinstance(as_list, list) and all(isinstance(t, torch.Tensor) for t in as_list) else as_list
-    ok = isinstance(joined, torch.Tensor) and torch.equal(joined, data) and isinstance(listed, torch.Tensor) and torch.equal(listed, data)
+    listed = (
+        torch.cat(as_list)
+        if isinstance(as_list, list) and all(isinstance(t, torch.Tensor) for t in as_list)
+        else as_list
+    )
+    ok = (
+        isinstance(joined, torch.Tensor)
+        and torch.equal(joined, data)
+        and isinstance(listed, torch.Tensor)
+        and torch.equal(listed, data)
+    )
     results.append(ok)
     if not ok:
-        print(f"rank {accelerator.process_index}: n={n} batch_size={batch_size} even_batches={even} {mode}: "
-              f"joined {joined if not isinstance(joined, torch.Tensor) else joined[:, 0].tolist()} "
-              f"listed {listed if not isinstance(listed, torch.Tensor) else listed[:, 0].tolist()}", flush=True)
+        print(
+            f"rank {accelerator.process_index}: n={n} batch_size={batch_size} even_batches={even} {mode}: "
+            f"joined {joined if not isinstance(joined, torch.Tensor) else joined[:, 0].tolist()} "
+            f"listed {listed if not isinstance(listed, torch.Tensor) else listed[:, 0].tolist()}",
+            flush=True,
+        )
 print(f"rank {accelerator.process_index}: {sum(results)} of {len(results)} after-loop gathers exact", flush=True)

@@ -10,6 +10,6 @@ from hasten.utils import gather
 
 state = PartialState()
 steps = 1 if state.process_index == 1 else 4
-for step in range(steps):
+for _ in range(steps):
     gather(torch.ones(2))
 print(f"rank {state.process_index}: left the loop after {steps} step(s)", flush=True)

@@ -64,5 +64,8 @@ both = accelerator.gather(weights[None])
 assert torch.equal(both[0], both[1]), f"weights differ across ranks: {both}"
 gap = float((weights - reference(batch_size)).abs().max())
 assert gap < 1e-6, f"weights differ from the one-process reference by {gap}"
-print(f"rank {rank}: tried {tried}, ended at batch size {batch_size} after {steps} steps in {elapsed:.1f} s, "
-      f"weights equal across ranks and to the reference (max gap {gap:.1e})", flush=True)
+print(
+    f"rank {rank}: tried {tried}, ended at batch size {batch_size} after {steps} steps in {elapsed:.1f} s, "
+    f"weights equal across ranks and to the reference (max gap {gap:.1e})",
+    flush=True,
+)

@@ -15,15 +15,24 @@ from fsdp_model import batches, loss_fn, make_model
 
 from hasten import Accelerator
 from hasten.errors import CheckpointError
-from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 from hasten.state import reset_state
 from hasten.strategies.fsdp.checkpoint import load_fsdp_model, load_fsdp_optimizer, save_fsdp_model, save_fsdp_optimizer
+from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 
 FOLDER = Path(sys.argv[1])
 VARIANTS = {
     "full": ("FULL_STATE_DICT", True, ["optimizer.bin", "pytorch_model_fsdp.bin"]),
     "dcp": ("SHARDED_STATE_DICT", True, ["optimizer_0", "pytorch_model_fsdp_0"]),
-    "per_rank": ("SHARDED_STATE_DICT", False, ["optimizer_0_rank0.bin", "optimizer_0_rank1.bin", "pytorch_model_fsdp_0_rank0.bin", "pytorch_model_fsdp_0_rank1.bin"]),
+    "per_rank": (
+        "SHARDED_STATE_DICT",
+        False,
+        [
+            "optimizer_0_rank0.bin",
+            "optimizer_0_rank1.bin",
+            "pytorch_model_fsdp_0_rank0.bin",
+            "pytorch_model_fsdp_0_rank1.bin",
+        ],
+    ),
 }
 
 

@@ -12,8 +12,8 @@ import torch.distributed as dist
 from fsdp_model import batches, loss_fn, make_model
 
 from hasten import Accelerator
-from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 from hasten.state import reset_state
+from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 
 STEPS = 20
 
@@ -55,4 +55,6 @@ for order in (optimizer_from_prepared_model, optimizer_built_before):
     other = losses(order)
     assert other == reference, f"{order.__name__} trains differently from one prepare call:\n{other}\n{reference}"
 assert reference[-1] < reference[0] - 0.1, f"the model learns: {reference[0]:.4f} -> {reference[-1]:.4f}"
-print(f"rank {dist.get_rank()}: fsdp prepare orders give identical losses over {STEPS} steps ({reference[0]:.4f} -> {reference[-1]:.4f})")
+print(
+    f"rank {dist.get_rank()}: fsdp prepare orders give identical losses over {STEPS} steps ({reference[0]:.4f} -> {reference[-1]:.4f})"
+)

@@ -19,9 +19,9 @@ from safetensors.torch import load_file, save_file
 
 from hasten import Accelerator
 from hasten.errors import CheckpointError
-from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 from hasten.state import reset_state
 from hasten.strategies.fsdp.checkpoint import merge_fsdp_weights
+from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 
 MODE, FOLDER = sys.argv[1], Path(sys.argv[2])
 STEPS, SAVE_AT = 20, 10
@@ -77,7 +77,9 @@ def resume():
         weights = acc.get_state_dict(model)
         if acc.is_main_process:
             saved = load_file(FOLDER / f"{kind}_weights.safetensors")
-            assert all(torch.equal(weights[k], saved[k]) for k in saved), f"{kind}: the loaded weights are the saved ones"
+            assert all(torch.equal(weights[k], saved[k]) for k in saved), (
+                f"{kind}: the loaded weights are the saved ones"
+            )
         losses = train(acc, model, opt, sched, batches(STEPS, rank=acc.process_index)[SAVE_AT:])
         expected = json.loads((FOLDER / f"{kind}.json").read_text())[acc.process_index]
         assert losses == expected, f"{kind}: resumed losses differ\n{losses}\n{expected}"
@@ -91,7 +93,9 @@ def resume():
         reference = make_model(seed=7)
         reference.load_state_dict(saved)
         tokens = batches(1)[0][:, :-1]
-        assert torch.equal(plain(tokens), reference(tokens)), "merged weights reload into a plain model with equal outputs"
+        assert torch.equal(plain(tokens), reference(tokens)), (
+            "merged weights reload into a plain model with equal outputs"
+        )
     try:
         merge_fsdp_weights(FOLDER / KINDS[0] / "optimizer_fsdp_0", FOLDER / "bad")
     except CheckpointError as error:
@@ -125,7 +129,9 @@ def reshard():
     weights = acc.get_state_dict(model)
     saved = load_file(FOLDER / f"{KINDS[0]}_weights.safetensors")
     assert all(torch.equal(weights[k], saved[k]) for k in saved), "a checkpoint of 2 processes loads onto 1"
-    assert all(s["exp_avg"].shape == p.shape for p, s in ((p, opt.state[p]) for p in model.parameters())), "optimizer state resharded"
+    assert all(s["exp_avg"].shape == p.shape for p, s in ((p, opt.state[p]) for p in model.parameters())), (
+        "optimizer state resharded"
+    )
     train(acc, model, opt, sched, batches(2, rank=0))
 
 

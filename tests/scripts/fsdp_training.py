@@ -15,11 +15,11 @@ from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
 from hasten import Accelerator
-from hasten.runtime.compilation import compile_model
 from hasten.errors import ConfigError
 from hasten.plugins.dynamo import TorchDynamoPlugin
-from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
+from hasten.runtime.compilation import compile_model
 from hasten.state import reset_state
+from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 
 STEPS = 20
 CLIP = 0.5
@@ -61,9 +61,13 @@ def local_bytes(model):
 
 
 def inspect_sharding(acc, model, opt):
-    assert isinstance(model, FSDPModule) and all(isinstance(layer, FSDPModule) for layer in model.layers), "root and layers are sharded"
+    assert isinstance(model, FSDPModule) and all(isinstance(layer, FSDPModule) for layer in model.layers), (
+        "root and layers are sharded"
+    )
     ids = {id(p) for p in model.parameters()}
-    assert all(id(p) in ids for group in opt.param_groups for p in group["params"]), "the optimizer was rebound to the sharded parameters"
+    assert all(id(p) in ids for group in opt.param_groups for p in group["params"]), (
+        "the optimizer was rebound to the sharded parameters"
+    )
     assert all(isinstance(p, DTensor) for p in model.parameters())
     full = sum(p.numel() * p.element_size() for p in make_model().parameters())
     mine = local_bytes(model)
@@ -95,21 +99,35 @@ def check_variants(ddp):
         "SHARD_GRAD_OP": Plugin(sharding_strategy="SHARD_GRAD_OP", auto_wrap_policy="TRANSFORMER_BASED_WRAP"),
         "NO_SHARD": Plugin(sharding_strategy="NO_SHARD"),
         "HYBRID_SHARD": Plugin(sharding_strategy="HYBRID_SHARD", transformer_cls_names_to_wrap="Block"),
-        "size wrap + prefetch + checkpointing": Plugin(auto_wrap_policy="SIZE_BASED_WRAP", min_num_params=1000, forward_prefetch=True, activation_checkpointing=True),
+        "size wrap + prefetch + checkpointing": Plugin(
+            auto_wrap_policy="SIZE_BASED_WRAP",
+            min_num_params=1000,
+            forward_prefetch=True,
+            activation_checkpointing=True,
+        ),
         "cpu_offload": Plugin(cpu_offload=True, reshard_after_forward=False),
     }
     for name, plugin in variants.items():
         close(run(plugin, steps=4)[0], ddp[0][:4], 1e-5, f"{name} vs DDP")
     acc = Accelerator(fsdp_plugin=Plugin(ignored_modules="head", transformer_cls_names_to_wrap="Block"))
     model = acc.prepare(make_model())
-    assert not isinstance(model.head.weight, DTensor) and isinstance(model.embed.weight, DTensor), "ignored_modules stay unsharded"
+    assert not isinstance(model.head.weight, DTensor) and isinstance(model.embed.weight, DTensor), (
+        "ignored_modules stay unsharded"
+    )
     reset_state()
 
 
 def check_mixed_precision():
     seen = []
     ddp = run(steps=4, mixed="bf16")
-    fsdp = run(Plugin(), steps=4, mixed="bf16", inspect=lambda acc, model, opt: model.head.register_forward_hook(lambda m, i, o: seen.append((m.weight.dtype, o.dtype))))
+    fsdp = run(
+        Plugin(),
+        steps=4,
+        mixed="bf16",
+        inspect=lambda acc, model, opt: model.head.register_forward_hook(
+            lambda m, i, o: seen.append((m.weight.dtype, o.dtype))
+        ),
+    )
     close(fsdp[0], ddp[0], 2e-2, "bf16 FSDP vs bf16 DDP")
     assert seen[0] == (torch.bfloat16, torch.bfloat16), f"parameters are gathered in bf16: {seen[0]}"
     acc = Accelerator(fsdp_plugin=Plugin(), mixed_precision="fp16")
@@ -179,7 +197,9 @@ def check_ram_efficient_loading():
     state = acc.get_state_dict(model)
     if acc.process_index == 0:
         expected = make_model().state_dict()
-        assert state.keys() == expected.keys() and all(torch.equal(state[k], expected[k]) for k in expected), "weights broadcast from process 0"
+        assert state.keys() == expected.keys() and all(torch.equal(state[k], expected[k]) for k in expected), (
+            "weights broadcast from process 0"
+        )
     else:
         assert state == {}, "the full state dict is gathered on process 0 only"
     reset_state()
@@ -203,12 +223,22 @@ def check_save_model_and_compile(ddp):
         assert not any("_orig_mod" in k for k in state), list(state)[:3]
         plain = make_model(seed=5)
         plain.load_state_dict(load_file(Path(folder[0]) / "model.safetensors"))
-        assert torch.allclose(plain(tokens), expected, atol=1e-6), "save_model reloads into a plain model with equal outputs"
+        assert torch.allclose(plain(tokens), expected, atol=1e-6), (
+            "save_model reloads into a plain model with equal outputs"
+        )
     reset_state()
 
 
 ddp_run = run()
-for check in (lambda: check_parity(ddp_run), check_accumulation, lambda: check_variants(ddp_run), check_mixed_precision,
-              check_rebinding_and_errors, check_sync_controls, check_ram_efficient_loading, lambda: check_save_model_and_compile(ddp_run)):
+for check in (
+    lambda: check_parity(ddp_run),
+    check_accumulation,
+    lambda: check_variants(ddp_run),
+    check_mixed_precision,
+    check_rebinding_and_errors,
+    check_sync_controls,
+    check_ram_efficient_loading,
+    lambda: check_save_model_and_compile(ddp_run),
+):
     check()
 print(f"rank {dist.get_rank()}: fsdp training checks passed")

@@ -37,7 +37,9 @@ def setup(seed):
     opt = acc.prepare(torch.optim.AdamW(model.parameters(), lr=1e-2))
     rank, dp = acc.data_parallel_rank, acc.parallelism_config.data_parallel_size
     x, y = data.tensors
-    batches = [(x[i:i + LOCAL_BATCH], y[i:i + LOCAL_BATCH]) for i in range(rank * LOCAL_BATCH, len(x), LOCAL_BATCH * dp)]
+    batches = [
+        (x[i : i + LOCAL_BATCH], y[i : i + LOCAL_BATCH]) for i in range(rank * LOCAL_BATCH, len(x), LOCAL_BATCH * dp)
+    ]
     return acc, model, opt, loss_fn, batches
 
 
@@ -78,6 +80,8 @@ else:
         plain.load_state_dict(load_file(FOLDER / "merged" / "model.safetensors"))
         reference.load_state_dict(saved)
         x = data.tensors[0][:4]
-        assert torch.equal(plain(input_ids=x).logits, reference(input_ids=x).logits), "merged weights reload into a plain model"
+        assert torch.equal(plain(input_ids=x).logits, reference(input_ids=x).logits), (
+            "merged weights reload into a plain model"
+        )
 reset_state()
 print(f"rank {dist.get_rank()}: parallelism {MODE} checks passed")

@@ -18,7 +18,11 @@ from torch.utils.data import DataLoader, TensorDataset
 from hasten import Accelerator, ParallelismConfig
 from hasten.state import reset_state
 
-LAYOUTS = {"fsdp_tp": dict(dp_shard_size=2, tp_size=2), "hsdp": dict(dp_replicate_size=2, dp_shard_size=2), "tp": dict(tp_size=2)}
+LAYOUTS = {
+    "fsdp_tp": dict(dp_shard_size=2, tp_size=2),
+    "hsdp": dict(dp_replicate_size=2, dp_shard_size=2),
+    "tp": dict(tp_size=2),
+}
 STEPS, LOCAL_BATCH, CLIP = 8, 2, 0.5
 
 
@@ -43,15 +47,28 @@ def mlp_case():
 def llama_case():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, max_position_embeddings=16, tie_word_embeddings=False, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=16,
+        tie_word_embeddings=False,
+        attn_implementation="sdpa",
+    )
 
     def make():
         torch.manual_seed(0)
         return LlamaForCausalLM(config)
 
     tokens = torch.randint(0, 64, (64, 9), generator=torch.Generator().manual_seed(2))
-    return make, TensorDataset(tokens[:, :-1], tokens[:, 1:]), lambda model, x, y: F.cross_entropy(model(input_ids=x).logits.reshape(-1, 64), y.reshape(-1))
+    return (
+        make,
+        TensorDataset(tokens[:, :-1], tokens[:, 1:]),
+        lambda model, x, y: F.cross_entropy(model(input_ids=x).logits.reshape(-1, 64), y.reshape(-1)),
+    )
 
 
 def local_bytes(model):
@@ -94,8 +111,12 @@ def check_gather_for_metrics(acc, model, ref_model, inputs):
     with torch.no_grad():
         predictions = torch.cat([acc.gather_for_metrics(model(x)) for (x,) in evaluation])
         expected = ref_model(inputs)
-    assert predictions.shape == expected.shape, f"gather_for_metrics returns each sample once: {tuple(predictions.shape)} vs {tuple(expected.shape)}"
-    assert torch.allclose(predictions, expected, atol=1e-5), f"per-sample differences {(predictions - expected).abs().amax(1)}"
+    assert predictions.shape == expected.shape, (
+        f"gather_for_metrics returns each sample once: {tuple(predictions.shape)} vs {tuple(expected.shape)}"
+    )
+    assert torch.allclose(predictions, expected, atol=1e-5), (
+        f"per-sample differences {(predictions - expected).abs().amax(1)}"
+    )
 
 
 def check(layout, name, case):
@@ -110,7 +131,9 @@ def check(layout, name, case):
     model, opt = acc.prepare(raw, opt)
     x, _ = next(iter(loader))
     rows = x.shape[0]
-    assert torch.equal(x, data.tensors[0][acc.data_parallel_rank * rows:(acc.data_parallel_rank + 1) * rows]), "batches are split over the data-parallel ranks only"
+    assert torch.equal(x, data.tensors[0][acc.data_parallel_rank * rows : (acc.data_parallel_rank + 1) * rows]), (
+        "batches are split over the data-parallel ranks only"
+    )
     losses, norms = train(acc, model, opt, loader, loss_fn, STEPS)
     state = acc.get_state_dict(model)
     mine = local_bytes(model)
@@ -120,13 +143,17 @@ def check(layout, name, case):
         check_gather_for_metrics(acc, model, ref_model, data.tensors[0][:13])
     worst_loss = max(abs(a - b) for a, b in zip(losses, ref_losses))
     worst_norm = max(abs(a - b) / max(1.0, b) for a, b in zip(norms, ref_norms))
-    assert worst_loss < 1e-5 and worst_norm < 1e-5, f"{name}: losses/norms differ from the reference by {worst_loss:.2g}/{worst_norm:.2g}\n{losses}\n{ref_losses}\n{norms}\n{ref_norms}"
+    assert worst_loss < 1e-5 and worst_norm < 1e-5, (
+        f"{name}: losses/norms differ from the reference by {worst_loss:.2g}/{worst_norm:.2g}\n{losses}\n{ref_losses}\n{norms}\n{ref_norms}"
+    )
     if acc.is_main_process:
         assert state.keys() == ref_state.keys(), (sorted(state), sorted(ref_state))
         worst_param = max((state[k] - ref_state[k]).abs().max().item() for k in ref_state)
         assert worst_param < 1e-5, f"{name}: parameters differ from the reference by {worst_param:.2g}"
-        print(f"RESULT {layout} {name}: mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}, max loss diff {worst_loss:.2g}, "
-              f"max norm diff {worst_norm:.2g}, max parameter diff {worst_param:.2g}, rank 0 holds {mine}/{full} parameter bytes ({mine / full:.4f}) |")
+        print(
+            f"RESULT {layout} {name}: mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}, max loss diff {worst_loss:.2g}, "
+            f"max norm diff {worst_norm:.2g}, max parameter diff {worst_param:.2g}, rank 0 holds {mine}/{full} parameter bytes ({mine / full:.4f}) |"
+        )
     reset_state()
 
 
@@ -157,7 +184,9 @@ def check_prepare_orders(layout):
         reset_state()
     assert runs[0] == runs[1] == runs[2], f"the prepare orders train differently under {layout}: {runs}"
     if dist.get_rank() == 0:
-        print(f"RESULT {layout} orders: three prepare orders, identical losses over {STEPS} steps ({runs[0][0]:.4f} -> {runs[0][-1]:.4f}) |")
+        print(
+            f"RESULT {layout} orders: three prepare orders, identical losses over {STEPS} steps ({runs[0][0]:.4f} -> {runs[0][-1]:.4f}) |"
+        )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,7 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator
-from hasten.utils import DataLoaderConfiguration, ProjectConfiguration
-from hasten.utils import set_seed
+from hasten.utils import DataLoaderConfiguration, ProjectConfiguration, set_seed
 
 folder = Path(sys.argv[1])
 folder.mkdir(parents=True, exist_ok=True)
@@ -51,8 +50,13 @@ set_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(32, 1))
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=60)
-data = TensorDataset(torch.randn(64, 8, generator=torch.Generator().manual_seed(1)), torch.randn(64, 1, generator=torch.Generator().manual_seed(2)))
-model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, DataLoader(data, batch_size=4, shuffle=True), scheduler)
+data = TensorDataset(
+    torch.randn(64, 8, generator=torch.Generator().manual_seed(1)),
+    torch.randn(64, 1, generator=torch.Generator().manual_seed(2)),
+)
+model, optimizer, loader, scheduler = accelerator.prepare(
+    model, optimizer, DataLoader(data, batch_size=4, shuffle=True), scheduler
+)
 progress = Progress()
 accelerator.register_for_checkpointing(progress)
 if with_project and (folder / "checkpoints").is_dir() and any((folder / "checkpoints").iterdir()):
@@ -80,4 +84,7 @@ finally:
     print(f"rank {rank} stopped after step {progress.step}", flush=True)
 
 if rank == 0:
-    save_file({k: v.contiguous() for k, v in accelerator.unwrap_model(model).state_dict().items()}, str(folder / "final.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in accelerator.unwrap_model(model).state_dict().items()},
+        str(folder / "final.safetensors"),
+    )

@@ -75,7 +75,9 @@ def main(logging_dir: str) -> None:
     check(state.num_processes == 2, f"expected 2 processes, got {state.num_processes}")
     every_rank = EveryRankTracker(os.path.join(logging_dir, f"everyrank_{rank}.json"))
     main_only = MainOnlyTracker()
-    hub = TrackerHub(["tensorboard", "jsonl", every_rank, main_only], logging_dir, is_main_process=state.is_main_process)
+    hub = TrackerHub(
+        ["tensorboard", "jsonl", every_rank, main_only], logging_dir, is_main_process=state.is_main_process
+    )
     hub.init("two_procs", config={"lr": torch.tensor(0.125), "world_size": state.num_processes})
 
     names = sorted(tracker.name for tracker in hub.trackers)

@@ -11,18 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
 from helpers import FIXTURES_ROOT, SCRIPTS, hasten_launch, torchrun
+from safetensors.torch import load_file
 
 deepspeed = pytest.importorskip("deepspeed")
 
 from hasten import Accelerator  # noqa: E402
 from hasten.commands import merge_weights  # noqa: E402
 from hasten.errors import CheckpointError, NotSupportedError  # noqa: E402
-from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin  # noqa: E402
-from hasten.strategies.deepspeed.memory_estimate import explain_deepspeed_failure  # noqa: E402
 from hasten.strategies.deepspeed.checkpoint import safe_torch_load  # noqa: E402
+from hasten.strategies.deepspeed.memory_estimate import explain_deepspeed_failure  # noqa: E402
+from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin  # noqa: E402
 
 FIXTURES = FIXTURES_ROOT
 
@@ -31,7 +30,9 @@ def _launch_timeout() -> float:
     """Generous until DeepSpeed's extensions are compiled and cached on this machine."""
     from torch.utils.cpp_extension import _get_build_directory
 
-    built = all(any(Path(_get_build_directory(name, verbose=False)).glob("*.so")) for name in ("deepspeed_shm_comm", "cpu_adam"))
+    built = all(
+        any(Path(_get_build_directory(name, verbose=False)).glob("*.so")) for name in ("deepspeed_shm_comm", "cpu_adam")
+    )
     return 240 if built else 900
 
 
@@ -62,7 +63,13 @@ def test_one_process_without_a_launcher_trains(tmp_path):
 
     script = tmp_path / "train.py"
     script.write_text(ONE_PROCESS_SCRIPT)
-    plain = subprocess.run([sys.executable, str(script)], env=clean_env(HASTEN_USE_DEEPSPEED="1"), capture_output=True, text=True, timeout=_launch_timeout())
+    plain = subprocess.run(
+        [sys.executable, str(script)],
+        env=clean_env(HASTEN_USE_DEEPSPEED="1"),
+        capture_output=True,
+        text=True,
+        timeout=_launch_timeout(),
+    )
     assert plain.returncode == 0 and "trained DEEPSPEED 1" in plain.stdout, plain.stderr[-3000:]
     launched = hasten_launch(script, launch_args=("--num_processes", "1", "--use_deepspeed"), timeout=_launch_timeout())
     assert "trained DEEPSPEED 1" in launched.stdout
@@ -73,20 +80,39 @@ def test_one_process_without_a_launcher_trains(tmp_path):
 
 @pytest.mark.slow
 def test_zero_stages_train_like_ddp_with_offload_and_auto_config(tmp_path):
-    out = torchrun(SCRIPTS / "deepspeed_training.py", str(tmp_path), str(FIXTURES / "deepspeed_zero3_auto.json"), timeout=_launch_timeout()).stdout
+    out = torchrun(
+        SCRIPTS / "deepspeed_training.py",
+        str(tmp_path),
+        str(FIXTURES / "deepspeed_zero3_auto.json"),
+        timeout=_launch_timeout(),
+    ).stdout
     assert "rank 0: deepspeed training checks passed" in out and "rank 1: deepspeed training checks passed" in out
 
 
 @pytest.mark.slow
 def test_engine_scheduler_is_a_deepspeed_scheduler_wrapper_stepped_once_per_step():
     out = torchrun(SCRIPTS / "deepspeed_scheduler.py", timeout=_launch_timeout()).stdout
-    assert "rank 0: deepspeed scheduler checks passed" in out and "rank 1: deepspeed scheduler checks passed" in out, out
+    assert "rank 0: deepspeed scheduler checks passed" in out and "rank 1: deepspeed scheduler checks passed" in out, (
+        out
+    )
 
 
 @pytest.mark.slow
 def test_zero3_resume_merge_and_errors(tmp_path):
-    flags = ("--num_processes", "2", "--use_deepspeed", "--zero_stage", "3", "--zero3_init_flag", "true", "--zero3_save_16bit_model", "true")
-    out = hasten_launch(SCRIPTS / "deepspeed_checkpoint.py", str(tmp_path), launch_args=flags, timeout=_launch_timeout()).stdout
+    flags = (
+        "--num_processes",
+        "2",
+        "--use_deepspeed",
+        "--zero_stage",
+        "3",
+        "--zero3_init_flag",
+        "true",
+        "--zero3_save_16bit_model",
+        "true",
+    )
+    out = hasten_launch(
+        SCRIPTS / "deepspeed_checkpoint.py", str(tmp_path), launch_args=flags, timeout=_launch_timeout()
+    ).stdout
     assert "rank 0: deepspeed checkpoint checks passed" in out and "rank 1: deepspeed checkpoint checks passed" in out
     # The command line merges the same checkpoint into the same weights.
     assert merge_weights.main([str(tmp_path / "ckpt"), str(tmp_path / "cli"), "--unsafe_serialization"]) == 0
@@ -180,7 +206,9 @@ def test_nan_loss_under_fp16_gets_the_bf16_advice():
     engine = _FakeEngine()
     engine.overflow = True
     _, strategy = _strategy(engine)
-    with pytest.warns(UserWarning, match=r"The loss is NaN/inf under fp16. This usually happens with a model pretrained in bf16"):
+    with pytest.warns(
+        UserWarning, match=r"The loss is NaN/inf under fp16. This usually happens with a model pretrained in bf16"
+    ):
         strategy.backward(_loss(float("nan")))
 
 
@@ -201,7 +229,10 @@ def test_accumulation_follows_sync_gradients_and_warns_without_accumulate():
 def test_clipping_is_the_engines():
     _, strategy = _strategy(_FakeEngine(clipping=1.0))
     assert strategy.clip_grad_norm_([], 1.0).item() == 2.5
-    with pytest.warns(UserWarning, match=r"clip_grad_norm_\(max_norm=0.5\) under DeepSpeed: the engine clips with gradient_clipping from the DeepSpeed config, which is 1.0"):
+    with pytest.warns(
+        UserWarning,
+        match=r"clip_grad_norm_\(max_norm=0.5\) under DeepSpeed: the engine clips with gradient_clipping from the DeepSpeed config, which is 1.0",
+    ):
         strategy.clip_grad_norm_([], 0.5)
     with pytest.raises(NotSupportedError, match="DeepSpeed clips gradients by norm only"):
         strategy.clip_grad_value_([], 1.0)
@@ -240,7 +271,11 @@ def test_merge_weights_detects_the_format(tmp_path, monkeypatch, capsys):
     calls = []
     from hasten.strategies.fsdp import checkpoint as fsdp_checkpoint
 
-    monkeypatch.setattr(fsdp_checkpoint, "merge_fsdp_weights", lambda *args, **kwargs: calls.append((args, kwargs)) or [Path("out/model.safetensors")])
+    monkeypatch.setattr(
+        fsdp_checkpoint,
+        "merge_fsdp_weights",
+        lambda *args, **kwargs: calls.append((args, kwargs)) or [Path("out/model.safetensors")],
+    )
     assert merge_weights.main([str(tmp_path), str(tmp_path / "out")]) == 0
     assert calls == [((tmp_path, tmp_path / "out"), {"safe_serialization": True})]
     assert merge_weights.main([str(tmp_path), str(tmp_path / "inside"), "--remove_checkpoint_dir"]) == 1

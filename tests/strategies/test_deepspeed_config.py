@@ -6,21 +6,21 @@ Engine creation is replaced by a recorder here (the real engine runs in tests/st
 import json
 import logging
 import types
-from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
+from hasten.errors import ConfigError
 from hasten.strategies.deepspeed import config as dsc
 from hasten.strategies.deepspeed import schema
-from hasten.errors import ConfigError
 
 deepspeed = pytest.importorskip("deepspeed")
 
+from helpers import FIXTURES_ROOT  # noqa: E402 (after the skip)
+
 from hasten import Accelerator, DeepSpeedPlugin  # noqa: E402
 from hasten.utils import DummyOptim, DummyScheduler  # noqa: E402
-from helpers import FIXTURES_ROOT
 
 GUIDE_CONFIG = FIXTURES_ROOT / "deepspeed_zero3_auto.json"
 
@@ -60,25 +60,46 @@ def _loader(batch_size=4):
 
 def test_misspelled_key_names_the_closest_valid_key():
     config = {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weight_on_model_save": True}}
-    with pytest.raises(ConfigError, match=r"zero_optimization\.stage3_gather_16bit_weight_on_model_save \(did you mean 'zero_optimization\.stage3_gather_16bit_weights_on_model_save'\?\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"zero_optimization\.stage3_gather_16bit_weight_on_model_save \(did you mean 'zero_optimization\.stage3_gather_16bit_weights_on_model_save'\?\)",
+    ):
         DeepSpeedPlugin(hf_ds_config=config)
 
 
 def test_every_unknown_key_is_listed_in_one_error(tmp_path):
     path = tmp_path / "ds.json"
-    path.write_text(json.dumps({"gradient_acumulation_steps": 2, "fp16": {"enable": True}, "zero_optimization": {"offload_optimizer": {"devise": "cpu"}}, "frobnicate": 1}))
+    path.write_text(
+        json.dumps(
+            {
+                "gradient_acumulation_steps": 2,
+                "fp16": {"enable": True},
+                "zero_optimization": {"offload_optimizer": {"devise": "cpu"}},
+                "frobnicate": 1,
+            }
+        )
+    )
     with pytest.raises(ConfigError) as error:
         DeepSpeedPlugin(hf_ds_config=str(path))
     message = str(error.value)
     assert f"the DeepSpeed config {str(path)!r} has keys DeepSpeed does not know" in message
     assert "gradient_acumulation_steps (did you mean 'gradient_accumulation_steps'?)" in message
     assert "fp16.enable (did you mean 'fp16.enabled'?)" in message
-    assert "zero_optimization.offload_optimizer.devise (did you mean 'zero_optimization.offload_optimizer.device'?)" in message
+    assert (
+        "zero_optimization.offload_optimizer.devise (did you mean 'zero_optimization.offload_optimizer.device'?)"
+        in message
+    )
     assert "  - frobnicate\n" in message
 
 
 def test_free_form_sections_accept_any_key():
-    dsc.validate_config({"optimizer": {"type": "Lamb", "params": {"max_coeff": 0.3, "anything": 1}}, "scheduler": {"params": {"cycle_momentum": True}}}, "cfg")
+    dsc.validate_config(
+        {
+            "optimizer": {"type": "Lamb", "params": {"max_coeff": 0.3, "anything": 1}},
+            "scheduler": {"params": {"cycle_momentum": True}},
+        },
+        "cfg",
+    )
 
 
 def test_static_schema_covers_the_installed_deepspeed():
@@ -87,17 +108,33 @@ def test_static_schema_covers_the_installed_deepspeed():
     for path, (module, name) in schema._MODELS.items():
         section = schema._section(schema.SCHEMA, path)
         fields = getattr(importlib.import_module(module), name).model_fields
-        missing = {key for field_name, info in fields.items() for key in (field_name, info.alias) if key and key not in section}
-        assert not missing, f"{path}: keys of DeepSpeed {deepspeed.__version__} missing from hasten's schema: {sorted(missing)}"
+        missing = {
+            key for field_name, info in fields.items() for key in (field_name, info.alias) if key and key not in section
+        }
+        assert not missing, (
+            f"{path}: keys of DeepSpeed {deepspeed.__version__} missing from hasten's schema: {sorted(missing)}"
+        )
 
 
 @pytest.mark.parametrize(
     "config, message",
     [
-        ({"zero_optimization": {"stage": 4}}, r"zero_optimization.stage=4 in cfg is not a ZeRO stage; use 0, 1, 2 or 3"),
-        ({"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}}, r"offload_param.device='gpu' in cfg is not one of \['none', 'cpu', 'nvme'\]"),
-        ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}}, r"device is 'nvme' in cfg but no nvme_path is set"),
-        ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, r"offloads parameters \(zero_optimization.offload_param\) with ZeRO stage 2; parameter offload needs stage 3"),
+        (
+            {"zero_optimization": {"stage": 4}},
+            r"zero_optimization.stage=4 in cfg is not a ZeRO stage; use 0, 1, 2 or 3",
+        ),
+        (
+            {"zero_optimization": {"stage": 3, "offload_param": {"device": "gpu"}}},
+            r"offload_param.device='gpu' in cfg is not one of \['none', 'cpu', 'nvme'\]",
+        ),
+        (
+            {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "nvme"}}},
+            r"device is 'nvme' in cfg but no nvme_path is set",
+        ),
+        (
+            {"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
+            r"offloads parameters \(zero_optimization.offload_param\) with ZeRO stage 2; parameter offload needs stage 3",
+        ),
         ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, r"enables both fp16 and bf16"),
     ],
 )
@@ -125,15 +162,33 @@ def test_config_file_problems_name_the_file(tmp_path):
 def test_the_guides_auto_config_resolves_to_the_documented_numbers():
     config, name = dsc.load_config(GUIDE_CONFIG)
     dsc.validate_config(config, name)
-    optimizer = {"lr": dsc.Setting(3e-5, "DummyOptim"), "betas": dsc.Setting([0.9, 0.999], "d"), "eps": dsc.Setting(1e-8, "d"), "weight_decay": dsc.Setting(0.01, "DummyOptim")}
-    scheduler = {"warmup_min_lr": dsc.Setting(0, "d"), "warmup_max_lr": dsc.Setting(3e-5, "d"), "warmup_num_steps": dsc.Setting(500, "d")}
+    optimizer = {
+        "lr": dsc.Setting(3e-5, "DummyOptim"),
+        "betas": dsc.Setting([0.9, 0.999], "d"),
+        "eps": dsc.Setting(1e-8, "d"),
+        "weight_decay": dsc.Setting(0.01, "DummyOptim"),
+    }
+    scheduler = {
+        "warmup_min_lr": dsc.Setting(0, "d"),
+        "warmup_max_lr": dsc.Setting(3e-5, "d"),
+        "warmup_num_steps": dsc.Setting(500, "d"),
+    }
     script = dsc.ScriptValues(
-        micro_batch_size=dsc.Setting(8, "loader"), num_processes=4, gradient_accumulation_steps=dsc.Setting(2, "Accelerator"),
-        mixed_precision="fp16", hidden_size=dsc.Setting(1024, "hidden"), optimizer=optimizer, scheduler=scheduler,
+        micro_batch_size=dsc.Setting(8, "loader"),
+        num_processes=4,
+        gradient_accumulation_steps=dsc.Setting(2, "Accelerator"),
+        mixed_precision="fp16",
+        hidden_size=dsc.Setting(1024, "hidden"),
+        optimizer=optimizer,
+        scheduler=scheduler,
     )
     assert dsc.fill(config, dsc.auto_values(script), name) == []
     dsc.check_resolved(config, name)
-    assert (config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"], config["train_batch_size"]) == (8, 2, 64)
+    assert (
+        config["train_micro_batch_size_per_gpu"],
+        config["gradient_accumulation_steps"],
+        config["train_batch_size"],
+    ) == (8, 2, 64)
     assert config["gradient_clipping"] == 1.0 and config["fp16"]["enabled"] is True
     zero = config["zero_optimization"]
     assert zero["reduce_bucket_size"] == 1024 * 1024
@@ -144,30 +199,56 @@ def test_the_guides_auto_config_resolves_to_the_documented_numbers():
 
 
 def test_prepare_fills_auto_from_the_script_and_logs_the_config(initialize, caplog):
-    accelerator = Accelerator(mixed_precision="bf16", gradient_accumulation_steps=2, deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=str(GUIDE_CONFIG)))
+    accelerator = Accelerator(
+        mixed_precision="bf16",
+        gradient_accumulation_steps=2,
+        deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=str(GUIDE_CONFIG)),
+    )
     model = _model(hidden_size=64)
     optimizer = DummyOptim(model.parameters(), lr=0.02, weight_decay=0.1, betas=(0.8, 0.9))
     scheduler = DummyScheduler(optimizer, warmup_num_steps=7)
     with caplog.at_level(logging.INFO, logger="hasten.deepspeed"):
         accelerator.prepare(model, optimizer, _loader(batch_size=4), scheduler)
     config = initialize.kwargs["config"]
-    assert initialize.kwargs["model_parameters"] == [{"params": list(model.parameters())}] and "optimizer" not in initialize.kwargs
-    assert (config["train_micro_batch_size_per_gpu"], config["train_batch_size"], config["gradient_accumulation_steps"]) == (4, 8, 2)
+    assert (
+        initialize.kwargs["model_parameters"] == [{"params": list(model.parameters())}]
+        and "optimizer" not in initialize.kwargs
+    )
+    assert (
+        config["train_micro_batch_size_per_gpu"],
+        config["train_batch_size"],
+        config["gradient_accumulation_steps"],
+    ) == (4, 8, 2)
     assert config["bf16"] == {"enabled": True} and config["fp16"]["enabled"] is False
     assert config["optimizer"]["params"] == {"lr": 0.02, "betas": [0.8, 0.9], "eps": 1e-8, "weight_decay": 0.1}
     assert config["scheduler"]["params"] == {"warmup_min_lr": 0, "warmup_max_lr": 0.02, "warmup_num_steps": 7}
-    assert config["zero_optimization"]["reduce_bucket_size"] == 4096 and config["zero_optimization"]["stage3_param_persistence_threshold"] == 640
+    assert (
+        config["zero_optimization"]["reduce_bucket_size"] == 4096
+        and config["zero_optimization"]["stage3_param_persistence_threshold"] == 640
+    )
     logged = [r.getMessage() for r in caplog.records if "DeepSpeed config in use" in r.getMessage()]
     assert len(logged) == 1 and '"train_batch_size": 8' in logged[0]
 
 
 def test_auto_values_the_script_cannot_give_are_listed(initialize):
-    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"}}))
+    accelerator = Accelerator(
+        deepspeed_plugin=DeepSpeedPlugin(
+            hf_ds_config={
+                "train_micro_batch_size_per_gpu": "auto",
+                "zero_optimization": {"stage": 3, "reduce_bucket_size": "auto"},
+            }
+        )
+    )
     model = _model()
     with pytest.raises(ConfigError) as error:
         accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    assert "train_micro_batch_size_per_gpu: prepare a DataLoader in the same prepare() call as the model" in str(error.value)
-    assert "zero_optimization.reduce_bucket_size: the model has no config.hidden_size; write a number (DeepSpeed's default is 5e8)" in str(error.value)
+    assert "train_micro_batch_size_per_gpu: prepare a DataLoader in the same prepare() call as the model" in str(
+        error.value
+    )
+    assert (
+        "zero_optimization.reduce_bucket_size: the model has no config.hidden_size; write a number (DeepSpeed's default is 5e8)"
+        in str(error.value)
+    )
 
 
 def test_plugin_defaults_train_like_ddp(initialize):
@@ -177,7 +258,11 @@ def test_plugin_defaults_train_like_ddp(initialize):
     accelerator.prepare(model, optimizer, _loader(batch_size=2))
     config = initialize.kwargs["config"]
     assert config["zero_optimization"]["stage"] == 2 and config["gradient_clipping"] == 0.0
-    assert (config["train_micro_batch_size_per_gpu"], config["train_batch_size"], config["gradient_accumulation_steps"]) == (2, 2, 1)
+    assert (
+        config["train_micro_batch_size_per_gpu"],
+        config["train_batch_size"],
+        config["gradient_accumulation_steps"],
+    ) == (2, 2, 1)
     assert initialize.kwargs["optimizer"] is optimizer and config["zero_allow_untested_optimizer"] is True
 
 
@@ -185,8 +270,14 @@ def test_plugin_defaults_train_like_ddp(initialize):
 
 
 def test_accumulation_in_the_file_and_in_the_script_must_agree():
-    with pytest.raises(ConfigError, match=r"gradient_accumulation_steps: 4 in the DeepSpeed config dict, but 2 from Accelerator\(gradient_accumulation_steps=2\)"):
-        Accelerator(gradient_accumulation_steps=2, deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"gradient_accumulation_steps": 4}))
+    with pytest.raises(
+        ConfigError,
+        match=r"gradient_accumulation_steps: 4 in the DeepSpeed config dict, but 2 from Accelerator\(gradient_accumulation_steps=2\)",
+    ):
+        Accelerator(
+            gradient_accumulation_steps=2,
+            deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"gradient_accumulation_steps": 4}),
+        )
 
 
 def test_accumulation_from_the_file_is_adopted_by_the_accelerator():
@@ -195,18 +286,26 @@ def test_accumulation_from_the_file_is_adopted_by_the_accelerator():
 
 
 def test_plugin_argument_contradicting_the_file_names_both_values():
-    with pytest.raises(ConfigError, match=r"zero_optimization.stage: 3 in the DeepSpeed config dict, but 2 from DeepSpeedPlugin\(zero_stage=2\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"zero_optimization.stage: 3 in the DeepSpeed config dict, but 2 from DeepSpeedPlugin\(zero_stage=2\)",
+    ):
         DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3}}, zero_stage=2)
 
 
 def test_launch_setting_contradicting_the_file_names_the_variable(monkeypatch):
     monkeypatch.setenv("HASTEN_DEEPSPEED_ZERO_STAGE", "1")
-    with pytest.raises(ConfigError, match=r"zero_optimization.stage: 3 in the DeepSpeed config dict, but 1 from HASTEN_DEEPSPEED_ZERO_STAGE=1"):
+    with pytest.raises(
+        ConfigError,
+        match=r"zero_optimization.stage: 3 in the DeepSpeed config dict, but 1 from HASTEN_DEEPSPEED_ZERO_STAGE=1",
+    ):
         DeepSpeedPlugin(hf_ds_config={"zero_optimization": {"stage": 3}})
 
 
 def test_mixed_precision_contradicting_the_file():
-    with pytest.raises(ConfigError, match=r"mixed_precision='fp16' but the DeepSpeed config dict enables bf16 \(bf16.enabled: true\)"):
+    with pytest.raises(
+        ConfigError, match=r"mixed_precision='fp16' but the DeepSpeed config dict enables bf16 \(bf16.enabled: true\)"
+    ):
         Accelerator(mixed_precision="fp16", deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"bf16": {"enabled": True}}))
 
 
@@ -221,7 +320,11 @@ def _record_state_writes(monkeypatch) -> list:
     from hasten.state import AcceleratorState, GradientState
 
     writes = []
-    monkeypatch.setattr(AcceleratorState, "__setattr__", lambda self, name, value: writes.append((name, value)) or object.__setattr__(self, name, value))
+    monkeypatch.setattr(
+        AcceleratorState,
+        "__setattr__",
+        lambda self, name, value: writes.append((name, value)) or object.__setattr__(self, name, value),
+    )
     build = GradientState.__init__
 
     def recording_init(self, gradient_accumulation_plugin=None):
@@ -239,11 +342,20 @@ def test_bf16_from_a_config_file_is_the_precision_the_state_and_autocast_are_bui
     with pytest.warns(UserWarning, match="the DeepSpeed config wins"):
         accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config=str(path)))
     assert accelerator.state.mixed_precision == accelerator.mixed_precision == "bf16"
-    assert accelerator.precision.mixed_precision == "bf16" and accelerator.precision.dtype == torch.bfloat16 and accelerator.native_amp
+    assert (
+        accelerator.precision.mixed_precision == "bf16"
+        and accelerator.precision.dtype == torch.bfloat16
+        and accelerator.native_amp
+    )
     with accelerator.autocast():
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
-    assert [value for name, value in writes if name == "mixed_precision"] == ["bf16"], "the state is built once, with the config's precision"
-    assert accelerator.state.distributed_type == "DEEPSPEED" and accelerator.state.deepspeed_plugin.config_mixed_precision == "bf16"
+    assert [value for name, value in writes if name == "mixed_precision"] == ["bf16"], (
+        "the state is built once, with the config's precision"
+    )
+    assert (
+        accelerator.state.distributed_type == "DEEPSPEED"
+        and accelerator.state.deepspeed_plugin.config_mixed_precision == "bf16"
+    )
 
 
 def test_a_second_accelerator_takes_its_deepspeed_configs_precision(tmp_path):
@@ -269,15 +381,25 @@ def test_accumulation_from_the_config_is_in_the_gradient_state_from_the_start(tm
 
 
 def test_explicit_file_values_the_script_differs_from_are_reported(initialize, caplog):
-    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1}))
+    accelerator = Accelerator(
+        deepspeed_plugin=DeepSpeedPlugin(
+            hf_ds_config={"train_micro_batch_size_per_gpu": 8, "gradient_accumulation_steps": 1}
+        )
+    )
     model = _model()
     with caplog.at_level(logging.WARNING, logger="hasten.deepspeed"):
         accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), _loader(batch_size=4))
-    assert any("train_micro_batch_size_per_gpu: 8 in the DeepSpeed config dict, but 4 from the prepared dataloader" in r.getMessage() for r in caplog.records)
+    assert any(
+        "train_micro_batch_size_per_gpu: 8 in the DeepSpeed config dict, but 4 from the prepared dataloader"
+        in r.getMessage()
+        for r in caplog.records
+    )
 
 
 def test_optimizer_in_both_places_is_refused(initialize):
-    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}}))
+    accelerator = Accelerator(
+        deepspeed_plugin=DeepSpeedPlugin(hf_ds_config={"optimizer": {"type": "AdamW", "params": {"lr": 0.1}}})
+    )
     model = _model()
     with pytest.raises(ConfigError, match=r"defines an optimizer and the script passes SGD too. Pass DummyOptim"):
         accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), _loader())
@@ -286,7 +408,10 @@ def test_optimizer_in_both_places_is_refused(initialize):
 def test_dummy_optim_needs_an_optimizer_section(initialize):
     accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin())
     model = _model()
-    with pytest.raises(ConfigError, match=r"DummyOptim stands for the optimizer of the DeepSpeed config, but .* has no \"optimizer\" section"):
+    with pytest.raises(
+        ConfigError,
+        match=r"DummyOptim stands for the optimizer of the DeepSpeed config, but .* has no \"optimizer\" section",
+    ):
         accelerator.prepare(model, DummyOptim(model.parameters()), _loader())
     with pytest.raises(ConfigError, match=r"DummyOptim cannot step"):
         DummyOptim(model.parameters()).step()
@@ -318,8 +443,16 @@ def test_plugin_reads_the_launch_settings(monkeypatch):
     "variable, value, message",
     [
         ("HASTEN_DEEPSPEED_ZERO_STAGE", "5", r"HASTEN_DEEPSPEED_ZERO_STAGE=5: expected 0, 1, 2 or 3"),
-        ("HASTEN_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE", "gpu", r"HASTEN_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE=gpu: expected one of \['none', 'cpu', 'nvme'\]"),
-        ("HASTEN_GRADIENT_ACCUMULATION_STEPS", "0", r"HASTEN_GRADIENT_ACCUMULATION_STEPS=0: expected a positive integer or 'auto'"),
+        (
+            "HASTEN_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE",
+            "gpu",
+            r"HASTEN_DEEPSPEED_OFFLOAD_OPTIMIZER_DEVICE=gpu: expected one of \['none', 'cpu', 'nvme'\]",
+        ),
+        (
+            "HASTEN_GRADIENT_ACCUMULATION_STEPS",
+            "0",
+            r"HASTEN_GRADIENT_ACCUMULATION_STEPS=0: expected a positive integer or 'auto'",
+        ),
         ("HASTEN_DEEPSPEED_ZERO3_INIT", "maybe", r"HASTEN_DEEPSPEED_ZERO3_INIT=maybe: expected true or false"),
     ],
 )
@@ -336,16 +469,32 @@ def test_zero3_init_needs_stage_3():
 
 
 def test_accelerate_helper_methods():
-    plugin = DeepSpeedPlugin(hf_ds_config={"train_micro_batch_size_per_gpu": "auto", "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8}})
+    plugin = DeepSpeedPlugin(
+        hf_ds_config={
+            "train_micro_batch_size_per_gpu": "auto",
+            "zero_optimization": {"stage": 2, "reduce_bucket_size": 5e8},
+        }
+    )
     assert plugin.is_auto("train_micro_batch_size_per_gpu") and plugin.get_value("zero_optimization.stage") == 2
-    plugin.deepspeed_config_process(must_match=False, train_micro_batch_size_per_gpu=4, **{"zero_optimization.reduce_bucket_size": 1})
-    assert plugin.get_value("train_micro_batch_size_per_gpu") == 4 and plugin.get_value("zero_optimization.reduce_bucket_size") == 5e8
-    with pytest.raises(ConfigError, match=r"zero_optimization.reduce_bucket_size: 500000000.0 in the DeepSpeed config dict, but 1 from the script"):
+    plugin.deepspeed_config_process(
+        must_match=False, train_micro_batch_size_per_gpu=4, **{"zero_optimization.reduce_bucket_size": 1}
+    )
+    assert (
+        plugin.get_value("train_micro_batch_size_per_gpu") == 4
+        and plugin.get_value("zero_optimization.reduce_bucket_size") == 5e8
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"zero_optimization.reduce_bucket_size: 500000000.0 in the DeepSpeed config dict, but 1 from the script",
+    ):
         plugin.deepspeed_config_process(**{"zero_optimization.reduce_bucket_size": 1})
 
 
 def test_explicit_field_fills_a_key_the_file_sets_to_null():
-    plugin = DeepSpeedPlugin(hf_ds_config={"gradient_accumulation_steps": None, "zero_optimization": {"stage": 2}}, gradient_accumulation_steps=4)
+    plugin = DeepSpeedPlugin(
+        hf_ds_config={"gradient_accumulation_steps": None, "zero_optimization": {"stage": 2}},
+        gradient_accumulation_steps=4,
+    )
     assert plugin.deepspeed_config["gradient_accumulation_steps"] == 4
 
 
@@ -361,14 +510,24 @@ def test_config_process_skips_keys_the_file_sets_to_null():
 def test_zero_init_config_replaces_batch_autos():
     config, _ = dsc.load_config(GUIDE_CONFIG)
     ready = dsc.config_for_zero_init(config, "no")
-    assert (ready["train_micro_batch_size_per_gpu"], ready["gradient_accumulation_steps"], ready["fp16"]["enabled"]) == (1, 1, False)
-    assert dsc.auto_paths(ready) == [] and "reduce_bucket_size" not in ready["zero_optimization"] and "train_batch_size" not in ready
+    assert (
+        ready["train_micro_batch_size_per_gpu"],
+        ready["gradient_accumulation_steps"],
+        ready["fp16"]["enabled"],
+    ) == (1, 1, False)
+    assert (
+        dsc.auto_paths(ready) == []
+        and "reduce_bucket_size" not in ready["zero_optimization"]
+        and "train_batch_size" not in ready
+    )
     assert config["train_batch_size"] == "auto", "the original config is left alone"
 
 
 def test_moe_layer_classes_become_zero3_leaf_modules():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
-    with pytest.raises(ConfigError, match=r"transformer_moe_cls_names lists \['Nope'\], which are not layer classes of this model"):
+    with pytest.raises(
+        ConfigError, match=r"transformer_moe_cls_names lists \['Nope'\], which are not layer classes of this model"
+    ):
         DeepSpeedPlugin(zero_stage=3, transformer_moe_cls_names="Linear, Nope").set_moe_leaf_modules(model)
     DeepSpeedPlugin(zero_stage=3, transformer_moe_cls_names="Linear").set_moe_leaf_modules(model)
     assert getattr(model[0], "_z3_leaf", False) and not getattr(model[1], "_z3_leaf", False)

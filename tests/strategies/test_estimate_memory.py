@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from hasten.commands import estimate_memory
+from hasten.commands.model_size import ModelSize, count_parameters, dtype_rows, model_size
 from hasten.errors import ConfigError, MissingDependencyError
 from hasten.runtime.fileio import format_bytes
-from hasten.commands.model_size import ModelSize, count_parameters, dtype_rows, model_size
 from hasten.strategies.deepspeed.memory_estimate import zero2_rows, zero3_rows
 
 # The Transformers DeepSpeed guide, bigscience/T0_3B on 1 node with 1 GPU.
@@ -54,18 +54,28 @@ def test_tables_match_deepspeeds_estimators(gpus, nodes):
     rows = zero3_rows(total, largest, gpus, nodes)
     for row in rows:
         cpu, gpu, _ = stage3.estimate_zero3_model_states_mem_needs(
-            total, largest, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=row.offload_optimizer == "cpu",
-            cpu_offload_params=row.offload_param == "cpu", zero_init=bool(row.zero_init),
+            total,
+            largest,
+            num_gpus_per_node=gpus,
+            num_nodes=nodes,
+            cpu_offload=row.offload_optimizer == "cpu",
+            cpu_offload_params=row.offload_param == "cpu",
+            zero_init=bool(row.zero_init),
         )
         assert (row.cpu_bytes, row.gpu_bytes) == (cpu, gpu), row
     for row in zero2_rows(total, gpus, nodes):
-        cpu, gpu = estimate_zero2_model_states_mem_needs(total, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=row.offload_optimizer == "cpu")
+        cpu, gpu = estimate_zero2_model_states_mem_needs(
+            total, num_gpus_per_node=gpus, num_nodes=nodes, cpu_offload=row.offload_optimizer == "cpu"
+        )
         assert (row.cpu_bytes, row.gpu_bytes) == (cpu, gpu), row
 
 
 def test_dtype_table_follows_accelerate():
     rows = dtype_rows(ModelSize("bert-base-cased", 108_310_272, 22_268_928), ["float32", "float16", "int8", "int4"])
-    text = [(r.dtype, format_bytes(r.largest_group_bytes), format_bytes(r.total_bytes), format_bytes(r.training_bytes)) for r in rows]
+    text = [
+        (r.dtype, format_bytes(r.largest_group_bytes), format_bytes(r.total_bytes), format_bytes(r.training_bytes))
+        for r in rows
+    ]
     assert text == [
         ("float32", "84.95 MB", "413.17 MB", "1.61 GB"),
         ("float16", "42.47 MB", "206.59 MB", "826.34 MB"),
@@ -118,7 +128,9 @@ def test_module_factory_is_built_on_the_meta_device(capsys):
 def test_config_json_builds_the_transformers_model_on_meta(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "tiny"}))
     fake = types.ModuleType("transformers")
-    fake.AutoConfig = types.SimpleNamespace(from_pretrained=lambda path, trust_remote_code=False: {"path": path, "trust": trust_remote_code})
+    fake.AutoConfig = types.SimpleNamespace(
+        from_pretrained=lambda path, trust_remote_code=False: {"path": path, "trust": trust_remote_code}
+    )
     built = []
 
     def from_config(config, trust_remote_code=False):
@@ -135,12 +147,17 @@ def test_config_json_builds_the_transformers_model_on_meta(tmp_path, monkeypatch
 def test_config_json_without_transformers_says_what_to_install(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text("{}")
     monkeypatch.setitem(sys.modules, "transformers", None)
-    with pytest.raises(MissingDependencyError, match=r"needs the transformers package.*pip install transformers, or pass --num_params"):
+    with pytest.raises(
+        MissingDependencyError, match=r"needs the transformers package.*pip install transformers, or pass --num_params"
+    ):
         model_size(str(tmp_path / "config.json"))
 
 
 def test_unknown_models_and_bad_arguments(capsys):
-    with pytest.raises(ConfigError, match=r"Unknown model 't0-3b': hasten estimate-memory does not download models. Did you mean 'bigscience/T0_3B'\?"):
+    with pytest.raises(
+        ConfigError,
+        match=r"Unknown model 't0-3b': hasten estimate-memory does not download models. Did you mean 'bigscience/T0_3B'\?",
+    ):
         model_size("t0-3b")
     assert estimate_memory.main([]) == 1
     assert "Name a model" in capsys.readouterr().err

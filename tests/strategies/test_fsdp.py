@@ -9,20 +9,18 @@ import sys
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+from helpers import SCRIPTS, hasten_launch, torchrun
 from safetensors.torch import load_file
 
 from hasten import Accelerator
 from hasten.enums import DistributedType
 from hasten.errors import CheckpointError, ConfigError
-from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 from hasten.strategies.fsdp.checkpoint import merge_fsdp_weights, read_sharded_model
+from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 from hasten.strategies.fsdp.wrapping import ignored_parameters, wrap_targets
-
-from helpers import SCRIPTS, hasten_launch, torchrun
 
 sys.path.insert(0, str(SCRIPTS))
 from fsdp_model import Block, make_model  # noqa: E402
-
 
 # ----------------------------------------------------------------------------------- plugin settings
 
@@ -30,7 +28,12 @@ from fsdp_model import Block, make_model  # noqa: E402
 def test_defaults_are_fsdp2_full_shard_with_sharded_checkpoints():
     plugin = Plugin()
     assert (plugin.fsdp_version, plugin.sharding_strategy, plugin.reshard_after_forward) == (2, "FULL_SHARD", True)
-    assert (plugin.auto_wrap_policy, plugin.state_dict_type, plugin.cpu_offload, plugin.sync_module_states) == ("NO_WRAP", "SHARDED_STATE_DICT", False, False)
+    assert (plugin.auto_wrap_policy, plugin.state_dict_type, plugin.cpu_offload, plugin.sync_module_states) == (
+        "NO_WRAP",
+        "SHARDED_STATE_DICT",
+        False,
+        False,
+    )
 
 
 def test_settings_come_from_the_environment(monkeypatch):
@@ -41,9 +44,20 @@ def test_settings_come_from_the_environment(monkeypatch):
     monkeypatch.setenv("HASTEN_FSDP_CPU_RAM_EFFICIENT_LOADING", "1")
     monkeypatch.setenv("HASTEN_FSDP_USE_ORIG_PARAMS", "true")
     plugin = Plugin()
-    assert (plugin.sharding_strategy, plugin.reshard_after_forward, plugin.cpu_offload) == ("SHARD_GRAD_OP", False, True)
-    assert (plugin.auto_wrap_policy, plugin.transformer_cls_names_to_wrap) == ("TRANSFORMER_BASED_WRAP", ["Block", "Other"])
-    assert (plugin.state_dict_type, plugin.cpu_ram_efficient_loading, plugin.sync_module_states) == ("FULL_STATE_DICT", True, True)
+    assert (plugin.sharding_strategy, plugin.reshard_after_forward, plugin.cpu_offload) == (
+        "SHARD_GRAD_OP",
+        False,
+        True,
+    )
+    assert (plugin.auto_wrap_policy, plugin.transformer_cls_names_to_wrap) == (
+        "TRANSFORMER_BASED_WRAP",
+        ["Block", "Other"],
+    )
+    assert (plugin.state_dict_type, plugin.cpu_ram_efficient_loading, plugin.sync_module_states) == (
+        "FULL_STATE_DICT",
+        True,
+        True,
+    )
 
 
 def test_reshard_after_forward_accepts_a_flag_or_a_strategy_name(monkeypatch):
@@ -65,7 +79,10 @@ def test_reshard_after_forward_accepts_a_flag_or_a_strategy_name(monkeypatch):
         ({"state_dict_type": "LOCAL_STATE_DICT"}, "state_dict_type='LOCAL_STATE_DICT' is an FSDP1 setting"),
         ({"param_init_fn": lambda m: m}, "param_init_fn=.* cpu_ram_efficient_loading=True"),
         ({"activation_checkpointing_offload": True}, "activation_checkpointing_offload=True is not supported"),
-        ({"mixed_precision_policy": {"param_dtype": "bf16", "buffer_dtype": "bf16"}}, r"\['buffer_dtype'\].* FSDP1 setting"),
+        (
+            {"mixed_precision_policy": {"param_dtype": "bf16", "buffer_dtype": "bf16"}},
+            r"\['buffer_dtype'\].* FSDP1 setting",
+        ),
         ({"mixed_precision_policy": {"param_dtyp": "bf16"}}, "unknown key 'param_dtyp'.*Did you mean 'param_dtype'"),
         ({"sharding_strategy": "FULL_SHARDS"}, "Did you mean 'FULL_SHARD'"),
         ({"sharding_strategy": "FULL_SHARD", "reshard_after_forward": False}, "means reshard_after_forward=True"),
@@ -80,7 +97,11 @@ def test_settings_fsdp2_cannot_honour_are_refused_by_name(kwargs, message):
 
 def test_fsdp1_settings_with_fsdp2_meaning_are_accepted():
     from torch.distributed.fsdp import CPUOffload, MixedPrecision
-    from torch.distributed.fsdp.wrap import lambda_auto_wrap_policy, size_based_auto_wrap_policy, transformer_auto_wrap_policy
+    from torch.distributed.fsdp.wrap import (
+        lambda_auto_wrap_policy,
+        size_based_auto_wrap_policy,
+        transformer_auto_wrap_policy,
+    )
 
     plugin = Plugin(
         use_orig_params=True,
@@ -90,11 +111,17 @@ def test_fsdp1_settings_with_fsdp2_meaning_are_accepted():
         auto_wrap_policy=functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block}),
     )
     assert plugin.cpu_offload is True and plugin.transformer_cls_names_to_wrap == ["Block"]
-    assert (plugin.mixed_precision_policy.param_dtype, plugin.mixed_precision_policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert (plugin.mixed_precision_policy.param_dtype, plugin.mixed_precision_policy.reduce_dtype) == (
+        torch.bfloat16,
+        torch.float32,
+    )
     sized = Plugin(auto_wrap_policy=functools.partial(size_based_auto_wrap_policy, min_num_params=500))
     assert (sized.auto_wrap_policy, sized.min_num_params) == ("SIZE_BASED_WRAP", 500)
     is_block = lambda module: isinstance(module, Block)  # noqa: E731
-    assert Plugin(auto_wrap_policy=functools.partial(lambda_auto_wrap_policy, lambda_fn=is_block)).auto_wrap_policy is is_block
+    assert (
+        Plugin(auto_wrap_policy=functools.partial(lambda_auto_wrap_policy, lambda_fn=is_block)).auto_wrap_policy
+        is is_block
+    )
     with pytest.raises(ConfigError, match=r"must be callable as policy\(module\) -> bool"):
         Plugin(auto_wrap_policy=lambda module, recurse, nonwrapped_numel: True)
 
@@ -102,7 +129,10 @@ def test_fsdp1_settings_with_fsdp2_meaning_are_accepted():
 def test_mixed_precision_gathers_in_half_and_reduces_in_fp32():
     plugin = Plugin()
     plugin.set_mixed_precision("bf16")
-    assert (plugin.mixed_precision_policy.param_dtype, plugin.mixed_precision_policy.reduce_dtype) == (torch.bfloat16, torch.float32)
+    assert (plugin.mixed_precision_policy.param_dtype, plugin.mixed_precision_policy.reduce_dtype) == (
+        torch.bfloat16,
+        torch.float32,
+    )
     kept = Plugin(mixed_precision_policy={"param_dtype": "fp16", "reduce_dtype": "float16"})
     kept.set_mixed_precision("bf16")
     assert kept.mixed_precision_policy.reduce_dtype == torch.float16, "a policy given by the user is kept"
@@ -112,16 +142,24 @@ def test_mixed_precision_gathers_in_half_and_reduces_in_fp32():
 
 def test_wrap_targets_follow_the_policy():
     model = make_model()
-    assert wrap_targets(Plugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP"), model) == list(model.layers), "_no_split_modules is the default"
+    assert wrap_targets(Plugin(auto_wrap_policy="TRANSFORMER_BASED_WRAP"), model) == list(model.layers), (
+        "_no_split_modules is the default"
+    )
     sized = wrap_targets(Plugin(min_num_params=1000), model)
     assert model.layers[0].mlp[0] in sized and model.layers[0] in sized and model.layers[0].norm1 not in sized
-    assert wrap_targets(Plugin(auto_wrap_policy=lambda m: isinstance(m, torch.nn.LayerNorm)), model) == [m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert wrap_targets(Plugin(auto_wrap_policy=lambda m: isinstance(m, torch.nn.LayerNorm)), model) == [
+        m for m in model.modules() if isinstance(m, torch.nn.LayerNorm)
+    ]
     assert wrap_targets(Plugin(), model) == []
-    with pytest.raises(ConfigError, match="names 'Blok', which is not a module class of this model. Did you mean 'Block'"):
+    with pytest.raises(
+        ConfigError, match="names 'Blok', which is not a module class of this model. Did you mean 'Block'"
+    ):
         wrap_targets(Plugin(transformer_cls_names_to_wrap=["Blok"]), model)
     with pytest.raises(ConfigError, match="ignored_modules='lm_head' matches no module name"):
         ignored_parameters(Plugin(ignored_modules="lm_head"), model)
-    assert ignored_parameters(Plugin(ignored_modules=r"layers\.\d\.mlp"), model) == set(model.layers[0].mlp.parameters()) | set(model.layers[1].mlp.parameters())
+    assert ignored_parameters(Plugin(ignored_modules=r"layers\.\d\.mlp"), model) == set(
+        model.layers[0].mlp.parameters()
+    ) | set(model.layers[1].mlp.parameters())
 
 
 def test_use_fsdp_selects_fsdp_and_trains_on_one_process(monkeypatch):
@@ -148,7 +186,9 @@ def test_merge_fsdp_weights_writes_one_safetensors_model(tmp_path):
     written = merge_fsdp_weights(tmp_path / "ckpt", tmp_path / "out", remove_checkpoint_dir=True)
     assert [p.name for p in written] == ["model.safetensors"] and not (tmp_path / "ckpt").exists()
     merged = load_file(tmp_path / "out" / "model.safetensors")
-    assert merged.keys() == model.state_dict().keys() and all(torch.equal(merged[k], v) for k, v in model.state_dict().items())
+    assert merged.keys() == model.state_dict().keys() and all(
+        torch.equal(merged[k], v) for k, v in model.state_dict().items()
+    )
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -193,7 +233,10 @@ def test_fsdp_checkpoints_resume_in_a_new_process_group(tmp_path):
 @pytest.mark.slow
 def test_accelerate_fsdp_helpers_save_and_load_for_real(tmp_path):
     out = torchrun(SCRIPTS / "fsdp_accelerate_helpers.py", str(tmp_path), timeout=400).stdout
-    assert "rank 0: fsdp accelerate helpers checks passed" in out and "rank 1: fsdp accelerate helpers checks passed" in out, out
+    assert (
+        "rank 0: fsdp accelerate helpers checks passed" in out
+        and "rank 1: fsdp accelerate helpers checks passed" in out
+    ), out
 
 
 _CONFIG = """\
@@ -214,11 +257,20 @@ fsdp_config:
 def test_config_file_and_launch_flags_reach_the_plugin(tmp_path):
     config = tmp_path / "fsdp.yaml"
     config.write_text(_CONFIG)
-    out = hasten_launch(SCRIPTS / "fsdp_launch_settings.py", launch_args=("--config_file", str(config), "--fsdp_state_dict_type", "FULL_STATE_DICT")).stdout
+    out = hasten_launch(
+        SCRIPTS / "fsdp_launch_settings.py",
+        launch_args=("--config_file", str(config), "--fsdp_state_dict_type", "FULL_STATE_DICT"),
+    ).stdout
     lines = sorted(line.split(" ", 3)[1:] for line in out.splitlines() if line.startswith("SETTINGS"))
     assert [line[:2] for line in lines] == [["0", "FSDP"], ["1", "FSDP"]], out
     settings = json.loads(lines[0][2])
     assert settings == {
-        "activation_checkpointing": False, "auto_wrap_policy": "TRANSFORMER_BASED_WRAP", "cpu_offload": False, "reshard_after_forward": False,
-        "sharding_strategy": "SHARD_GRAD_OP", "state_dict_type": "FULL_STATE_DICT", "transformer_cls_names_to_wrap": ["Block"], "use_orig_params": True,
+        "activation_checkpointing": False,
+        "auto_wrap_policy": "TRANSFORMER_BASED_WRAP",
+        "cpu_offload": False,
+        "reshard_after_forward": False,
+        "sharding_strategy": "SHARD_GRAD_OP",
+        "state_dict_type": "FULL_STATE_DICT",
+        "transformer_cls_names_to_wrap": ["Block"],
+        "use_orig_params": True,
     }

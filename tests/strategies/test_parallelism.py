@@ -4,14 +4,13 @@ processes training FSDP x TP, TP alone and HSDP against one-process references (
 import re
 
 import pytest
+from helpers import SCRIPTS, hasten_launch, torchrun
 from torch import nn
 
 from hasten import ParallelismConfig
 from hasten.environment import patch_environment
 from hasten.errors import ConfigError, NotSupportedError
 from hasten.strategies.tensor_parallel import resolve_plan, tp_plan
-
-from helpers import SCRIPTS, hasten_launch, torchrun
 
 
 def test_sizes_fill_the_shard_dimension_and_must_multiply_to_the_world():
@@ -96,7 +95,9 @@ def test_plans_resolve_patterns_and_refuse_what_does_not_fit():
     assert resolve_plan(layers, {"layers.*.up": "colwise"}, 2) == {"layers.0.up": "colwise", "layers.1.up": "colwise"}
     with pytest.raises(ConfigError, match=r"'layers\.\*\.gate' -> 'colwise' names no module of Module"):
         resolve_plan(layers, {"layers.*.gate": "colwise"}, 2)
-    with pytest.raises(ConfigError, match=r"tp_size=3 does not divide dimension 0 \(size 8\) of up.weight.*'up' -> 'colwise'"):
+    with pytest.raises(
+        ConfigError, match=r"tp_size=3 does not divide dimension 0 \(size 8\) of up.weight.*'up' -> 'colwise'"
+    ):
         resolve_plan(MLP(), MLP._tp_plan, 3)
     with pytest.raises(ConfigError, match="style 'packed_moe'"):
         resolve_plan(MLP(), {"up": "packed_moe"}, 2)
@@ -104,7 +105,14 @@ def test_plans_resolve_patterns_and_refuse_what_does_not_fit():
 
 def test_transformers_models_carry_their_plan():
     transformers = pytest.importorskip("transformers")
-    config = transformers.LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=2)
+    config = transformers.LlamaConfig(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+    )
     plan = tp_plan(transformers.LlamaForCausalLM(config))
     assert plan["model.layers.*.self_attn.q_proj"] == "colwise" and plan["model.layers.*.mlp.down_proj"] == "rowwise"
     assert plan["lm_head"] == "colwise_gather_output"
@@ -124,8 +132,18 @@ def test_tensor_parallel_alone_trains_like_one_process():
 
 @pytest.mark.slow
 def test_launch_flags_lay_out_fsdp_x_tp_which_trains_like_one_process_on_a_quarter_of_the_bytes():
-    flags = ("--cpu", "--num_processes", "4", "--parallelism_config_dp_shard_size", "2", "--parallelism_config_tp_size", "2")
-    results = _results(hasten_launch(SCRIPTS / "parallelism_training.py", "launch", launch_args=flags, timeout=500).stdout, "launch", 4)
+    flags = (
+        "--cpu",
+        "--num_processes",
+        "4",
+        "--parallelism_config_dp_shard_size",
+        "2",
+        "--parallelism_config_tp_size",
+        "2",
+    )
+    results = _results(
+        hasten_launch(SCRIPTS / "parallelism_training.py", "launch", launch_args=flags, timeout=500).stdout, "launch", 4
+    )
     assert "{'dp_shard': 2, 'tp': 2}" in results["llama"], "Accelerate's mesh: the axes above 1"
     ratio = float(results["llama"].rsplit("(", 1)[1].rstrip(")"))
     assert "identical losses" in results["orders"]
@@ -143,16 +161,22 @@ def test_fsdp_x_tp_checkpoints_resume_in_a_new_process_group_and_merge(tmp_path)
     for mode in ("save", "resume"):
         out = torchrun(SCRIPTS / "parallelism_resume.py", mode, str(tmp_path), nproc=4, timeout=500).stdout
         assert all(f"rank {rank}: parallelism {mode} checks passed" in out for rank in range(4)), out
-    assert (tmp_path / "checkpoint" / "pytorch_model_fsdp_0").is_dir() and (tmp_path / "merged" / "model.safetensors").is_file()
+    assert (tmp_path / "checkpoint" / "pytorch_model_fsdp_0").is_dir() and (
+        tmp_path / "merged" / "model.safetensors"
+    ).is_file()
 
 
 def test_the_config_file_section_reaches_the_processes(tmp_path):
     from hasten import config as cfg
 
     path = tmp_path / "nd.yaml"
-    path.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nuse_cpu: true\nnum_processes: 4\n"
-                    "parallelism_config:\n  parallelism_config_dp_shard_size: 2\n  parallelism_config_tp_size: 2\n")
-    settings = cfg.resolve_settings(flags={}, loaded=cfg.read_config_file(path), env={}, hardware=lambda: cfg.Hardware("cpu", 0))
+    path.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nuse_cpu: true\nnum_processes: 4\n"
+        "parallelism_config:\n  parallelism_config_dp_shard_size: 2\n  parallelism_config_tp_size: 2\n"
+    )
+    settings = cfg.resolve_settings(
+        flags={}, loaded=cfg.read_config_file(path), env={}, hardware=lambda: cfg.Hardware("cpu", 0)
+    )
     env = cfg.launch_environment(settings)
     assert (env["HASTEN_PARALLELISM_CONFIG_DP_SHARD_SIZE"], env["HASTEN_PARALLELISM_CONFIG_TP_SIZE"]) == ("2", "2")
     with patch_environment(**{k: v for k, v in env.items() if k.startswith("HASTEN_PARALLELISM_CONFIG_")}):

@@ -11,10 +11,10 @@ import subprocess
 import sys
 
 import pytest
+from helpers import FIXTURES_ROOT, ROOT, SCRIPTS, clean_env, hasten_launch
 
 from hasten.errors import ConfigError
 from hasten.settings.engines import BUILT_IN, load_engines
-from helpers import FIXTURES_ROOT, ROOT, SCRIPTS, clean_env, hasten_launch
 
 REPORT = SCRIPTS / "toy_engine_report.py"
 TOY = {"strategy": "ToyStrategy", "distributed_type": "TOY"}
@@ -136,18 +136,32 @@ def test_merge_weights_and_estimate_memory_ask_the_registrations(tmp_path):
     checkpoint = tmp_path / "checkpoint"
     checkpoint.mkdir()
     (checkpoint / "toy_shards.txt").write_text("two shards")
-    merged = _python("-m", "hasten.commands.merge_weights", str(checkpoint), str(tmp_path / "out"), "--max_shard_size", "1GB", env=env)
+    merged = _python(
+        "-m",
+        "hasten.commands.merge_weights",
+        str(checkpoint),
+        str(tmp_path / "out"),
+        "--max_shard_size",
+        "1GB",
+        env=env,
+    )
     assert f"Merged the toy checkpoint {checkpoint} into {tmp_path / 'out' / 'toy_merged.txt'}" in merged.stdout
     assert (tmp_path / "out" / "toy_merged.txt").read_text() == "two shards safe=True max=1GB"
     empty = tmp_path / "empty"
     empty.mkdir()
     refused = subprocess.run(
         [sys.executable, "-m", "hasten.commands.merge_weights", str(empty), str(tmp_path / "out2")],
-        env=env, cwd=ROOT, capture_output=True, text=True, timeout=240,
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert refused.returncode == 1
     assert "a DeepSpeed ZeRO checkpoint" in refused.stderr and "nor a toy checkpoint (toy_shards.txt)" in refused.stderr
-    table = _python("-m", "hasten.commands.estimate_memory", "--num_params", "1000000", "--num_gpus", "2", env=env).stdout
+    table = _python(
+        "-m", "hasten.commands.estimate_memory", "--num_params", "1000000", "--num_gpus", "2", env=env
+    ).stdout
     assert "DeepSpeed ZeRO-3: memory for parameters" in table
     assert table.rstrip().endswith("Toy engine: 1000000 parameters on 2 GPU(s)")
 

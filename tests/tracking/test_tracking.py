@@ -18,6 +18,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
+from helpers import SCRIPTS, read_scalars
 
 from hasten.enums import LoggerType
 from hasten.errors import ConfigError, HastenError, MissingDependencyError
@@ -37,8 +38,6 @@ from hasten.tracking import (
     sanitize_config,
 )
 from hasten.tracking.values import tensors_to_numbers
-from helpers import SCRIPTS, read_scalars
-
 
 # ----------------------------------------------------------------------------------- helpers
 
@@ -50,7 +49,9 @@ def read_tagged(run_dir, plugin: str) -> list:
     found = []
     for path in glob.glob(os.path.join(run_dir, "events.out.tfevents.*")):
         for event in EventFileLoader(path).Load():
-            found += [(v.tag, event.step, v) for v in event.summary.value if v.metadata.plugin_data.plugin_name == plugin]
+            found += [
+                (v.tag, event.step, v) for v in event.summary.value if v.metadata.plugin_data.plugin_name == plugin
+            ]
     return found
 
 
@@ -124,7 +125,15 @@ def test_tensorboard_writes_each_scalar_once_with_its_step(tmp_path):
     hub = TrackerHub("tensorboard", tmp_path)
     hub.init("run", config={"lr": torch.tensor(0.125), "layers": [2, 3], "optim": {"name": "adam"}})
     for step in range(4):
-        hub.log({"loss": torch.tensor(1.0 / (step + 1)), "epoch": step // 2, "note": f"s{step}", "lr": {"a": 0.1 * step, "b": step}}, step=step)
+        hub.log(
+            {
+                "loss": torch.tensor(1.0 / (step + 1)),
+                "epoch": step // 2,
+                "note": f"s{step}",
+                "lr": {"a": 0.1 * step, "b": step},
+            },
+            step=step,
+        )
     hub.finish()
 
     scalars = read_scalars(tmp_path / "run")
@@ -148,7 +157,9 @@ def test_tensorboard_config_goes_to_hparams_and_yaml(tmp_path):
     hub.init("run", config={"lr": torch.tensor(0.125), "layers": [2, 3], "optim": {"name": "adam"}, "none": None})
     hub.finish()
     (start,) = [v for tag, _, v in read_tagged(tmp_path / "run", "hparams") if tag == "_hparams_/session_start_info"]
-    hparams = plugin_data_pb2.HParamsPluginData.FromString(start.metadata.plugin_data.content).session_start_info.hparams
+    hparams = plugin_data_pb2.HParamsPluginData.FromString(
+        start.metadata.plugin_data.content
+    ).session_start_info.hparams
     assert hparams["lr"].number_value == 0.125
     assert hparams["layers"].string_value == "[2, 3]"
     assert hparams["optim/name"].string_value == "adam"
@@ -162,7 +173,9 @@ def test_tensorboard_config_goes_to_hparams_and_yaml(tmp_path):
 def test_tensorboard_skips_unloggable_values_with_one_warning(tmp_path):
     hub = TrackerHub("tensorboard", tmp_path)
     hub.init("run")
-    with pytest.warns(UserWarning, match=r"The 'tensorboard' tracker cannot log 'weights' of type Tensor: it expects a number"):
+    with pytest.warns(
+        UserWarning, match=r"The 'tensorboard' tracker cannot log 'weights' of type Tensor: it expects a number"
+    ):
         hub.log({"weights": torch.zeros(3), "loss": 1.0}, step=0)
     hub.log({"weights": torch.zeros(3), "loss": 2.0}, step=1)  # the same key is not reported again
     hub.finish()
@@ -262,7 +275,10 @@ def test_sanitize_config_converts_and_reports_in_one_warning():
 
 
 def test_sanitize_config_rejects_non_mapping():
-    with pytest.raises(ConfigError, match=r"init_trackers\(config=...\) must be a dict \(or a dataclass / argparse.Namespace\), got list"):
+    with pytest.raises(
+        ConfigError,
+        match=r"init_trackers\(config=...\) must be a dict \(or a dataclass / argparse.Namespace\), got list",
+    ):
         sanitize_config([1, 2])
     import argparse
 
@@ -270,7 +286,14 @@ def test_sanitize_config_rejects_non_mapping():
 
 
 def test_tensors_to_numbers_copies_and_groups():
-    values = {"a": torch.tensor(1.5), "b": torch.tensor([2.5]), "c": torch.tensor(3), "d": {"e": torch.tensor(0.25)}, "v": torch.ones(2), "s": "x"}
+    values = {
+        "a": torch.tensor(1.5),
+        "b": torch.tensor([2.5]),
+        "c": torch.tensor(3),
+        "d": {"e": torch.tensor(0.25)},
+        "v": torch.ones(2),
+        "s": "x",
+    }
     out = tensors_to_numbers(values)
     assert out["a"] == 1.5 and out["b"] == 2.5 and out["c"] == 3 and out["d"] == {"e": 0.25} and out["s"] == "x"
     assert type(out["c"]) is int and out["v"] is values["v"]
@@ -302,7 +325,9 @@ def test_all_means_every_installed_tracker(tmp_path, no_optional_trackers):
     custom = RecordingTracker()
     assert filter_trackers([custom, "all"], tmp_path) == [custom, LoggerType.TENSORBOARD]
     assert filter_trackers([custom, "all", "jsonl"], tmp_path) == [custom, LoggerType.TENSORBOARD, LoggerType.JSONL]
-    with pytest.raises(ConfigError, match=r"Logging with `tensorboard` requires a `logging_dir` to be passed in \(log_with='all'\)"):
+    with pytest.raises(
+        ConfigError, match=r"Logging with `tensorboard` requires a `logging_dir` to be passed in \(log_with='all'\)"
+    ):
         filter_trackers("all")
 
 
@@ -310,9 +335,14 @@ def test_log_with_errors():
     assert filter_trackers(None) == []
     with pytest.raises(ConfigError, match=r"no logging directory is set. Pass Accelerator\(project_dir=...\)"):
         filter_trackers("jsonl")
-    with pytest.raises(ConfigError, match=r"log_with='tensorbord' is not a known tracker; .* Did you mean 'tensorboard'\?"):
+    with pytest.raises(
+        ConfigError, match=r"log_with='tensorbord' is not a known tracker; .* Did you mean 'tensorboard'\?"
+    ):
         filter_trackers("tensorbord")
-    with pytest.raises(MissingDependencyError, match=r"The 'comet_ml' tracker \(log_with='comet_ml'\) needs the package 'comet_ml'.*pip install comet_ml"):
+    with pytest.raises(
+        MissingDependencyError,
+        match=r"The 'comet_ml' tracker \(log_with='comet_ml'\) needs the package 'comet_ml'.*pip install comet_ml",
+    ):
         filter_trackers(["comet_ml"])
     with pytest.raises(ConfigError, match=r"log_with got the class RecordingTracker; pass an instance"):
         filter_trackers(RecordingTracker)
@@ -332,9 +362,13 @@ def test_general_tracker_names_missing_attributes():
     class Nothing(GeneralTracker):
         pass
 
-    with pytest.raises(TrackerDefinitionError, match=r"The tracker class NoTracker is missing `tracker`\. Every GeneralTracker"):
+    with pytest.raises(
+        TrackerDefinitionError, match=r"The tracker class NoTracker is missing `tracker`\. Every GeneralTracker"
+    ):
         NoTracker()
-    with pytest.raises(NotImplementedError, match=r"Nothing is missing `name`, `requires_logging_directory`, `tracker`"):
+    with pytest.raises(
+        NotImplementedError, match=r"Nothing is missing `name`, `requires_logging_directory`, `tracker`"
+    ):
         Nothing()
     assert isinstance(GeneralTracker(_blank=True), GeneralTracker)
 
@@ -346,7 +380,12 @@ def test_custom_tracker_instance_and_registration(tmp_path, restore_registry):
     hub.log({"loss": torch.tensor(2.0)}, step=5, log_kwargs={"recording": {"commit": False}})
     assert hub.get("recording") is instance and hub.get("recording", unwrap=True) is instance.calls
     hub.finish()
-    assert instance.calls == [("start",), ("config", {"p": "q"}), ("log", {"loss": 2.0}, 5, {"commit": False}), ("finish",)]
+    assert instance.calls == [
+        ("start",),
+        ("config", {"p": "q"}),
+        ("log", {"loss": 2.0}, 5, {"commit": False}),
+        ("finish",),
+    ]
 
     class Registered(RecordingTracker):
         name = "registered"
@@ -366,7 +405,10 @@ def test_custom_tracker_instance_and_registration(tmp_path, restore_registry):
 
     jsonl = LOGGER_TYPE_TO_CLASS["jsonl"]
     try:
-        with pytest.warns(UserWarning, match=r"A tracker named 'jsonl' is already registered \(hasten.tracking.jsonl_tracker.JSONLTracker\)"):
+        with pytest.warns(
+            UserWarning,
+            match=r"A tracker named 'jsonl' is already registered \(hasten.tracking.jsonl_tracker.JSONLTracker\)",
+        ):
             register_tracker_class(Clash)
         assert LOGGER_TYPE_TO_CLASS["jsonl"] is Clash, "as in Accelerate, the later registration wins"
     finally:
@@ -377,7 +419,9 @@ def test_custom_tracker_instance_and_registration(tmp_path, restore_registry):
 
     with pytest.raises(ConfigError, match="needs a class attribute `requires_logging_directory`"):
         register_tracker_class(NoFlag)
-    with pytest.raises(ConfigError, match=r"register_tracker_class expects a subclass of hasten.tracking.GeneralTracker"):
+    with pytest.raises(
+        ConfigError, match=r"register_tracker_class expects a subclass of hasten.tracking.GeneralTracker"
+    ):
         register_tracker_class(dict)
 
 
@@ -416,7 +460,10 @@ def test_hub_on_a_non_main_process_writes_nothing(tmp_path):
     assert isinstance(blank, BlankTracker) and blank.add_scalar("x", 1.0, 0) is None
     assert blank.writer.add_histogram("h", torch.ones(2)) is None
     assert isinstance(hub.get("jsonl"), BlankTracker)
-    with pytest.raises(ConfigError, match=r"get_tracker\('wandb'\): no tracker of that name; this run logs with tensorboard, jsonl, recording"):
+    with pytest.raises(
+        ConfigError,
+        match=r"get_tracker\('wandb'\): no tracker of that name; this run logs with tensorboard, jsonl, recording",
+    ):
         hub.get("wandb")
     hub.finish()
     assert list(tmp_path.iterdir()) == []
@@ -424,15 +471,22 @@ def test_hub_on_a_non_main_process_writes_nothing(tmp_path):
 
 def test_hub_misuse_is_reported(tmp_path):
     hub = TrackerHub("jsonl", tmp_path)
-    with pytest.raises(ConfigError, match=r"log\(\) was called before init_trackers\(\), so nothing would be recorded for jsonl"):
+    with pytest.raises(
+        ConfigError, match=r"log\(\) was called before init_trackers\(\), so nothing would be recorded for jsonl"
+    ):
         hub.log({"loss": 1.0})
     with pytest.raises(ConfigError, match=r"get_tracker\('jsonl'\) was called before init_trackers\(\)"):
         hub.get("jsonl")
     with pytest.raises(ConfigError, match=r"init_trackers\(project_name=...\) must be a non-empty string, got ''"):
         hub.init("")
-    with pytest.raises(ConfigError, match=r"init_kwargs\['jsonl'\]=\{'colour': 1\} does not fit JSONLTracker: .*colour"):
+    with pytest.raises(
+        ConfigError, match=r"init_kwargs\['jsonl'\]=\{'colour': 1\} does not fit JSONLTracker: .*colour"
+    ):
         hub.init("run", init_kwargs={"jsonl": {"colour": 1}})
-    with pytest.warns(UserWarning, match=r"init_trackers\(init_kwargs=...\) has an entry for 'jsnl', which is not a tracker; it is ignored\..* Did you mean 'jsonl'\?"):
+    with pytest.warns(
+        UserWarning,
+        match=r"init_trackers\(init_kwargs=...\) has an entry for 'jsnl', which is not a tracker; it is ignored\..* Did you mean 'jsonl'\?",
+    ):
         hub.init("run", init_kwargs={"jsnl": {}, "wandb": {"entity": "unused here"}})
     with pytest.raises(ConfigError, match=r"init_trackers\(\) was already called for this run; call end_training\(\)"):
         hub.init("run")
@@ -454,7 +508,10 @@ def test_hub_finishes_every_tracker_even_if_one_fails(tmp_path):
     hub = TrackerHub([Broken(), "jsonl"], tmp_path)
     hub.init("run")
     jsonl = hub.get("jsonl")
-    with pytest.raises(HastenError, match=r"Some trackers failed to finish, their last values may be missing: broken: OSError: disk full"):
+    with pytest.raises(
+        HastenError,
+        match=r"Some trackers failed to finish, their last values may be missing: broken: OSError: disk full",
+    ):
         hub.finish()
     assert jsonl.file is None and hub.trackers == []
 
@@ -488,7 +545,10 @@ def read_wandb_records(path) -> list:
     return records
 
 
-@pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed (pip install wandb); its offline run is not checked")
+@pytest.mark.skipif(
+    importlib.util.find_spec("wandb") is None,
+    reason="wandb is not installed (pip install wandb); its offline run is not checked",
+)
 def test_wandb_offline_run_holds_each_metric_once(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
@@ -509,7 +569,10 @@ def test_wandb_offline_run_holds_each_metric_once(tmp_path, monkeypatch):
     assert history == [(0, 0.5, 0.0), (1, 1.5, 0.25), (2, 2.5, 0.5)]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="mlflow is not installed (pip install mlflow); its file store is not checked")
+@pytest.mark.skipif(
+    importlib.util.find_spec("mlflow") is None,
+    reason="mlflow is not installed (pip install mlflow); its file store is not checked",
+)
 def test_mlflow_file_store_holds_each_metric_once(tmp_path, monkeypatch):
     import mlflow
 
@@ -553,9 +616,13 @@ def test_two_processes_only_rank0_writes(tmp_path):
 
     steps = range(5)
     scalars = read_scalars(tmp_path / "two_procs")
-    assert sorted(scalars) == sorted([("loss", s, f32(s + 0.25)) for s in steps] + [("acc", s, f32(s / 10)) for s in steps])
+    assert sorted(scalars) == sorted(
+        [("loss", s, f32(s + 0.25)) for s in steps] + [("acc", s, f32(s / 10)) for s in steps]
+    )
     lines = read_jsonl(tmp_path / "two_procs" / "metrics.jsonl")
-    assert [(line["step"], line["values"]) for line in lines] == [(s, {"loss": s + 0.25, "acc": s / 10, "phase": "rank0"}) for s in steps]
+    assert [(line["step"], line["values"]) for line in lines] == [
+        (s, {"loss": s + 0.25, "acc": s / 10, "phase": "rank0"}) for s in steps
+    ]
     assert json.loads((tmp_path / "two_procs" / "config.json").read_text()) == {"lr": 0.125, "world_size": 2}
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"everyrank_{rank}.json").read_text())

@@ -131,7 +131,10 @@ def test_clearml_reports_series_and_closes_only_its_own_task(monkeypatch, tmp_pa
     hub.init("proj")
     hub.get("clearml").log({"eval_acc": 0.9})
     hub.finish()
-    assert calls == [("task.get_logger", (), {}), ("logger.report_single_value", (), {"name": "eval_acc", "value": 0.9})]
+    assert calls == [
+        ("task.get_logger", (), {}),
+        ("logger.report_single_value", (), {"name": "eval_acc", "value": 0.9}),
+    ]
 
 
 def test_dvclive_logs_a_step_per_call(monkeypatch, tmp_path):
@@ -170,11 +173,16 @@ def test_missing_packages_name_the_pip_command_and_all_skips_them(tmp_path):
     for name in ("aim", "comet_ml", "clearml", "dvclive", "trackio", "swanlab"):
         with pytest.raises(MissingDependencyError, match=rf"The {name!r} tracker .*pip install {name}"):
             filter_trackers(name, tmp_path)
-    assert not {"aim", "comet_ml", "clearml", "dvclive", "trackio", "swanlab"} & {str(t) for t in get_available_trackers()}
+    assert not {"aim", "comet_ml", "clearml", "dvclive", "trackio", "swanlab"} & {
+        str(t) for t in get_available_trackers()
+    }
 
 
 def test_constructors_take_accelerates_arguments():
-    signatures = {cls: str(inspect.signature(cls)) for cls in (CometMLTracker, AimTracker, ClearMLTracker, DVCLiveTracker, TrackioTracker, SwanLabTracker)}
+    signatures = {
+        cls: str(inspect.signature(cls))
+        for cls in (CometMLTracker, AimTracker, ClearMLTracker, DVCLiveTracker, TrackioTracker, SwanLabTracker)
+    }
     assert signatures == {
         CometMLTracker: "(run_name: 'str', **kwargs)",
         AimTracker: "(run_name: 'str', logging_dir: 'str | os.PathLike | None' = '.', **kwargs)",

@@ -24,9 +24,10 @@ import torch
 from torch import nn
 
 from .. import environment
+from ..errors import ConfigError, NotSupportedError, did_you_mean
+from ..runtime.weights.offloaded import cpu_state_dict
 from .checkpoint_loading import load_checkpoint_in_model
 from .device_map import DEVICE_MAP_STRATEGIES, check_device_map, get_balanced_memory, infer_auto_device_map
-from ..errors import ConfigError, NotSupportedError, did_you_mean
 from .hook_attach import attach_align_device_hook, attach_align_device_hook_on_blocks
 from .hooks import (
     SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING,
@@ -37,9 +38,8 @@ from .hooks import (
     add_hook_to_module,
 )
 from .modeling import find_tied_parameters, retie_parameters
-from .tensors import as_device, get_module_tensor, moved_parameter, named_module_tensors
-from ..runtime.weights.offloaded import cpu_state_dict
 from .offload import OffloadedWeightsLoader, extract_submodules_state_dict, offload_state_dict, read_offload_index
+from .tensors import as_device, get_module_tensor, moved_parameter, named_module_tensors
 
 
 @contextlib.contextmanager
@@ -131,7 +131,10 @@ def _guard_moves(model: nn.Module) -> None:
                     f"model.{_name}() cannot move a dispatched model with offloaded weights. Remove the hooks first with "
                     "hasten.hooks.remove_hook_from_module(model, recurse=True), or dispatch it again with another device_map."
                 )
-            warnings.warn(f"model.{_name}() moves a model dispatched with a device_map; its hooks still expect the old devices.", stacklevel=2)
+            warnings.warn(
+                f"model.{_name}() moves a model dispatched with a device_map; its hooks still expect the old devices.",
+                stacklevel=2,
+            )
             return _method(*args, **kwargs)
 
         setattr(model, name, functools.update_wrapper(guard, method))
@@ -144,7 +147,11 @@ def _offload_names(model: nn.Module, device_map: Mapping, offload_devices: set) 
     for name in list(names):
         if name in tensors and "." in name:
             owner = name.rsplit(".", 1)[0]
-            names += [f"{owner}.{leaf}" for leaf, _ in named_module_tensors(model.get_submodule(owner)) if f"{owner}.{leaf}" not in names]
+            names += [
+                f"{owner}.{leaf}"
+                for leaf, _ in named_module_tensors(model.get_submodule(owner))
+                if f"{owner}.{leaf}" not in names
+            ]
     return names
 
 
@@ -224,7 +231,9 @@ def dispatch_model(
     uses_disk = any(device == "disk" for device in devices.values())
     weights_map = None
     if state_dict is not None or uses_disk:
-        weights_map = OffloadedWeightsLoader(state_dict=state_dict, save_folder=offload_dir if uses_disk else None, index=offload_index)
+        weights_map = OffloadedWeightsLoader(
+            state_dict=state_dict, save_folder=offload_dir if uses_disk else None, index=offload_index
+        )
     execution = {name: main_device if str(device) in offload_devices else device for name, device in devices.items()}
     execution.setdefault("", main_device)
     offload = {name: str(device) in offload_devices for name, device in devices.items()}
@@ -235,7 +244,14 @@ def dispatch_model(
         if tensor.device.type != "meta":
             tied_map[tensor.data_ptr()] = {}
     attach_align_device_hook_on_blocks(
-        model, execution, offload, weights_map, offload_buffers, skip_keys=skip_keys, preload_module_classes=preload_module_classes, tied_params_map=tied_map
+        model,
+        execution,
+        offload,
+        weights_map,
+        offload_buffers,
+        skip_keys=skip_keys,
+        preload_module_classes=preload_module_classes,
+        tied_params_map=tied_map,
     )
     retie_parameters(model, tied)
     _guard_moves(model)
@@ -278,7 +294,12 @@ def cpu_offload(
         state_dict = {name: tensor.to("cpu") for name, tensor in model.state_dict().items()}
     add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
     attach_align_device_hook(
-        model, execution_device, offload=True, weights_map=state_dict, offload_buffers=offload_buffers, preload_module_classes=preload_module_classes
+        model,
+        execution_device,
+        offload=True,
+        weights_map=state_dict,
+        offload_buffers=offload_buffers,
+        preload_module_classes=preload_module_classes,
     )
     return model
 
@@ -329,7 +350,12 @@ def disk_offload(
     weights_map = OffloadedWeightsLoader(save_folder=offload_dir)
     add_hook_to_module(model, AlignDevicesHook(io_same_device=True), append=True)
     attach_align_device_hook(
-        model, execution_device, offload=True, weights_map=weights_map, offload_buffers=offload_buffers, preload_module_classes=preload_module_classes
+        model,
+        execution_device,
+        offload=True,
+        weights_map=weights_map,
+        offload_buffers=offload_buffers,
+        preload_module_classes=preload_module_classes,
     )
     return model
 
@@ -383,8 +409,12 @@ def load_checkpoint_and_dispatch(
                 f"{did_you_mean(device_map, DEVICE_MAP_STRATEGIES)}"
             )
         if device_map != "sequential":
-            max_memory = get_balanced_memory(model, max_memory, no_split_module_classes, dtype, low_zero=device_map == "balanced_low_0")
-        device_map = infer_auto_device_map(model, max_memory, no_split_module_classes, dtype, offload_buffers=offload_buffers)
+            max_memory = get_balanced_memory(
+                model, max_memory, no_split_module_classes, dtype, low_zero=device_map == "balanced_low_0"
+            )
+        device_map = infer_auto_device_map(
+            model, max_memory, no_split_module_classes, dtype, offload_buffers=offload_buffers
+        )
     load_checkpoint_in_model(
         model,
         checkpoint,
@@ -437,7 +467,9 @@ def attach_layerwise_casting_hooks(
     pending = [("", module)]
     while pending:
         name, current = pending.pop()
-        if (skip_modules_classes and isinstance(current, skip_modules_classes)) or any(re.search(p, name) for p in patterns):
+        if (skip_modules_classes and isinstance(current, skip_modules_classes)) or any(
+            re.search(p, name) for p in patterns
+        ):
             continue
         if isinstance(current, SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING):
             add_hook_to_module(current, LayerwiseCastingHook(storage_dtype, compute_dtype, non_blocking), append=True)

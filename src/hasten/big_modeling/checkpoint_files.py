@@ -37,8 +37,8 @@ from ..runtime.weights.files import (  # noqa: F401 (the names big_modeling and 
     safetensors_header,
     torch_file,
 )
-from .tensors import as_device
 from .placement import device_for
+from .tensors import as_device
 
 _CPU = torch.device("cpu")
 

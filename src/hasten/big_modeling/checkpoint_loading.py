@@ -26,9 +26,9 @@ from .checkpoint_files import (
     torch_file,
 )
 from .modeling import find_tied_parameters, resolve_dtype, retie_parameters
-from .tensors import as_device, get_module_tensor, set_module_tensor_to_device
 from .offload import offload_weight, save_offload_index
 from .placement import check_tied_parameters_on_same_device
+from .tensors import as_device, get_module_tensor, set_module_tensor_to_device
 
 logger = logging.getLogger(__name__)
 _CPU = torch.device("cpu")

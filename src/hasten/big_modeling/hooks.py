@@ -17,9 +17,9 @@ import torch
 from torch import nn
 
 from ..errors import CheckpointError
-from .tensors import get_module_tensor, get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
 from ..runtime.tree import find_device, send_to_device
 from ..runtime.weights.offloaded import OffloadingHook
+from .tensors import get_module_tensor, get_non_persistent_buffers, named_module_tensors, set_module_tensor_to_device
 
 
 class ModelHook:

@@ -19,7 +19,6 @@ from ..errors import ConfigError, did_you_mean
 from ..runtime.weights.tied import find_tied_parameters  # noqa: F401 (Accelerate's accelerate.utils.modeling name)
 from .tensors import get_module_tensor, get_tensor_owner, integral, named_module_tensors, resolve_dtype
 
-
 _DTYPE_ALIASES = {
     "fp16": torch.float16,
     "half": torch.float16,

@@ -26,9 +26,9 @@ import torch
 
 from ..errors import CheckpointError
 from ..runtime.fileio import atomic_write
+from ..runtime.weights.safetensors_io import SafetensorsHeader, map_tensor, read_header
 from .modeling import find_tied_parameters, parse_dtype, retie_parameters
 from .tensors import set_module_tensor_to_device
-from ..runtime.weights.safetensors_io import SafetensorsHeader, map_tensor, read_header
 
 OFFLOAD_INDEX_NAME = "index.json"
 
@@ -61,7 +61,9 @@ def _write_dat(path: Path, array: np.ndarray) -> None:
     del mapped
 
 
-def offload_weight(weight: torch.Tensor, weight_name: str, offload_folder: str | os.PathLike, index: dict | None = None) -> dict | None:
+def offload_weight(
+    weight: torch.Tensor, weight_name: str, offload_folder: str | os.PathLike, index: dict | None = None
+) -> dict | None:
     """Write one weight to ``offload_folder/<weight_name>.dat`` (Accelerate's format) and record it in ``index``.
 
     The file is written atomically (a crash leaves the old file or the new one).
@@ -103,7 +105,9 @@ def read_offload_index(offload_folder: str | os.PathLike) -> dict:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise CheckpointError(f"The offload index {path} is not valid JSON ({error}); delete the offload folder and offload again.") from None
+        raise CheckpointError(
+            f"The offload index {path} is not valid JSON ({error}); delete the offload folder and offload again."
+        ) from None
 
 
 def offload_state_dict(save_dir: str | os.PathLike, state_dict: Mapping[str, torch.Tensor]) -> dict:
@@ -158,7 +162,9 @@ def load_offloaded_weight(weight_file: str | os.PathLike, weight_info: Mapping) 
     return _cast(tensor, weight_info)
 
 
-def load_offloaded_weights(model: torch.nn.Module, index: Mapping[str, dict], offload_folder: str | os.PathLike) -> None:
+def load_offloaded_weights(
+    model: torch.nn.Module, index: Mapping[str, dict], offload_folder: str | os.PathLike
+) -> None:
     """Load every weight listed in ``index`` back into ``model`` on the CPU (copied into RAM); ties are kept."""
     tied = find_tied_parameters(model)
     loader = OffloadedWeightsLoader(save_folder=offload_folder, index=dict(index))
@@ -180,7 +186,13 @@ class OffloadedWeightsLoader(Mapping):
         device: where to put weights read from disk (they stay memory-mapped on the CPU when None).
     """
 
-    def __init__(self, state_dict: Mapping | None = None, save_folder: str | os.PathLike | None = None, index: Mapping | None = None, device=None):
+    def __init__(
+        self,
+        state_dict: Mapping | None = None,
+        save_folder: str | os.PathLike | None = None,
+        index: Mapping | None = None,
+        device=None,
+    ):
         if state_dict is None and save_folder is None and index is None:
             raise CheckpointError("OffloadedWeightsLoader needs a state_dict, a save_folder or an index.")
         self.state_dict = {} if state_dict is None else state_dict
@@ -199,7 +211,9 @@ class OffloadedWeightsLoader(Mapping):
             path = Path(f"{key}.dat")
         if not path.is_absolute():
             if self.save_folder is None:
-                raise CheckpointError(f"The offload index gives a relative path for {key!r} but no save_folder was given.")
+                raise CheckpointError(
+                    f"The offload index gives a relative path for {key!r} but no save_folder was given."
+                )
             path = self.save_folder / path
         return path
 
@@ -207,7 +221,9 @@ class OffloadedWeightsLoader(Mapping):
         try:
             stat = path.stat()
         except FileNotFoundError:
-            raise CheckpointError(f"The offloaded weights file {path} is missing; the offload folder is incomplete.") from None
+            raise CheckpointError(
+                f"The offloaded weights file {path} is missing; the offload folder is incomplete."
+            ) from None
         key = (str(path), stat.st_ino, stat.st_mtime_ns, stat.st_size)
         if key not in self._headers:
             self._headers[key] = read_header(path)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from .memory import convert_file_size_to_int, get_max_memory
-from .modeling import compute_module_total_buffer_size, compute_module_sizes, find_tied_parameters, get_max_layer_size
+from .modeling import compute_module_sizes, compute_module_total_buffer_size, find_tied_parameters, get_max_layer_size
 from .placement import clean_device_map
 
 logger = logging.getLogger(__name__)

@@ -15,6 +15,10 @@ import pickle
 
 import torch
 
+from ..errors import ConfigError
+from ..runtime.fileio import atomic_write, parse_size
+from ..runtime.weights.safetensors_io import dedupe_tensors, read_header
+from ..runtime.weights.saving import save, save_model_weights
 from .checkpoint_files import (
     MODEL_NAME,
     SAFE_MODEL_NAME,
@@ -28,10 +32,6 @@ from .checkpoint_files import (
     refused_pickle_error,
 )
 from .checkpoint_loading import load_checkpoint_in_model
-from ..errors import ConfigError
-from ..runtime.fileio import atomic_write, parse_size
-from ..runtime.weights.safetensors_io import dedupe_tensors, read_header
-from ..runtime.weights.saving import save, save_model_weights
 
 __all__ = [
     "MODEL_NAME",

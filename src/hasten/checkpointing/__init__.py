@@ -13,21 +13,43 @@ from .staging import staging_memory
 
 
 def save_accelerator_state(
-    output_dir, model_states, optimizers, schedulers, dataloaders, process_index, step, scaler=None, save_on_each_node=False, safe_serialization=True
+    output_dir,
+    model_states,
+    optimizers,
+    schedulers,
+    dataloaders,
+    process_index,
+    step,
+    scaler=None,
+    save_on_each_node=False,
+    safe_serialization=True,
 ):
     """Accelerate's low-level saver; in hasten call ``accelerator.save_state(output_dir)`` instead."""
     from ..errors import NotSupportedError
 
-    raise NotSupportedError("save_accelerator_state is internal to Accelerate; call accelerator.save_state(output_dir) instead (same contents, atomic, no pickle).")
+    raise NotSupportedError(
+        "save_accelerator_state is internal to Accelerate; call accelerator.save_state(output_dir) instead (same contents, atomic, no pickle)."
+    )
 
 
 def load_accelerator_state(
-    input_dir, models, optimizers, schedulers, dataloaders, process_index, scaler=None, map_location=None, load_kwargs=None, **load_model_func_kwargs
+    input_dir,
+    models,
+    optimizers,
+    schedulers,
+    dataloaders,
+    process_index,
+    scaler=None,
+    map_location=None,
+    load_kwargs=None,
+    **load_model_func_kwargs,
 ):
     """Accelerate's low-level loader; in hasten call ``accelerator.load_state(input_dir)`` instead."""
     from ..errors import NotSupportedError
 
-    raise NotSupportedError("load_accelerator_state is internal to Accelerate; call accelerator.load_state(input_dir) instead.")
+    raise NotSupportedError(
+        "load_accelerator_state is internal to Accelerate; call accelerator.load_state(input_dir) instead."
+    )
 
 
 __all__ = [

@@ -32,7 +32,12 @@ from .files import MANIFEST, CheckpointReader
 
 def _numpy_globals() -> list:
     core = np._core if hasattr(np, "_core") else np.core
-    allowed: list = [core.multiarray._reconstruct, (core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"), np.ndarray, np.dtype]
+    allowed: list = [
+        core.multiarray._reconstruct,
+        (core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct"),
+        np.ndarray,
+        np.dtype,
+    ]
     for code in "?bBhHiIlLqQefdg":
         kind = type(np.dtype(code))
         if kind is not np.dtype:
@@ -80,7 +85,9 @@ def load_pickle(path: str | os.PathLike) -> Any:
             "resave the object from the program that wrote it."
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as error:
-        raise CheckpointError(f"{path} could not be read as a PyTorch file ({error}); it is truncated or damaged.") from None
+        raise CheckpointError(
+            f"{path} could not be read as a PyTorch file ({error}); it is truncated or damaged."
+        ) from None
 
 
 def is_accelerate_checkpoint(directory: str | os.PathLike) -> bool:
@@ -88,7 +95,10 @@ def is_accelerate_checkpoint(directory: str | os.PathLike) -> bool:
     directory = Path(directory)
     if (directory / MANIFEST).exists() or not directory.is_dir():
         return False
-    return any((directory / name).is_file() for name in ("random_states_0.pkl", "optimizer.bin", "model.safetensors", "pytorch_model.bin"))
+    return any(
+        (directory / name).is_file()
+        for name in ("random_states_0.pkl", "optimizer.bin", "model.safetensors", "pytorch_model.bin")
+    )
 
 
 def open_checkpoint(directory: str | os.PathLike, process_index: int = 0, models: list | None = None):
@@ -179,7 +189,13 @@ class AccelerateCheckpointReader:
         if extension == "json" and stem.startswith("random_states_"):
             return [f"{stem}.pkl"]
         if extension == "json":
-            return [f"{stem}.pt" if stem == "scaler" else f"{stem}.pkl" if stem.startswith("custom_checkpoint_") else f"{stem}.bin"]
+            return [
+                f"{stem}.pt"
+                if stem == "scaler"
+                else f"{stem}.pkl"
+                if stem.startswith("custom_checkpoint_")
+                else f"{stem}.bin"
+            ]
         return [name]
 
     def find_corrupt(self, names: list[str] | None = None, share: tuple[int, int] = (0, 1)) -> list[str]:
@@ -276,11 +292,21 @@ def rng_states_from_accelerate(states: Any, path: Path) -> dict[str, Any]:
         kind, keys, pos, has_gauss, cached = states["numpy_random_seed"]
         meta = {
             "python": {"version": int(py_version), "state": [int(v) for v in py_state], "gauss": py_gauss},
-            "numpy": {"kind": str(kind), "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+            "numpy": {
+                "kind": str(kind),
+                "pos": int(pos),
+                "has_gauss": int(has_gauss),
+                "cached_gaussian": float(cached),
+            },
         }
-        tensors = {"torch": states["torch_manual_seed"], "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.uint32).astype(np.int64))}
+        tensors = {
+            "torch": states["torch_manual_seed"],
+            "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.uint32).astype(np.int64)),
+        }
     except (KeyError, TypeError, ValueError) as error:
-        raise CheckpointError(f"{path} does not hold Accelerate's random states (python, numpy, torch): {error!r}.") from None
+        raise CheckpointError(
+            f"{path} does not hold Accelerate's random states (python, numpy, torch): {error!r}."
+        ) from None
     for device in ("cuda", "xpu"):
         for i, state in enumerate(states.get(f"torch_{device}_manual_seed") or []):
             tensors[f"{device}_{i}"] = state

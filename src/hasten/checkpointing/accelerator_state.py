@@ -28,10 +28,9 @@ from ..runtime.operations import gather_object
 from ..runtime.rng import capture_rng_states, restore_rng_states
 from ..state import PartialState, warn_once
 from . import participants
-from .background import side_group, wait_for_pending_save
-from .background import start as start_background_save
-from .background import start_waiting
 from .accelerate_format import open_checkpoint
+from .background import side_group, start_waiting, wait_for_pending_save
+from .background import start as start_background_save
 from .files import CheckpointReader, CheckpointWriter
 from .integrity import corrupt_message
 from .naming import _NAME, checkpoint_path, latest_checkpoint, rotate
@@ -78,9 +77,13 @@ def _target(project, output_dir, check_free: bool = True) -> Path:
     if output_dir is not None:
         return resolve_target(output_dir)
     if not project.automatic_checkpoint_naming:
-        raise ConfigError("save_state() needs an output_dir, or Accelerator(project_config=ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)).")
+        raise ConfigError(
+            "save_state() needs an output_dir, or Accelerator(project_config=ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True))."
+        )
     if project.project_dir is None:
-        raise ConfigError("automatic_checkpoint_naming needs a project_dir: Accelerator(project_dir=...) or ProjectConfiguration(project_dir=...).")
+        raise ConfigError(
+            "automatic_checkpoint_naming needs a project_dir: Accelerator(project_dir=...) or ProjectConfiguration(project_dir=...)."
+        )
     path = checkpoint_path(project.project_dir, project.iteration)
     if check_free and path.exists():
         raise CheckpointError(
@@ -90,7 +93,13 @@ def _target(project, output_dir, check_free: bool = True) -> Path:
     return path
 
 
-def save_state(contents: CheckpointContents, project, output_dir=None, safe_serialization: bool = True, async_save: bool | None = None) -> Path:
+def save_state(
+    contents: CheckpointContents,
+    project,
+    output_dir=None,
+    safe_serialization: bool = True,
+    async_save: bool | None = None,
+) -> Path:
     """Write the training state to ``output_dir`` (or the next automatic checkpoint) and return its path.
 
     Under a replicated engine (one process, DDP) it works whether every process calls it or the main
@@ -103,7 +112,10 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
     wait_for_pending_save()
     state = PartialState()
     if not safe_serialization:
-        warn_once("unsafe-serialization", "save_state(safe_serialization=False) is ignored: hasten checkpoints always store tensors in safetensors and structure in JSON (no pickle).")
+        warn_once(
+            "unsafe-serialization",
+            "save_state(safe_serialization=False) is ignored: hasten checkpoints always store tensors in safetensors and structure in JSON (no pickle).",
+        )
     asynchronous = _asynchronous(contents, project, async_save)
     on_each_node = project.save_on_each_node
     is_writer = state.is_local_main_process if on_each_node else state.is_main_process
@@ -111,18 +123,31 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
     started = time.monotonic()
     target = _target(project, output_dir, check_free=is_writer or sharded)
     if sharded:
-        participants.check_attendance(target.absolute(), contents.step, state.process_index, state.num_processes, type(contents.strategy).__name__)
+        participants.check_attendance(
+            target.absolute(), contents.step, state.process_index, state.num_processes, type(contents.strategy).__name__
+        )
 
     def new_writer(writes: bool) -> CheckpointWriter:
         live = _live_memory(contents) if asynchronous else frozenset()
         group = state.launch.node_rank if on_each_node else 0
-        return CheckpointWriter(target, is_main=writes, rank=state.process_index, group=group, solo=not sharded, snapshot=asynchronous, live=live)
+        return CheckpointWriter(
+            target,
+            is_main=writes,
+            rank=state.process_index,
+            group=group,
+            solo=not sharded,
+            snapshot=asynchronous,
+            live=live,
+        )
 
     writer = new_writer(is_writer)
     returned = target if output_dir is None else Path(output_dir)
     own_folder = False
     if not sharded and not is_writer:
-        own_folder = _hand_over(writer, contents, state, asynchronous, _writer_rank(state, on_each_node)) == participants.ELSEWHERE
+        own_folder = (
+            _hand_over(writer, contents, state, asynchronous, _writer_rank(state, on_each_node))
+            == participants.ELSEWHERE
+        )
         if not own_folder:
             _count_iteration(project, output_dir)
             return returned
@@ -133,11 +158,24 @@ def save_state(contents: CheckpointContents, project, output_dir=None, safe_seri
     return returned
 
 
-def _write_and_publish(writer: CheckpointWriter, contents: CheckpointContents, project, output_dir, others: list[int], started: float, asynchronous: bool, sharded: bool) -> None:
+def _write_and_publish(
+    writer: CheckpointWriter,
+    contents: CheckpointContents,
+    project,
+    output_dir,
+    others: list[int],
+    started: float,
+    asynchronous: bool,
+    sharded: bool,
+) -> None:
     """On a writing process: write every file, collect the random states of ``others`` (the processes whose
     states belong in this folder), then publish, now or in the background."""
     state = PartialState()
-    record = (state.process_index, participants.open_record(writer.final, contents.step, state.process_index)) if others else None
+    record = (
+        (state.process_index, participants.open_record(writer.final, contents.step, state.process_index))
+        if others
+        else None
+    )
 
     def after_failure(error: BaseException) -> None:
         if others:
@@ -164,7 +202,14 @@ def _write_and_publish(writer: CheckpointWriter, contents: CheckpointContents, p
         "world_size": state.num_processes,
         "step": contents.step,
         "iteration": project.iteration if output_dir is None else None,
-        "contents": {"models": len(contents.models) if saved_models is None else saved_models, "optimizers": len(contents.optimizers), "schedulers": len(contents.schedulers), "dataloaders": len(contents.dataloaders), "custom_objects": len(contents.custom_objects), "scaler": contents.scaler is not None},
+        "contents": {
+            "models": len(contents.models) if saved_models is None else saved_models,
+            "optimizers": len(contents.optimizers),
+            "schedulers": len(contents.schedulers),
+            "dataloaders": len(contents.dataloaders),
+            "custom_objects": len(contents.custom_objects),
+            "scaler": contents.scaler is not None,
+        },
     }
     automatic = project.automatic_checkpoint_naming and output_dir is None
 
@@ -179,7 +224,9 @@ def _write_and_publish(writer: CheckpointWriter, contents: CheckpointContents, p
     if asynchronous:
         group = side_group(state.num_processes) if sharded else None
         limit = getattr(project, "async_staging_limit", None)
-        start_background_save(writer, info, group, after_publish, [_torch_optimizer(o) for o in contents.optimizers], after_failure, limit)
+        start_background_save(
+            writer, info, group, after_publish, [_torch_optimizer(o) for o in contents.optimizers], after_failure, limit
+        )
     else:
         try:
             writer.finalize(info)
@@ -210,7 +257,13 @@ def _live_memory(contents: CheckpointContents) -> frozenset[int]:
     """The memory of the parameters and the optimizer state, which only ``optimizer.step()`` changes: an
     asynchronous save stages it (or writes it, under ``async_staging_limit``) before the next step may run."""
     tensors = [p for model in contents.models for p in model.parameters()]
-    tensors += [value for optimizer in contents.optimizers for state in optimizer.state.values() for value in state.values() if isinstance(value, torch.Tensor)]
+    tensors += [
+        value
+        for optimizer in contents.optimizers
+        for state in optimizer.state.values()
+        for value in state.values()
+        if isinstance(value, torch.Tensor)
+    ]
     return frozenset(t.data_ptr() for t in tensors)
 
 
@@ -239,7 +292,9 @@ def _count_iteration(project, output_dir) -> None:
         project.iteration += 1
 
 
-def _hand_over(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, asynchronous: bool, writer_rank: int) -> str | None:
+def _hand_over(
+    writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, asynchronous: bool, writer_rank: int
+) -> str | None:
     """Replicated save on a process that writes nothing: run the hooks (in the writer's temporary folder,
     once it exists), give the writer this process's random states, and wait for the publish (in the
     background for an asynchronous save). A hook that raises fails the save on every process.
@@ -277,7 +332,11 @@ def _hand_over(writer: CheckpointWriter, contents: CheckpointContents, state: Pa
 def _folder_peers(writer: CheckpointWriter, state: PartialState, on_each_node: bool) -> list[int]:
     """Replicated save, on the writer: the other processes whose random states belong in this folder."""
     per_node = max(state.launch.local_world_size, 1)
-    return [r for r in range(state.num_processes) if r != state.process_index and (not on_each_node or r // per_node == writer.group)]
+    return [
+        r
+        for r in range(state.num_processes)
+        if r != state.process_index and (not on_each_node or r // per_node == writer.group)
+    ]
 
 
 def _one_line(error: BaseException, final: Path, where: str = "the main process") -> str:
@@ -287,7 +346,14 @@ def _one_line(error: BaseException, final: Path, where: str = "the main process"
     return f"Could not save the checkpoint {final}: {where} failed ({type(error).__name__}: {error}). Earlier checkpoints are untouched."
 
 
-def _collect_other_rng_states(writer: CheckpointWriter, contents: CheckpointContents, state: PartialState, others: list[int], deadline: float, record) -> list[int]:
+def _collect_other_rng_states(
+    writer: CheckpointWriter,
+    contents: CheckpointContents,
+    state: PartialState,
+    others: list[int],
+    deadline: float,
+    record,
+) -> list[int]:
     """Replicated save: write the random states the other processes of this folder handed over; returns their ranks."""
     if not others:
         return []
@@ -342,7 +408,9 @@ def _source(project, input_dir) -> Path:
     if input_dir is not None:
         return Path(input_dir)
     if not project.automatic_checkpoint_naming or project.project_dir is None:
-        raise ConfigError("load_state() needs an input_dir, unless automatic checkpoint naming is on (ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)).")
+        raise ConfigError(
+            "load_state() needs an input_dir, unless automatic checkpoint naming is on (ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True))."
+        )
     latest = latest_checkpoint(project.project_dir)
     if latest is None:
         raise CheckpointError(f"No complete checkpoint in {Path(project.project_dir) / 'checkpoints'} to load.")
@@ -351,7 +419,13 @@ def _source(project, input_dir) -> Path:
 
 def _check_counts(reader: CheckpointReader, contents: CheckpointContents, models: int) -> None:
     saved = reader.manifest.get("contents", {})
-    now = {"models": models, "optimizers": len(contents.optimizers), "schedulers": len(contents.schedulers), "dataloaders": len(contents.dataloaders), "custom_objects": len(contents.custom_objects)}
+    now = {
+        "models": models,
+        "optimizers": len(contents.optimizers),
+        "schedulers": len(contents.schedulers),
+        "dataloaders": len(contents.dataloaders),
+        "custom_objects": len(contents.custom_objects),
+    }
     for kind, count in now.items():
         if saved.get(kind, count) != count:
             raise CheckpointError(
@@ -370,7 +444,9 @@ def load_state(contents: CheckpointContents, project, input_dir=None) -> tuple[P
     state = PartialState()
     source = _source(project, input_dir)
     finish_interrupted(Path(os.path.realpath(source)))  # a save into a shared folder that was cut short completes first
-    reader = open_checkpoint(source, state.process_index, list(contents.models))  # hasten's format, or a folder Accelerate wrote
+    reader = open_checkpoint(
+        source, state.process_index, list(contents.models)
+    )  # hasten's format, or a folder Accelerate wrote
     _load_verified(reader, contents, state, source)
     match = _NAME.match(source.name)
     if match and project.automatic_checkpoint_naming and input_dir is None:
@@ -424,7 +500,9 @@ def _verify(reader: CheckpointReader, state: PartialState) -> None:
 def _read_small_states(reader: CheckpointReader, contents: CheckpointContents, state: PartialState) -> dict[str, Any]:
     """Read (not apply) schedulers, scaler, dataloader positions, custom objects and RNG states."""
     if contents.scaler is not None and not reader.exists("scaler.json"):
-        raise CheckpointError(f"Checkpoint {reader.directory} has no fp16 scaler state, but this run uses fp16: it was saved with another mixed precision setting.")
+        raise CheckpointError(
+            f"Checkpoint {reader.directory} has no fp16 scaler state, but this run uses fp16: it was saved with another mixed precision setting."
+        )
     rng = random_state_for(reader, state.process_index, state.num_processes)
     if rng is None:
         warnings.warn(

@@ -89,7 +89,15 @@ def side_group(num_processes: int):
     return _side_group
 
 
-def start(writer, info: dict[str, Any], group, after: Callable[[], None], optimizers: list, on_error: Callable[[BaseException], None], limit: int | None = None) -> None:
+def start(
+    writer,
+    info: dict[str, Any],
+    group,
+    after: Callable[[], None],
+    optimizers: list,
+    on_error: Callable[[BaseException], None],
+    limit: int | None = None,
+) -> None:
     """Stage ``writer``'s snapshot (``limit``: at most that many bytes), then write, fsync and publish it in the
     background and run ``after`` (rotation); on a failure run ``on_error(error)`` (the error is raised at the
     next wait point).
@@ -159,7 +167,9 @@ def wait_for_pending_save() -> Path | None:
     if isinstance(pending.error, CheckpointError):
         raise CheckpointError(str(pending.error)) from None
     if pending.error is not None:
-        raise CheckpointError(f"The asynchronous save of {pending.final} failed: {pending.error!r}. Earlier checkpoints are untouched.") from pending.error
+        raise CheckpointError(
+            f"The asynchronous save of {pending.final} failed: {pending.error!r}. Earlier checkpoints are untouched."
+        ) from pending.error
     return pending.final
 
 

@@ -26,7 +26,9 @@ def save_custom_state(obj, path: str | os.PathLike, index: int = 0, save_on_each
     folder = Path(path)
     if tensors:
         atomic_write(folder / f"{name}.safetensors", lambda tmp: _write_tensors(tmp, tensors))
-    atomic_write(folder / f"{name}.json", lambda tmp: tmp.write_text(json.dumps({"tree": tree, "has_tensors": bool(tensors)})))
+    atomic_write(
+        folder / f"{name}.json", lambda tmp: tmp.write_text(json.dumps({"tree": tree, "has_tensors": bool(tensors)}))
+    )
 
 
 def _write_tensors(path: Path, tensors) -> None:

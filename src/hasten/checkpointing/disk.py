@@ -148,13 +148,19 @@ def _free_bytes(path: Path) -> int | None:
         return None
 
 
-def failure_message(final: Path, failure: tuple[str, int | None, str], needed: int, leftover: Path | None = None) -> str:
+def failure_message(
+    final: Path, failure: tuple[str, int | None, str], needed: int, leftover: Path | None = None
+) -> str:
     """One line: which path failed, why, and (for a full disk) the space needed and free.
 
     ``leftover``: the staging folder, when it could not be removed (the line then says so instead).
     """
     path, number, reason = failure
-    removed = "the partial folder was removed" if leftover is None else f"the partial folder {leftover} could not be removed: delete it"
+    removed = (
+        "the partial folder was removed"
+        if leftover is None
+        else f"the partial folder {leftover} could not be removed: delete it"
+    )
     if number in (errno.ENOSPC, errno.EDQUOT):
         free = _free_bytes(final.parent)
         free_text = "unknown" if free is None else format_bytes(free)

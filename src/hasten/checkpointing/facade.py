@@ -44,7 +44,13 @@ class CheckpointingMethods:
             restore_dataloader_positions=self.dataloader_config.use_stateful_dataloader,
         )
 
-    def save_state(self, output_dir: str | None = None, safe_serialization: bool = True, async_save: bool | None = None, **save_model_func_kwargs) -> str:
+    def save_state(
+        self,
+        output_dir: str | None = None,
+        safe_serialization: bool = True,
+        async_save: bool | None = None,
+        **save_model_func_kwargs,
+    ) -> str:
         """Save models, optimizers, schedulers, the fp16 scaler, dataloader positions, RNG states and registered objects.
 
         The folder appears complete or not at all (written under a temporary name, fsynced, manifest last,
@@ -62,9 +68,15 @@ class CheckpointingMethods:
         from . import save_state
 
         _warn_ignored("save_state", save_model_func_kwargs=save_model_func_kwargs)
-        return str(save_state(self._checkpoint_contents(), self.project_configuration, output_dir, safe_serialization, async_save))
+        return str(
+            save_state(
+                self._checkpoint_contents(), self.project_configuration, output_dir, safe_serialization, async_save
+            )
+        )
 
-    def load_state(self, input_dir: str | None = None, load_kwargs: dict | None = None, **load_model_func_kwargs) -> str:
+    def load_state(
+        self, input_dir: str | None = None, load_kwargs: dict | None = None, **load_model_func_kwargs
+    ) -> str:
         """Restore everything :meth:`save_state` wrote, verifying the checkpoint first.
 
         ``input_dir`` defaults to the latest complete automatic checkpoint (interrupted saves are ignored
@@ -117,7 +129,13 @@ class CheckpointingMethods:
         """The full state dict of a prepared model (gathered when sharded). Call it on every process."""
         return self._strategy.get_state_dict(model, unwrap=unwrap)
 
-    def save_model(self, model: torch.nn.Module, save_directory: str, max_shard_size: int | str = "10GB", safe_serialization: bool = True) -> None:
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
         """Save a prepared model's weights as ``model.safetensors`` (or shards + index) in ``save_directory``.
 
         Tied weights are stored once. Call it on every process (sharded engines gather the weights); the
@@ -127,7 +145,9 @@ class CheckpointingMethods:
 
         state_dict = self.get_state_dict(model)
         if self.is_main_process:
-            save_model_weights(state_dict, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
+            save_model_weights(
+                state_dict, save_directory, max_shard_size=max_shard_size, safe_serialization=safe_serialization
+            )
 
     def save(self, obj, f, safe_serialization: bool = False) -> None:
         """Save ``obj`` to ``f`` once per job (once per machine with ``save_on_each_node``).
@@ -136,4 +156,9 @@ class CheckpointingMethods:
         """
         from ..runtime.weights.saving import save
 
-        save(obj, f, save_on_each_node=self.project_configuration.save_on_each_node, safe_serialization=safe_serialization)
+        save(
+            obj,
+            f,
+            save_on_each_node=self.project_configuration.save_on_each_node,
+            safe_serialization=safe_serialization,
+        )

@@ -28,8 +28,8 @@ from ..errors import CheckpointError
 from ..runtime.fileio import atomic_write, fsync_directory
 from ..runtime.weights.files import ALIASES_KEY
 from ..runtime.weights.safetensors_io import dedupe_tensors, read_header, safetensors_size, write_safetensors
-from .disk import DirectFile, HashingFile, bounce_buffer, failure_message, fsync_path
 from . import integrity
+from .disk import DirectFile, HashingFile, bounce_buffer, failure_message, fsync_path
 from .integrity import HASH_KEY, Digest, HashQueue, corrupt_message, file_digest, find_corrupt
 from .publishing import MANIFEST, publish, remove_staging, resolve_target, staging_folder
 from .staging import Stager
@@ -66,7 +66,17 @@ class CheckpointWriter:
             see :mod:`hasten.checkpointing.participants`).
     """
 
-    def __init__(self, final_dir: str | os.PathLike, *, is_main: bool, rank: int, group: int = 0, snapshot: bool = False, live: frozenset[int] = frozenset(), solo: bool = False):
+    def __init__(
+        self,
+        final_dir: str | os.PathLike,
+        *,
+        is_main: bool,
+        rank: int,
+        group: int = 0,
+        snapshot: bool = False,
+        live: frozenset[int] = frozenset(),
+        solo: bool = False,
+    ):
         self.solo = solo
         self.final = resolve_target(final_dir)
         self.directory = staging_folder(self.final)
@@ -170,12 +180,16 @@ class CheckpointWriter:
         if self.snapshot:
             unique = {key: self._keep(value) for key, value in unique.items()}
             live = [value for value in unique.values() if value.data_ptr() in self._live]
-            volatile = [value for value in unique.values() if value.device.type != "cpu" and value.data_ptr() not in self._live]
+            volatile = [
+                value for value in unique.values() if value.device.type != "cpu" and value.data_ptr() not in self._live
+            ]
             self._stager.add(name, live, volatile)
             size = safetensors_size(unique, header or None)
             self._write(name, size, lambda out: write_safetensors(out, self._stager.resolve(unique), header or None))
             return
-        self._write(name, safetensors_size(unique, header or None), lambda out: write_safetensors(out, unique, header or None))
+        self._write(
+            name, safetensors_size(unique, header or None), lambda out: write_safetensors(out, unique, header or None)
+        )
 
     def _needs_staging(self, tensor: torch.Tensor) -> bool:
         return tensor.device.type != "cpu" or tensor.data_ptr() in self._live
@@ -262,7 +276,9 @@ class CheckpointWriter:
                 outcome = str(error)
         if self.is_main and failures:
             leftover = None if remove_staging(self.directory) else self.directory
-            outcome = failure_message(self.final, failures[0][1], sum(entry[4] for entry in everyone if entry[0] == self.group), leftover)
+            outcome = failure_message(
+                self.final, failures[0][1], sum(entry[4] for entry in everyone if entry[0] == self.group), leftover
+            )
         outcomes = [found for found in self._gather(outcome, group) if found is not None]
         if outcomes:
             raise CheckpointError(outcomes[0])
@@ -275,8 +291,13 @@ class CheckpointWriter:
                 files.update(recs)
         self._check_visible(files, everyone)
         manifest = {
-            "format": "hasten-checkpoint", "format_version": FORMAT_VERSION, "hasten_version": __version__, "torch_version": torch.__version__,
-            **info, "piece_bytes": integrity.PIECE_BYTES, "files": dict(sorted(files.items())),
+            "format": "hasten-checkpoint",
+            "format_version": FORMAT_VERSION,
+            "hasten_version": __version__,
+            "torch_version": torch.__version__,
+            **info,
+            "piece_bytes": integrity.PIECE_BYTES,
+            "files": dict(sorted(files.items())),
         }
         for folder in {self.directory / Path(name).parent for name in files}:
             fsync_directory(folder)
@@ -331,7 +352,9 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     if manifest.get("format") != "hasten-checkpoint" or not isinstance(manifest.get("files"), dict):
         raise CheckpointError(f"{path} is not a hasten checkpoint manifest.")
     if manifest.get("format_version", 0) > FORMAT_VERSION:
-        raise CheckpointError(f"{directory} was written by a newer hasten (format {manifest['format_version']}); upgrade hasten to load it.")
+        raise CheckpointError(
+            f"{directory} was written by a newer hasten (format {manifest['format_version']}); upgrade hasten to load it."
+        )
     return manifest
 
 
@@ -347,7 +370,9 @@ class CheckpointReader:
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
         self.files: dict[str, dict[str, Any]] = self.manifest["files"]
-        self.piece: int | None = self.manifest.get("piece_bytes")  # format 3: each file's checksums cover pieces of this size
+        self.piece: int | None = self.manifest.get(
+            "piece_bytes"
+        )  # format 3: each file's checksums cover pieces of this size
         self._verified: set[str] = set()
         self._headers: dict[str, Any] = {}
         for name, record in self.files.items():
@@ -371,7 +396,9 @@ class CheckpointReader:
 
     def _record(self, name: str) -> dict[str, Any]:
         if name not in self.files:
-            raise CheckpointError(f"Checkpoint {self.directory} has no {name!r} (it holds: {', '.join(sorted(self.files)[:12])}...).")
+            raise CheckpointError(
+                f"Checkpoint {self.directory} has no {name!r} (it holds: {', '.join(sorted(self.files)[:12])}...)."
+            )
         return self.files[name]
 
     def tensor_shapes(self, name: str) -> dict[str, tuple[int, ...] | None]:
@@ -517,7 +544,9 @@ def _read_into(handle, view: memoryview, path: Path) -> None:
 
 
 _READ_PIECE = 32 << 20  # a verified file is read in pieces of this size, several at once
-_READ_THREADS = max(1, min(16, os.cpu_count() or 1))  # every core copies (integrity.io_pool): a kernel memcpy from the page cache
+_READ_THREADS = max(
+    1, min(16, os.cpu_count() or 1)
+)  # every core copies (integrity.io_pool): a kernel memcpy from the page cache
 
 
 def _pread_all(fd: int, reads: list[tuple[int, torch.Tensor]], path: Path) -> None:
@@ -530,7 +559,11 @@ def _pread_all(fd: int, reads: list[tuple[int, torch.Tensor]], path: Path) -> No
         view = memoryview(out.detach().reshape(-1).view(torch.uint8).numpy())
         for start in range(0, len(view), _READ_PIECE):
             piece = view[start : start + _READ_PIECE]
-            if group and (offset + start != group_end or group_end - group_start + len(piece) > _READ_PIECE or len(group) >= _MAX_IOVECS):
+            if group and (
+                offset + start != group_end
+                or group_end - group_start + len(piece) > _READ_PIECE
+                or len(group) >= _MAX_IOVECS
+            ):
                 jobs.append((group_start, group))
                 group = []
             if not group:
@@ -543,7 +576,9 @@ def _pread_all(fd: int, reads: list[tuple[int, torch.Tensor]], path: Path) -> No
         for offset, views in jobs:
             _preadv_into(fd, offset, views, path)
         return
-    list(integrity.io_pool().map(lambda job: _preadv_into(fd, *job, path), jobs))  # list(): the first error is raised here
+    list(
+        integrity.io_pool().map(lambda job: _preadv_into(fd, *job, path), jobs)
+    )  # list(): the first error is raised here
 
 
 _MAX_IOVECS = 512  # buffers per preadv call (the kernel takes at most 1024)

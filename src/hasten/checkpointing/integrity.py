@@ -200,7 +200,13 @@ def _pieces_cover(record: dict[str, Any], piece: int | None) -> bool:
     return bool(piece) and len(pieces) == max(1, -(-record["size"] // piece))
 
 
-def find_corrupt(directory: Path, files: dict[str, dict[str, Any]], names: list[str], piece: int | None = None, share: tuple[int, int] = (0, 1)) -> list[str]:
+def find_corrupt(
+    directory: Path,
+    files: dict[str, dict[str, Any]],
+    names: list[str],
+    piece: int | None = None,
+    share: tuple[int, int] = (0, 1),
+) -> list[str]:
     """The files among ``names`` whose size or checksum differs from their manifest record.
 
     Every piece (format 3; whole files for formats 1 and 2) is a job; ``share`` ``(i, n)`` checks jobs ``i, i+n, ...``

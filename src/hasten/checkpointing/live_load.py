@@ -20,7 +20,9 @@ def _plain(module: torch.nn.Module) -> bool:
     """True when loading ``module``'s state dict is one copy per tensor (no hooks, no custom loaders)."""
     default = torch.nn.Module._load_from_state_dict
     return all(
-        type(sub)._load_from_state_dict is default and not sub._load_state_dict_pre_hooks and not sub._load_state_dict_post_hooks
+        type(sub)._load_from_state_dict is default
+        and not sub._load_state_dict_pre_hooks
+        and not sub._load_state_dict_post_hooks
         for sub in module.modules()
     )
 
@@ -33,9 +35,17 @@ def check_model(reader, name: str, module: torch.nn.Module) -> None:
     live = {key: tuple(value.shape) for key, value in module.state_dict().items()}
     missing = sorted(set(live) - set(shapes))
     unexpected = sorted(set(shapes) - set(live))
-    wrong = sorted(f"{key} (saved {list(shapes[key])}, model {list(live[key])})" for key in set(live) & set(shapes) if shapes[key] != live[key])
+    wrong = sorted(
+        f"{key} (saved {list(shapes[key])}, model {list(live[key])})"
+        for key in set(live) & set(shapes)
+        if shapes[key] != live[key]
+    )
     if missing or unexpected or wrong:
-        parts = [f"{label}: {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}" for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape differs", wrong)) if keys]
+        parts = [
+            f"{label}: {', '.join(keys[:5])}{' ...' if len(keys) > 5 else ''}"
+            for label, keys in (("missing", missing), ("unexpected", unexpected), ("shape differs", wrong))
+            if keys
+        ]
         raise CheckpointError(
             f"{reader.directory / name} does not fit {type(module).__name__} ({'; '.join(parts)}): prepare the same model "
             "as the run that saved it. Nothing was loaded."

@@ -44,7 +44,10 @@ def complete_checkpoints(project_dir: str | os.PathLike, report: bool = False) -
             incomplete.append((int(_PARTIAL.match(entry.name).group(1)), entry))
     if report and incomplete:
         names = ", ".join(str(path) for _, path in sorted(incomplete))
-        warnings.warn(f"Ignoring incomplete checkpoint folder(s) left by an interrupted save: {names}. They can be deleted.", stacklevel=3)
+        warnings.warn(
+            f"Ignoring incomplete checkpoint folder(s) left by an interrupted save: {names}. They can be deleted.",
+            stacklevel=3,
+        )
     return sorted(complete)
 
 
@@ -63,7 +66,12 @@ def made_by_rotation(path: Path) -> bool:
         manifest = json.loads((path / MANIFEST).read_text())
     except (OSError, ValueError):
         return False
-    return bool(match) and isinstance(manifest, dict) and manifest.get("format") == "hasten-checkpoint" and manifest.get("iteration") == int(match.group(1))
+    return (
+        bool(match)
+        and isinstance(manifest, dict)
+        and manifest.get("format") == "hasten-checkpoint"
+        and manifest.get("iteration") == int(match.group(1))
+    )
 
 
 def rotate(project_dir: str | os.PathLike, total_limit: int | None) -> list[Path]:

@@ -113,7 +113,9 @@ def _write_record(store, writer: int, record: dict) -> None:
 
 def close_record(target, step: int, writer: int, sequence: int, elsewhere: list[int]) -> None:
     """On the writer: its save takes no more states; ``elsewhere`` are the processes found saving elsewhere."""
-    _write_record(_store(), writer, {"seq": sequence, "step": step, "target": str(target), "open": False, "elsewhere": elsewhere})
+    _write_record(
+        _store(), writer, {"seq": sequence, "step": step, "target": str(target), "open": False, "elsewhere": elsewhere}
+    )
 
 
 def _writer_says(store, target, step: int, rank: int, writer: int, waited: float) -> str | None:
@@ -193,7 +195,9 @@ def report_failed(target, step: int, rank: int, message: str) -> None:
     store.delete_key(f"{key}/published")
 
 
-def hand_over(target, step: int, rank: int, writer: int, states: Any, arrived: bool = False) -> Callable[[], None] | str | None:
+def hand_over(
+    target, step: int, rank: int, writer: int, states: Any, arrived: bool = False
+) -> Callable[[], None] | str | None:
     """On a non-writing process of a replicated save: give ``states`` to the writer (``arrived``: after
     :func:`arrive` returned True).
 
@@ -224,7 +228,9 @@ def hand_over(target, step: int, rank: int, writer: int, states: Any, arrived: b
     return None
 
 
-def collect(target, step: int, ranks: list[int], deadline: float, record: tuple[int, int]) -> tuple[dict[int, Any], list[int]]:
+def collect(
+    target, step: int, ranks: list[int], deadline: float, record: tuple[int, int]
+) -> tuple[dict[int, Any], list[int]]:
     """On the writing process: the states handed over by ``ranks`` until ``deadline`` (``time.monotonic()``).
 
     In a solo run (an earlier save got no other process) it does not wait for the deadline. A process that
@@ -308,7 +314,11 @@ def check_attendance(target, step: int, rank: int, world: int, what: str) -> Non
     keys = [f"{prefix}/here/{r}" for r in range(world)]
     deadline = time.monotonic() + ATTENDANCE_TIMEOUT_S
     while not store.check(keys):
-        folders = {r: store.get(_at_key(step, attempt, r)).decode("utf-8") for r in range(world) if store.check([_at_key(step, attempt, r)])}
+        folders = {
+            r: store.get(_at_key(step, attempt, r)).decode("utf-8")
+            for r in range(world)
+            if store.check([_at_key(step, attempt, r)])
+        }
         if len(set(folders.values())) > 1 or time.monotonic() > deadline:
             absent = [r for r, key in enumerate(keys) if not store.check([key])]
             store.delete_key(f"{prefix}/here/{rank}")

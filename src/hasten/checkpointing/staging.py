@@ -44,7 +44,9 @@ class _Buffer:
             self.memory = memory = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
             _logger.info(
                 "hasten: asynchronous saves stage the state in %s of %shost memory (kept for the next saves; "
-                "ProjectConfiguration(async_staging_limit=...) bounds it)", format_bytes(nbytes), "pinned " if pinned else ""
+                "ProjectConfiguration(async_staging_limit=...) bounds it)",
+                format_bytes(nbytes),
+                "pinned " if pinned else "",
             )
         return memory
 
@@ -99,7 +101,7 @@ class Stager:
     def stage(self, limit: int | None) -> None:
         """Choose the files to stage (all of them without a ``limit``), reserve the memory and queue GPU copies."""
         chosen, total = [], 0
-        for name, (live, volatile) in self._files.items():
+        for live, volatile in self._files.values():
             size = sum(_padded(t) for t in live)
             if limit is None or total + size <= limit:
                 chosen += live

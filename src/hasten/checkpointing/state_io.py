@@ -23,7 +23,13 @@ import torch
 
 from ..errors import CheckpointError
 
-_TENSOR, _TUPLE, _MAP, _DTYPE, _FLOAT = "__hasten_tensor__", "__hasten_tuple__", "__hasten_map__", "__hasten_dtype__", "__hasten_float__"
+_TENSOR, _TUPLE, _MAP, _DTYPE, _FLOAT = (
+    "__hasten_tensor__",
+    "__hasten_tuple__",
+    "__hasten_map__",
+    "__hasten_dtype__",
+    "__hasten_float__",
+)
 _MARKERS = {_TENSOR, _TUPLE, _MAP, _DTYPE, _FLOAT}
 
 
@@ -58,7 +64,9 @@ def _encode(obj: Any, path: str, tensors: dict) -> Any:
         items = []
         for k, v in obj.items():
             if not isinstance(k, (str, int, bool)) and k is not None:
-                raise CheckpointError(f"{path} has a key of type {type(k).__name__} ({k!r}); checkpoint state keys must be str or int.")
+                raise CheckpointError(
+                    f"{path} has a key of type {type(k).__name__} ({k!r}); checkpoint state keys must be str or int."
+                )
             items.append([k, _encode(v, f"{path}.{k}", tensors)])
         return {_MAP: items}
     raise CheckpointError(
@@ -75,10 +83,12 @@ def decode(tree: Any, tensors: Mapping[str, torch.Tensor]) -> Any:
     if not isinstance(tree, dict):
         return tree
     if len(tree) == 1:
-        (key, value), = tree.items()
+        ((key, value),) = tree.items()
         if key == _TENSOR:
             if value not in tensors:
-                raise CheckpointError(f"the checkpoint's structure refers to tensor {value!r}, which its tensor file lacks.")
+                raise CheckpointError(
+                    f"the checkpoint's structure refers to tensor {value!r}, which its tensor file lacks."
+                )
             return tensors[value]
         if key == _TUPLE:
             return tuple(decode(v, tensors) for v in value)

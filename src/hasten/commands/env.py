@@ -12,7 +12,17 @@ from shutil import which
 
 from .. import environment
 
-OPTIONAL_PACKAGES = ("numpy", "safetensors", "deepspeed", "transformers", "tensorboard", "wandb", "mlflow", "questionary", "accelerate")
+OPTIONAL_PACKAGES = (
+    "numpy",
+    "safetensors",
+    "deepspeed",
+    "transformers",
+    "tensorboard",
+    "wandb",
+    "mlflow",
+    "questionary",
+    "accelerate",
+)
 
 
 _DESCRIPTION = "Print the versions, hardware and launch config in force, to paste into a bug report."
@@ -27,7 +37,9 @@ def add_parser(subparsers, help_text: str) -> argparse.ArgumentParser:
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config_file", "--config-file", default=None, help="Config file to show (default: the default config file).")
+    parser.add_argument(
+        "--config_file", "--config-file", default=None, help="Config file to show (default: the default config file)."
+    )
 
 
 def env_command_parser(subparsers=None) -> argparse.ArgumentParser:
@@ -71,7 +83,9 @@ def _torch_info() -> dict[str, str]:
     import torch
     import torch.distributed as dist
 
-    backends = [name for name in ("gloo", "nccl", "mpi", "xccl") if getattr(dist, f"is_{name}_available", lambda: False)()]
+    backends = [
+        name for name in ("gloo", "nccl", "mpi", "xccl") if getattr(dist, f"is_{name}_available", lambda: False)()
+    ]
     info = {
         "PyTorch version": f"{torch.__version__} (CUDA build: {torch.version.cuda or 'no'})",
         "torch.distributed backends": ", ".join(backends) or "none",
@@ -80,7 +94,9 @@ def _torch_info() -> dict[str, str]:
     if kind == "cuda":
         for index in range(torch.cuda.device_count()):
             props = torch.cuda.get_device_properties(index)
-            info[f"GPU {index}"] = f"{props.name}, {props.total_memory / 2**30:.1f} GiB, capability {props.major}.{props.minor}"
+            info[f"GPU {index}"] = (
+                f"{props.name}, {props.total_memory / 2**30:.1f} GiB, capability {props.major}.{props.minor}"
+            )
     elif kind == "xpu":
         info.update({f"XPU {i}": torch.xpu.get_device_name(i) for i in range(torch.xpu.device_count())})
     else:
@@ -108,7 +124,9 @@ def environment_info() -> dict[str, str]:
     (hasten's alias or HuggingFace's) and the ``HASTEN_*``/``ACCELERATE_*`` variables set."""
     import psutil
 
-    settings = sorted(f"{key}={value}" for key, value in os.environ.items() if key.startswith(("HASTEN_", "ACCELERATE_")))
+    settings = sorted(
+        f"{key}={value}" for key, value in os.environ.items() if key.startswith(("HASTEN_", "ACCELERATE_"))
+    )
     return {
         "hasten version": _version("hasten"),
         "Platform": platform.platform(),

@@ -26,7 +26,9 @@ def _count(text: str) -> int:
 
 def add_parser(subparsers, help_text: str = HELP) -> argparse.ArgumentParser:
     """Register ``hasten estimate-memory``."""
-    parser = subparsers.add_parser("estimate-memory", help=help_text, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "estimate-memory", help=help_text, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     _add_arguments(parser)
     parser.set_defaults(func=estimate_command)
     return parser
@@ -39,16 +41,43 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
         help="A known model (e.g. bigscience/T0_3B), a local Transformers config.json or its folder, or 'module:factory' "
         "(a function building the model; it is built on the meta device). Optional with --num_params.",
     )
-    parser.add_argument("--num_params", "--num-params", type=_count, help="Total number of parameters (e.g. 2783e6), instead of a model.")
-    parser.add_argument("--largest_layer", "--largest-layer", type=_count, help="Parameters of the largest layer (default: from the model, else 0).")
+    parser.add_argument(
+        "--num_params",
+        "--num-params",
+        type=_count,
+        help="Total number of parameters (e.g. 2783e6), instead of a model.",
+    )
+    parser.add_argument(
+        "--largest_layer",
+        "--largest-layer",
+        type=_count,
+        help="Parameters of the largest layer (default: from the model, else 0).",
+    )
     parser.add_argument("--num_gpus", "--num-gpus", type=int, default=1, help="GPUs per node (default 1).")
     parser.add_argument("--num_nodes", "--num-nodes", type=int, default=1, help="Number of nodes (default 1).")
-    parser.add_argument("--zero_stage", "--zero-stage", type=int, choices=(2, 3), default=3, help="ZeRO stage of the table (default 3).")
     parser.add_argument(
-        "--dtypes", nargs="+", default=["float32", "float16", "int8", "int4"], choices=["float32", "float16", "bfloat16", "int8", "int4"], help="Dtypes of the size table."
+        "--zero_stage", "--zero-stage", type=int, choices=(2, 3), default=3, help="ZeRO stage of the table (default 3)."
     )
-    parser.add_argument("--library_name", "--library-name", choices=["transformers"], default="transformers", help="Library of a config.json model (transformers).")
-    parser.add_argument("--trust_remote_code", "--trust-remote-code", action="store_true", help="Allow a config.json whose model class lives in its own code.")
+    parser.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32", "float16", "int8", "int4"],
+        choices=["float32", "float16", "bfloat16", "int8", "int4"],
+        help="Dtypes of the size table.",
+    )
+    parser.add_argument(
+        "--library_name",
+        "--library-name",
+        choices=["transformers"],
+        default="transformers",
+        help="Library of a config.json model (transformers).",
+    )
+    parser.add_argument(
+        "--trust_remote_code",
+        "--trust-remote-code",
+        action="store_true",
+        help="Allow a config.json whose model class lives in its own code.",
+    )
 
 
 def estimate_command(args: argparse.Namespace) -> int:
@@ -75,14 +104,20 @@ def _model(args: argparse.Namespace):
 
 def report(args: argparse.Namespace) -> str:
     """The text ``hasten estimate-memory`` prints."""
-    from ..runtime.fileio import format_bytes
     from ..environment import ENGINES
+    from ..runtime.fileio import format_bytes
     from .model_size import dtype_rows
 
     size = _model(args)
-    lines = [f"Memory for {size.name}: {size.total_params // 10**6}M total parameters, {size.largest_layer_params // 10**6}M largest layer parameters.", ""]
+    lines = [
+        f"Memory for {size.name}: {size.total_params // 10**6}M total parameters, {size.largest_layer_params // 10**6}M largest layer parameters.",
+        "",
+    ]
     rows = [("dtype", "Largest layer or block", "Total size", "Training with Adam")]
-    rows += [(r.dtype, format_bytes(r.largest_group_bytes), format_bytes(r.total_bytes), format_bytes(r.training_bytes)) for r in dtype_rows(size, args.dtypes)]
+    rows += [
+        (r.dtype, format_bytes(r.largest_group_bytes), format_bytes(r.total_bytes), format_bytes(r.training_bytes))
+        for r in dtype_rows(size, args.dtypes)
+    ]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     for index, row in enumerate(rows):
         lines.append("| " + " | ".join(cell.ljust(width) for cell, width in zip(row, widths)) + " |")

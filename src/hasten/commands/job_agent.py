@@ -28,10 +28,10 @@ from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElas
 from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousInfo, RendezvousParameters
+from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
-from torch.distributed.elastic.rendezvous import registry as rdzv_registry
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 logger = logging.getLogger(__name__)
@@ -257,7 +257,10 @@ def _lost_store(exc: Exception) -> JobFailure:
 
 def failure_record(machine_rank: int, failures: dict, describe_exit) -> dict:
     """The record another machine prints: where, which ranks, how each ended (``describe_exit(code)``)."""
-    ranks = {str(rank): f"{describe_exit(f.exitcode)} (local rank {f.local_rank}, pid {f.pid})" for rank, f in sorted(failures.items())}
+    ranks = {
+        str(rank): f"{describe_exit(f.exitcode)} (local rank {f.local_rank}, pid {f.pid})"
+        for rank, f in sorted(failures.items())
+    }
     first = min(failures.values(), key=lambda f: f.timestamp, default=None)
     return {
         "machine": machine_rank,
@@ -330,7 +333,9 @@ def launch(config, entrypoint, args: list, machine_rank: int, describe_exit, ann
             spec.rdzv_handler.shutdown()
 
 
-def report_failure_before_join(backend: str, host: str, port: int, run_id: str, num_machines: int, machine_rank: int, cause: str) -> bool:
+def report_failure_before_join(
+    backend: str, host: str, port: int, run_id: str, num_machines: int, machine_rank: int, cause: str
+) -> bool:
     """Tell the launchers waiting for this machine to join that it will not, and why (``cause``).
 
     Machine 0 hosts the store for the others (with a closed rendezvous for the dynamic backend) and
@@ -340,7 +345,9 @@ def report_failure_before_join(backend: str, host: str, port: int, run_id: str, 
     dynamic one is closed. Returns whether the record was written.
     """
     timeout = datetime.timedelta(seconds=REPORT_CONNECT_SECONDS)
-    record = json.dumps({"machine": machine_rank, "host": socket.gethostname(), "before_join": True, "cause": cause, "exitcode": 1})
+    record = json.dumps(
+        {"machine": machine_rank, "host": socket.gethostname(), "before_join": True, "cause": cause, "exitcode": 1}
+    )
     try:
         if machine_rank == 0:
             store = TCPStore(host, port, num_machines, True, timeout, wait_for_workers=False, multi_tenant=True)
@@ -355,7 +362,9 @@ def report_failure_before_join(backend: str, host: str, port: int, run_id: str, 
         if backend == "static":  # written first, then counted as the missing machine: machine 0 reads it at once
             TCPStore(host, port, num_machines, False, timeout)
         else:
-            params = RendezvousParameters(backend, f"{host}:{port}", run_id, num_machines, num_machines, is_host="false")
+            params = RendezvousParameters(
+                backend, f"{host}:{port}", run_id, num_machines, num_machines, is_host="false"
+            )
             rdzv_registry.get_rendezvous_handler(params).set_closed()
         return True
     except Exception as exc:

@@ -24,8 +24,17 @@ from pathlib import Path
 
 from .. import environment
 from ..compat.launch_env import _validate_launch_command  # noqa: F401  (Accelerate's accelerate.commands.launch name)
-from ..config import Hardware, LoadedConfig, ResolvedSettings, Source, detect_hardware, environment_settings
-from ..config import launch_environment, read_config_file, resolve_settings
+from ..config import (
+    Hardware,
+    LoadedConfig,
+    ResolvedSettings,
+    Source,
+    detect_hardware,
+    environment_settings,
+    launch_environment,
+    read_config_file,
+    resolve_settings,
+)
 from ..enums import DistributedType
 from ..errors import ConfigError, HastenError, NotSupportedError, did_you_mean, require
 from ..launchers import check_port_free
@@ -34,7 +43,9 @@ from ..settings.fp8 import unsupported_backend
 from .launch_args import add_launch_arguments, flag_settings
 from .launch_plan import LaunchPlan, parse_rdzv_conf
 
-DESCRIPTION = "Start a training script on one or many processes and machines, with the settings of the config file and the flags."
+DESCRIPTION = (
+    "Start a training script on one or many processes and machines, with the settings of the config file and the flags."
+)
 _ALWAYS_SHOWN = ("distributed_type", "num_processes", "mixed_precision", "debug")
 
 
@@ -63,7 +74,10 @@ def launch_command_parser(subparsers=None) -> argparse.ArgumentParser:
     if subparsers is not None:
         return add_parser(subparsers, DESCRIPTION)
     parser = argparse.ArgumentParser(
-        "hasten launch", description=DESCRIPTION, usage="hasten launch [options] training_script [script arguments]", allow_abbrev=False
+        "hasten launch",
+        description=DESCRIPTION,
+        usage="hasten launch [options] training_script [script arguments]",
+        allow_abbrev=False,
     )
     add_launch_arguments(parser)
     return parser
@@ -90,7 +104,9 @@ def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -
     """Merge and check everything; raises a :class:`~hasten.errors.HastenError` before anything starts."""
     hardware_once = functools.cache(lambda: hardware or detect_hardware())
     loaded = _load_config(args.config_file)
-    settings = resolve_settings(flags=flag_settings(args), loaded=loaded, env=environment_settings(), hardware=hardware_once)
+    settings = resolve_settings(
+        flags=flag_settings(args), loaded=loaded, env=environment_settings(), hardware=hardware_once
+    )
     config = settings.config
     _check_supported(settings)
     nproc = _check_machines(settings)
@@ -107,7 +123,9 @@ def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -
     command = _command(args) if args.training_script is not None else []
     plan = LaunchPlan(args=args, settings=settings, loaded=loaded, nproc_per_node=nproc, command=command, env=env)
     engine = _running_engine(settings)
-    plan.warnings += settings.overridden + (engine.launch_warnings(settings) if engine and engine.launch_warnings else [])
+    plan.warnings += settings.overridden + (
+        engine.launch_warnings(settings) if engine and engine.launch_warnings else []
+    )
     _add_process_environment(plan, hardware_once)
     _add_accelerate_alias(plan)
     if config.debug:
@@ -123,9 +141,18 @@ def _tell_other_machines(args: argparse.Namespace, exc: HastenError) -> None:
     """On a job of several machines, pass this machine's failure to the others so they stop waiting for it."""
     try:
         config = resolve_settings(
-            flags=flag_settings(args), loaded=_load_config(args.config_file), env=environment_settings(), hardware=detect_hardware
+            flags=flag_settings(args),
+            loaded=_load_config(args.config_file),
+            env=environment_settings(),
+            hardware=detect_hardware,
         ).config
-        target = (config.num_machines, config.machine_rank, config.main_process_ip, config.main_process_port, config.rdzv_backend)
+        target = (
+            config.num_machines,
+            config.machine_rank,
+            config.main_process_ip,
+            config.main_process_port,
+            config.rdzv_backend,
+        )
     except (HastenError, ValueError):
         flags = (args.num_machines, args.machine_rank, args.main_process_port)
         if not all(str(value or 0).isdigit() for value in flags):
@@ -203,7 +230,9 @@ def _gpu_ids(settings: ResolvedSettings, available: int) -> list[int] | None:
     try:
         ids = [int(part) for part in str(text).split(",") if part.strip()]
     except ValueError:
-        raise ConfigError(f"gpu_ids={text!r} (from {settings.sources['gpu_ids']}) must be 'all' or GPU numbers such as 0,1.") from None
+        raise ConfigError(
+            f"gpu_ids={text!r} (from {settings.sources['gpu_ids']}) must be 'all' or GPU numbers such as 0,1."
+        ) from None
     bad = [i for i in ids if not 0 <= i < available]
     if bad or len(set(ids)) != len(ids):
         raise ConfigError(
@@ -253,7 +282,9 @@ def _check_script(args: argparse.Namespace) -> None:
         raise ConfigError("--module and --no_python cannot be used together: a module needs python.")
     if args.module:
         if importlib.util.find_spec(script.split(".")[0]) is None:
-            raise ConfigError(f"Module {script!r} (-m) cannot be found by this Python ({sys.executable}); check its name and PYTHONPATH.")
+            raise ConfigError(
+                f"Module {script!r} (-m) cannot be found by this Python ({sys.executable}); check its name and PYTHONPATH."
+            )
         return
     if args.no_python:
         if shutil.which(script) is None and not Path(script).is_file():
@@ -276,7 +307,9 @@ def _check_launch_options(args: argparse.Namespace) -> None:
     if args.num_cpu_threads_per_process is not None and args.num_cpu_threads_per_process < 1:
         raise ConfigError(f"--num_cpu_threads_per_process must be at least 1, got {args.num_cpu_threads_per_process}.")
     if args.tee is not None and not all(part.split(":")[-1] in "0123" for part in args.tee.split(",")):
-        raise ConfigError(f"--tee {args.tee!r} must be 0, 1, 2 or 3 (none, stdout, stderr, both), or local_rank:value pairs such as 0:3,1:1.")
+        raise ConfigError(
+            f"--tee {args.tee!r} must be 0, 1, 2 or 3 (none, stdout, stderr, both), or local_rank:value pairs such as 0:3,1:1."
+        )
     parse_rdzv_conf(args.rdzv_conf)
 
 
@@ -299,7 +332,9 @@ def _add_process_environment(plan: LaunchPlan, hardware) -> None:
         cores = _physical_cores() if cpu_job else plan.nproc_per_node
         threads = max(1, cores // plan.nproc_per_node)
         plan.env["OMP_NUM_THREADS"] = str(threads)
-        plan.launch_sources["num_cpu_threads_per_process"] = Source("inferred", f"({cores} cores / {plan.nproc_per_node} processes)")
+        plan.launch_sources["num_cpu_threads_per_process"] = Source(
+            "inferred", f"({cores} cores / {plan.nproc_per_node} processes)"
+        )
     plan.args.num_cpu_threads_per_process = threads
     if config.use_cpu and plan.nproc_per_node == 1 and config.num_machines == 1:
         # Accelerate's one-process CPU launch: Intel OpenMP keeps its threads on fixed cores, and sleeps soon.

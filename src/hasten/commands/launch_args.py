@@ -96,10 +96,16 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         if flag.short:
             names.insert(0, flag.short)
         if flag.switch:
-            group.add_argument(*names, dest=flag.name, action="store_const", const=flag.const, default=None, help=flag.help)
+            group.add_argument(
+                *names, dest=flag.name, action="store_const", const=flag.const, default=None, help=flag.help
+            )
         else:
-            group.add_argument(*names, dest=flag.name, default=None, type=flag.type, metavar=_metavar(flag), help=flag.help)
-    parser.add_argument("training_script", help="The script (or module, with -m) to run in every process, followed by its arguments.")
+            group.add_argument(
+                *names, dest=flag.name, default=None, type=flag.type, metavar=_metavar(flag), help=flag.help
+            )
+    parser.add_argument(
+        "training_script", help="The script (or module, with -m) to run in every process, followed by its arguments."
+    )
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 

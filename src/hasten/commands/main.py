@@ -19,7 +19,10 @@ from ..errors import did_you_mean
 COMMANDS = {
     "config": ("hasten.commands.config", "Write the launch config file (interactive)."),
     "env": ("hasten.commands.env", "Print the environment, for bug reports."),
-    "estimate-memory": ("hasten.commands.estimate_memory", "Estimate the memory a model needs to train (DeepSpeed ZeRO table)."),
+    "estimate-memory": (
+        "hasten.commands.estimate_memory",
+        "Estimate the memory a model needs to train (DeepSpeed ZeRO table).",
+    ),
     "launch": ("hasten.commands.launch", "Launch a training script."),
     "merge-weights": ("hasten.commands.merge_weights", "Merge a DeepSpeed or FSDP sharded checkpoint into one model."),
     "test": ("hasten.commands.test", "Check that distributed training works here."),

@@ -18,19 +18,50 @@ HELP = "Merge a sharded DeepSpeed ZeRO or FSDP checkpoint into one model file."
 
 def add_parser(subparsers, help_text: str = HELP) -> argparse.ArgumentParser:
     """Register ``hasten merge-weights``."""
-    parser = subparsers.add_parser("merge-weights", help=help_text, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "merge-weights", help=help_text, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     _add_arguments(parser)
     parser.set_defaults(func=merge_command)
     return parser
 
 
 def _add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("checkpoint_directory", help="The checkpoint folder (from save_state, DeepSpeed's save_checkpoint, or FSDP's sharded save).")
-    parser.add_argument("output_path", help="Folder to write the merged weights into (model.safetensors, sharded with an index when large).")
-    parser.add_argument("--safe_serialization", "--safe-serialization", dest="safe_serialization", action="store_true", default=True, help="Write safetensors (the default).")
-    parser.add_argument("--unsafe_serialization", "--unsafe-serialization", dest="safe_serialization", action="store_false", help="Write pytorch_model.bin (torch.save) instead of safetensors.")
-    parser.add_argument("--max_shard_size", "--max-shard-size", default="10GB", help="Largest file of the merged weights (default 10GB).")
-    parser.add_argument("--remove_checkpoint_dir", "--remove-checkpoint-dir", action="store_true", help="Delete the checkpoint folder once the merged weights are written.")
+    parser.add_argument(
+        "checkpoint_directory",
+        help="The checkpoint folder (from save_state, DeepSpeed's save_checkpoint, or FSDP's sharded save).",
+    )
+    parser.add_argument(
+        "output_path",
+        help="Folder to write the merged weights into (model.safetensors, sharded with an index when large).",
+    )
+    parser.add_argument(
+        "--safe_serialization",
+        "--safe-serialization",
+        dest="safe_serialization",
+        action="store_true",
+        default=True,
+        help="Write safetensors (the default).",
+    )
+    parser.add_argument(
+        "--unsafe_serialization",
+        "--unsafe-serialization",
+        dest="safe_serialization",
+        action="store_false",
+        help="Write pytorch_model.bin (torch.save) instead of safetensors.",
+    )
+    parser.add_argument(
+        "--max_shard_size",
+        "--max-shard-size",
+        default="10GB",
+        help="Largest file of the merged weights (default 10GB).",
+    )
+    parser.add_argument(
+        "--remove_checkpoint_dir",
+        "--remove-checkpoint-dir",
+        action="store_true",
+        help="Delete the checkpoint folder once the merged weights are written.",
+    )
 
 
 def detect_format(checkpoint: Path):

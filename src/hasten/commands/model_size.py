@@ -70,7 +70,9 @@ def dtype_rows(size: ModelSize, dtypes: list[str]) -> list[DtypeRow]:
     rows = []
     for dtype in dtypes:
         if dtype not in DTYPE_BYTES:
-            raise ConfigError(f"Unknown dtype {dtype!r}; choose from {list(DTYPE_BYTES)}.{did_you_mean(dtype, DTYPE_BYTES)}")
+            raise ConfigError(
+                f"Unknown dtype {dtype!r}; choose from {list(DTYPE_BYTES)}.{did_you_mean(dtype, DTYPE_BYTES)}"
+            )
         per = DTYPE_BYTES[dtype]
         total = size.total_params * per
         # Adam: weights, gradients and two states; int8/int4 weights are not trained.
@@ -90,9 +92,15 @@ def count_parameters(model: torch.nn.Module) -> ModelSize:
         if id(parameter) not in seen:
             seen.add(id(parameter))
             total += parameter.numel()
-    largest_layer = max((sum(p.numel() for p in module.parameters(recurse=False)) for module in model.modules()), default=0)
+    largest_layer = max(
+        (sum(p.numel() for p in module.parameters(recurse=False)) for module in model.modules()), default=0
+    )
     keep_whole = set(getattr(model, "_no_split_modules", None) or [])
-    groups = [sum(p.numel() for p in module.parameters()) for module in model.modules() if type(module).__name__ in keep_whole or not any(True for _ in module.children())]
+    groups = [
+        sum(p.numel() for p in module.parameters())
+        for module in model.modules()
+        if type(module).__name__ in keep_whole or not any(True for _ in module.children())
+    ]
     return ModelSize(type(model).__name__, total, largest_layer, max(groups + [largest_layer]))
 
 
@@ -132,7 +140,9 @@ def _from_factory(spec: str) -> ModelSize:
     try:
         factory = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as error:
-        raise ConfigError(f"Cannot load {spec!r}: {error}. Give 'package.module:function' where function() builds the model.") from None
+        raise ConfigError(
+            f"Cannot load {spec!r}: {error}. Give 'package.module:function' where function() builds the model."
+        ) from None
     with torch.device("meta"):
         model = factory()
     if not isinstance(model, torch.nn.Module):

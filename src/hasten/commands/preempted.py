@@ -69,14 +69,19 @@ def conclude(plan: LaunchPlan, code: int, signalled: bool) -> int:
 def _requeue() -> None:
     job = environment.parse_choice_from_env("SLURM_JOB_ID", "")
     if not job:
-        print("hasten launch: --requeue_on_preemption: SLURM_JOB_ID is not set (not a Slurm job); nothing requeued.", file=sys.stderr)
+        print(
+            "hasten launch: --requeue_on_preemption: SLURM_JOB_ID is not set (not a Slurm job); nothing requeued.",
+            file=sys.stderr,
+        )
         return
     try:
         done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
         print(f"hasten launch: `scontrol requeue {job}` failed: {exc}", file=sys.stderr)
         return
-    outcome = "requeued" if done.returncode == 0 else f"not requeued (exit code {done.returncode}: {done.stderr.strip()})"
+    outcome = (
+        "requeued" if done.returncode == 0 else f"not requeued (exit code {done.returncode}: {done.stderr.strip()})"
+    )
     print(f"hasten launch: Slurm job {job} {outcome}.", file=sys.stderr, flush=True)
 
 

@@ -48,7 +48,10 @@ def run_plan(plan: LaunchPlan) -> int:
 
 def _wait(process: subprocess.Popen) -> int:
     """Wait for ``process``, passing SIGTERM on to it; after Ctrl-C give it time to stop by itself."""
-    previous = {sig: signal.signal(sig, lambda signum, frame: process.send_signal(signum)) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: process.send_signal(signum))
+        for sig in (signal.SIGTERM, signal.SIGUSR1)
+    }
     try:
         return process.wait()
     except KeyboardInterrupt:  # a terminal sends SIGINT to the child too; interrupt it only if it ignores that
@@ -125,7 +128,14 @@ def run_elastic(plan: LaunchPlan) -> int:
     os.environ.update(plan.env)  # the agent hands its own environment to the workers
     command = worker_command(plan)
     try:
-        job_agent.launch(launch_config, command[0], command[1:], config.machine_rank, describe_exit, _join_announcement(plan, endpoint))
+        job_agent.launch(
+            launch_config,
+            command[0],
+            command[1:],
+            config.machine_rank,
+            describe_exit,
+            _join_announcement(plan, endpoint),
+        )
     except job_agent.JobFailure as exc:
         print(f"hasten launch: machine {config.machine_rank} stopped: {exc.describe()}", file=sys.stderr, flush=True)
         return exc.exitcode
@@ -145,7 +155,9 @@ def run_elastic(plan: LaunchPlan) -> int:
         return 1
     except SignalException as exc:
         if preempted.saved_record(plan) is None:
-            print(f"hasten launch: stopped by signal {exc.sigval.name}; the processes were terminated.", file=sys.stderr)
+            print(
+                f"hasten launch: stopped by signal {exc.sigval.name}; the processes were terminated.", file=sys.stderr
+            )
         return 128 + int(exc.sigval)
     return 0
 
@@ -154,7 +166,9 @@ def _join_announcement(plan: LaunchPlan, endpoint: str) -> str | None:
     config = plan.settings.config
     if config.num_machines == 1 or plan.args.quiet:
         return None
-    timeout = parse_rdzv_conf(plan.args.rdzv_conf).get("join_timeout" if config.rdzv_backend != "static" else "timeout", "600")
+    timeout = parse_rdzv_conf(plan.args.rdzv_conf).get(
+        "join_timeout" if config.rdzv_backend != "static" else "timeout", "600"
+    )
     return (
         f"hasten launch: machine {config.machine_rank} waiting for all {config.num_machines} machines to join at "
         f"{endpoint} (up to {timeout} s)"
@@ -225,7 +239,9 @@ def mpirun_command(plan: LaunchPlan, flavour: str) -> tuple[list[str], dict[str,
 def run_mpirun(plan: LaunchPlan) -> int:
     """Start all processes of all machines with ``mpirun`` (run this on one machine only)."""
     if shutil.which("mpirun") is None:
-        raise ConfigError("mpirun_hostfile is set but `mpirun` is not on PATH; install an MPI (Open MPI, MPICH or Intel MPI).")
+        raise ConfigError(
+            "mpirun_hostfile is set but `mpirun` is not on PATH; install an MPI (Open MPI, MPICH or Intel MPI)."
+        )
     version = subprocess.run(["mpirun", "--version"], capture_output=True, text=True, check=False)
     text = version.stdout + version.stderr
     flavour = "openmpi" if "Open MPI" in text or "OpenRTE" in text else "mpich"
@@ -244,7 +260,9 @@ def summarize_hang_reports(folder: Path) -> str | None:
         try:
             reports.append(json.loads(path.read_text(encoding="utf-8")))
         except (OSError, ValueError) as exc:
-            reports.append({"rank": path.stem.removeprefix("hang_rank"), "operation": f"(unreadable report {path}: {exc})"})
+            reports.append(
+                {"rank": path.stem.removeprefix("hang_rank"), "operation": f"(unreadable report {path}: {exc})"}
+            )
     last = max((r["restart"] for r in reports if isinstance(r.get("restart"), int)), default=0)
     reports = [r for r in reports if r.get("restart", last) == last]
     if not reports:
@@ -256,8 +274,12 @@ def summarize_hang_reports(folder: Path) -> str | None:
         waited = report.get("waited_s")
         waited_text = f" for {float(waited):.1f} s" if isinstance(waited, (int, float)) else ""
         collective = f" (collective #{report['collective']})" if report.get("collective") is not None else ""
-        lines.append(f"  rank {report.get('rank', '?')} waited{waited_text} in {report.get('operation', '?')}{collective}")
-        peers = [line.strip().removeprefix("- ") for line in str(report.get("peers") or "").splitlines() if line.strip()]
+        lines.append(
+            f"  rank {report.get('rank', '?')} waited{waited_text} in {report.get('operation', '?')}{collective}"
+        )
+        peers = [
+            line.strip().removeprefix("- ") for line in str(report.get("peers") or "").splitlines() if line.strip()
+        ]
         if len(peers) == 1:
             lines.append(f"    other ranks: {peers[0]}")
         elif peers:

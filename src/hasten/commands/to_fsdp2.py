@@ -29,7 +29,9 @@ def convert_config_to_fsdp2(config: dict) -> dict:
         logger.info("The config has no fsdp_config section: nothing to convert.")
         return config
     if fsdp.get("fsdp_version", 1) == 2:
-        logger.warning("The config already says fsdp_version: 2; nothing converted (set it to 1 to convert FSDP1 keys).")
+        logger.warning(
+            "The config already says fsdp_version: 2; nothing converted (set it to 1 to convert FSDP1 keys)."
+        )
         return config
     converted = {}
     for key, value in fsdp.items():
@@ -53,7 +55,9 @@ def to_fsdp2_command_parser(subparsers=None) -> argparse.ArgumentParser:
     else:
         parser = argparse.ArgumentParser(prog="hasten to-fsdp2", description=description, allow_abbrev=False)
     parser.add_argument("--config_file", "--config-file", required=True, help="The config file to convert.")
-    parser.add_argument("--overwrite", action="store_true", help="Write the result over --config_file (or --output_file).")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="Write the result over --config_file (or --output_file)."
+    )
     parser.add_argument("--output_file", "--output-file", default=None, help="Where to write the result.")
     return parser
 
@@ -69,7 +73,9 @@ def to_fsdp2_command(args: argparse.Namespace) -> int:
         raise ConfigError("to-fsdp2: give --output_file, or --overwrite to write the result over the config file.")
     target = Path(args.output_file) if args.output_file is not None else source
     if target.exists() and not args.overwrite:
-        raise ConfigFileExistsError(f"to-fsdp2: {target} exists; pass --overwrite to replace it, or another --output_file.")
+        raise ConfigFileExistsError(
+            f"to-fsdp2: {target} exists; pass --overwrite to replace it, or another --output_file."
+        )
     config = yaml.safe_load(source.read_text())
     if not config:
         raise ConfigError(f"to-fsdp2: the config file {source} is empty.")

@@ -16,11 +16,15 @@ from ..errors import NotSupportedError
 def refuse_unsupported_plugins(torch_tp_plugin=None, megatron_lm_plugin=None, parallelism_config=None) -> None:
     """Raise ``NotSupportedError`` for ``Accelerator`` arguments naming engines hasten does not support."""
     if torch_tp_plugin is not None:
-        raise NotSupportedError("torch_tp_plugin is not supported by hasten; use parallelism_config=ParallelismConfig(tp_size=N) with a model that carries a _tp_plan.")
+        raise NotSupportedError(
+            "torch_tp_plugin is not supported by hasten; use parallelism_config=ParallelismConfig(tp_size=N) with a model that carries a _tp_plan."
+        )
     if megatron_lm_plugin is not None:
         raise NotSupportedError("megatron_lm_plugin is not supported by hasten; use FSDP2 or DeepSpeed ZeRO.")
     if parallelism_config is not None and not hasattr(parallelism_config, "dp_shard_size"):
-        raise NotSupportedError(f"parallelism_config must be a hasten.ParallelismConfig, got {type(parallelism_config).__name__}.")
+        raise NotSupportedError(
+            f"parallelism_config must be a hasten.ParallelismConfig, got {type(parallelism_config).__name__}."
+        )
 
 
 class AcceleratorCompatibility:
@@ -107,7 +111,9 @@ class AcceleratorCompatibility:
 
     def lomo_backward(self, loss, learning_rate: float) -> None:
         """LOMO/AdaLomo fused backward: not supported by hasten."""
-        raise NotSupportedError("lomo_backward (LOMO optimizers) is not supported by hasten; use accelerator.backward(loss) with a regular optimizer.")
+        raise NotSupportedError(
+            "lomo_backward (LOMO optimizers) is not supported by hasten; use accelerator.backward(loss) with a regular optimizer."
+        )
 
     def deepspeed_ulysses_dl_adapter(self, dl, model):
         """DeepSpeed Ulysses sequence-parallel dataloader adapter: not supported by hasten."""

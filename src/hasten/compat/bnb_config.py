@@ -48,13 +48,22 @@ class BnbQuantizationConfig:
         _expect(self.load_in_8bit != self.load_in_4bit, "Set exactly one of load_in_8bit and load_in_4bit to True (they can't be both "
                 f"{self.load_in_8bit}).")  # fmt: skip
         _expect(isinstance(self.llm_int8_threshold, (int, float)), "llm_int8_threshold must be a float or an int.")
-        _expect(self.bnb_4bit_quant_type in ("fp4", "nf4"), f"bnb_4bit_quant_type must be 'fp4' or 'nf4', got {self.bnb_4bit_quant_type!r}.")
+        _expect(
+            self.bnb_4bit_quant_type in ("fp4", "nf4"),
+            f"bnb_4bit_quant_type must be 'fp4' or 'nf4', got {self.bnb_4bit_quant_type!r}.",
+        )
         self.bnb_4bit_compute_dtype = _bnb_dtype("bnb_4bit_compute_dtype", self.bnb_4bit_compute_dtype)
         for name in ("skip_modules", "keep_in_fp32_modules"):
-            _expect(getattr(self, name) is None or isinstance(getattr(self, name), list), f"{name} must be a list of module names.")
+            _expect(
+                getattr(self, name) is None or isinstance(getattr(self, name), list),
+                f"{name} must be a list of module names.",
+            )
         self.target_dtype = CustomDtype.INT4 if self.load_in_4bit else torch.int8
         if self.load_in_4bit and self.llm_int8_threshold != 6.0:
-            warnings.warn("llm_int8_threshold only applies to models loaded in 8bit; it is ignored with load_in_4bit.", stacklevel=3)
+            warnings.warn(
+                "llm_int8_threshold only applies to models loaded in 8bit; it is ignored with load_in_4bit.",
+                stacklevel=3,
+            )
         if self.torch_dtype is None:
             self.torch_dtype = torch.float16 if self.load_in_8bit else self.bnb_4bit_compute_dtype
         self.torch_dtype = _bnb_dtype("torch_dtype", self.torch_dtype)
@@ -69,5 +78,7 @@ def _bnb_dtype(name: str, value):
     if isinstance(value, str):
         _expect(value in _BNB_DTYPES, f"{name} must be one of {sorted(_BNB_DTYPES)} or a torch.dtype, got {value!r}.")
         return _BNB_DTYPES[value]
-    _expect(isinstance(value, torch.dtype), f"{name} must be one of {sorted(_BNB_DTYPES)} or a torch.dtype, got {value!r}.")
+    _expect(
+        isinstance(value, torch.dtype), f"{name} must be one of {sorted(_BNB_DTYPES)} or a torch.dtype, got {value!r}."
+    )
     return value

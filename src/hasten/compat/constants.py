@@ -10,6 +10,15 @@ from __future__ import annotations
 import operator
 
 from ..big_modeling.hooks import SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING  # noqa: F401 (Accelerate's name)
+from ..config import DEEPSPEED_MULTINODE_LAUNCHERS as _LAUNCHERS
+from ..config import (
+    FSDP_AUTO_WRAP_POLICIES,
+    FSDP_SHARDING_STRATEGIES,
+    FSDP_STATE_DICT_TYPES,
+)
+from ..config import (
+    FSDP_BACKWARD_PREFETCH as _PREFETCH,
+)
 from ..runtime.weights.files import (  # noqa: F401 (Accelerate's names, defined where hasten uses them)
     MODEL_NAME,
     SAFE_MODEL_NAME,
@@ -20,8 +29,6 @@ from ..runtime.weights.files import (  # noqa: F401 (Accelerate's names, defined
     WEIGHTS_NAME,
     WEIGHTS_PATTERN_NAME,
 )
-from ..config import DEEPSPEED_MULTINODE_LAUNCHERS as _LAUNCHERS
-from ..config import FSDP_AUTO_WRAP_POLICIES, FSDP_BACKWARD_PREFETCH as _PREFETCH, FSDP_SHARDING_STRATEGIES, FSDP_STATE_DICT_TYPES
 
 # checkpoint file names (Accelerate's; hasten's own checkpoints are described by their manifest)
 OPTIMIZER_NAME = "optimizer"
@@ -40,7 +47,14 @@ FSDP_STATE_DICT_TYPE = list(FSDP_STATE_DICT_TYPES)
 FSDP2_STATE_DICT_TYPE = ["SHARDED_STATE_DICT", "FULL_STATE_DICT"]
 DEEPSPEED_MULTINODE_LAUNCHERS = list(_LAUNCHERS)
 TORCH_DYNAMO_MODES = ["default", "reduce-overhead", "max-autotune"]
-STR_OPERATION_TO_FUNC = {">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne, "<=": operator.le, "<": operator.lt}
+STR_OPERATION_TO_FUNC = {
+    ">": operator.gt,
+    ">=": operator.ge,
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<=": operator.le,
+    "<": operator.lt,
+}
 TORCH_LAUNCH_PARAMS = [
     "nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "standalone", "max_restarts",
     "monitor_interval", "start_method", "role", "module", "m", "no_python", "run_path", "log_dir", "r", "redirects", "t",

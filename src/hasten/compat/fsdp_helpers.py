@@ -43,7 +43,9 @@ def fsdp2_canonicalize_names(named_params: dict) -> dict:
     return canonical
 
 
-def get_parameters_from_modules(modules: Iterable[torch.nn.Module] | str | None, model, device) -> set[torch.nn.Parameter]:
+def get_parameters_from_modules(
+    modules: Iterable[torch.nn.Module] | str | None, model, device
+) -> set[torch.nn.Parameter]:
     """The parameters of ``modules``: an iterable of modules, or a regular expression matched against the full
     names of ``model``'s submodules (matched modules are moved to ``device`` first, as FSDP's ignored modules must be).
     ``None`` gives an empty set.

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from ..errors import NotSupportedError
 
-
 _PREPARE = (
     "an internal of Accelerate's DeepSpeed/FSDP2 integration; hasten does this inside Accelerator.prepare. Prepare the "
     "model, optimizer and scheduler with accelerator.prepare(...) instead of calling it."
 )
-_DEVICE_MAP = "an internal of Accelerate's device-map planner; call infer_auto_device_map(model, max_memory=...) instead."
+_DEVICE_MAP = (
+    "an internal of Accelerate's device-map planner; call infer_auto_device_map(model, max_memory=...) instead."
+)
 
 
 def _refuse(name: str, what: str = _PREPARE) -> NotSupportedError:

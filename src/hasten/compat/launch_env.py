@@ -125,12 +125,16 @@ def env_var_path_add(env_var_name: str, path_to_add: str) -> str:
 
 def prepare_tpu(args: argparse.Namespace, current_env: dict[str, str], pod: bool = False):
     """TPU launches are not supported by hasten."""
-    raise NotSupportedError("prepare_tpu: TPU (torch_xla) launches are not supported by hasten; it runs on CPUs and CUDA/XPU GPUs.")
+    raise NotSupportedError(
+        "prepare_tpu: TPU (torch_xla) launches are not supported by hasten; it runs on CPUs and CUDA/XPU GPUs."
+    )
 
 
 def prepare_sagemager_args_inputs(sagemaker_config, args: argparse.Namespace):
     """Amazon SageMaker launches are not supported by hasten."""
-    raise NotSupportedError("prepare_sagemager_args_inputs: hasten does not launch on Amazon SageMaker; run `hasten launch` on the instances.")
+    raise NotSupportedError(
+        "prepare_sagemager_args_inputs: hasten does not launch on Amazon SageMaker; run `hasten launch` on the instances."
+    )
 
 
 class PrepareForLaunch:

@@ -30,7 +30,9 @@ class CPUInformation:
 def get_cpu_distributed_information() -> CPUInformation:
     """Rank and sizes of this process as its launcher (torchrun, MPI or Slurm) told it; 0/1 when not launched."""
     info = environment.detect_launch()
-    return CPUInformation(rank=info.rank, world_size=info.world_size, local_rank=info.local_rank, local_world_size=info.local_world_size)
+    return CPUInformation(
+        rank=info.rank, world_size=info.world_size, local_rank=info.local_rank, local_world_size=info.local_world_size
+    )
 
 
 def are_libraries_initialized(*library_names: str) -> list[str]:
@@ -53,7 +55,13 @@ def _nvidia_smi(query: str) -> list[str]:
     if executable is None:
         return []
     try:
-        output = subprocess.run([executable, f"--query-gpu={query}", "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=True).stdout
+        output = subprocess.run(
+            [executable, f"--query-gpu={query}", "--format=csv,noheader"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
     except (subprocess.SubprocessError, OSError):
         return []
     return [line.strip() for line in output.splitlines() if line.strip()]

@@ -82,10 +82,10 @@ class MegatronLMPlugin:
     is_train_batch_min: Any = True
     train_iters: Any = None
     train_samples: Any = None
-    weight_decay_incr_style: Any = 'constant'
+    weight_decay_incr_style: Any = "constant"
     start_weight_decay: Any = None
     end_weight_decay: Any = None
-    lr_decay_style: Any = 'linear'
+    lr_decay_style: Any = "linear"
     lr_decay_iters: Any = None
     lr_decay_samples: Any = None
     lr_warmup_iters: Any = None

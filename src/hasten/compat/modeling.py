@@ -23,7 +23,11 @@ def calculate_maximum_sizes(model: nn.Module) -> tuple[int, tuple[int, list[str]
     """
     sizes = compute_module_sizes(model)
     no_split = getattr(model, "_no_split_modules", None) or []
-    top = list(model.named_parameters(recurse=False)) + list(model.named_children()) + list(model.named_buffers(recurse=False))
+    top = (
+        list(model.named_parameters(recurse=False))
+        + list(model.named_children())
+        + list(model.named_buffers(recurse=False))
+    )
     return sizes[""], get_max_layer_size(top, sizes, no_split)
 
 
@@ -44,8 +48,12 @@ def check_tied_parameters_in_config(model: nn.Module) -> bool:
         return False
     config = getattr(model, "config", None)
     text_config = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    word_embeddings = bool(text_config is not None and getattr(text_config, "tie_word_embeddings", False) and model.get_output_embeddings())
-    encoder_decoder = bool(getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False))
+    word_embeddings = bool(
+        text_config is not None and getattr(text_config, "tie_word_embeddings", False) and model.get_output_embeddings()
+    )
+    encoder_decoder = bool(
+        getattr(config, "is_encoder_decoder", False) and getattr(config, "tie_encoder_decoder", False)
+    )
     return word_embeddings or encoder_decoder or any(hasattr(module, "_tie_weights") for module in model.modules())
 
 
@@ -61,7 +69,9 @@ def id_tensor_storage(tensor: torch.Tensor) -> tuple[torch.device, int, int]:
     return tensor.device, storage.data_ptr(), storage.nbytes()
 
 
-def get_state_dict_from_offload(module: nn.Module, module_name: str, state_dict: dict, device_to_put_offload="cpu") -> dict:
+def get_state_dict_from_offload(
+    module: nn.Module, module_name: str, state_dict: dict, device_to_put_offload="cpu"
+) -> dict:
     """Add ``module``'s weights to ``state_dict`` under ``module_name``, bringing offloaded weights to
     ``device_to_put_offload`` first; returns ``state_dict``."""
     from ..big_modeling.hooks import align_module_device
@@ -148,7 +158,9 @@ def get_module_children_bottom_up(model: nn.Module, return_fqns: bool = False) -
     while stack:
         name, module = stack.pop()
         ordered.append((name, module) if return_fqns else module)
-        stack.extend((f"{name}.{child_name}" if name else child_name, child) for child_name, child in module.named_children())
+        stack.extend(
+            (f"{name}.{child_name}" if name else child_name, child) for child_name, child in module.named_children()
+        )
     return ordered[::-1]
 
 

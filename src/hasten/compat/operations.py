@@ -52,7 +52,9 @@ def gather_tensor_shape(tensor) -> tuple[torch.Size, torch.dtype] | None:
         return None
     shape, code, name = held[0][1]
     if code not in TENSOR_INT_TO_DTYPE:
-        raise DistributedOperationException(f"gather_tensor_shape: dtype {name} cannot be sent; use one of {sorted(map(str, TENSOR_TYPE_TO_INT))}.")
+        raise DistributedOperationException(
+            f"gather_tensor_shape: dtype {name} cannot be sent; use one of {sorted(map(str, TENSOR_TYPE_TO_INT))}."
+        )
     return torch.Size(shape), TENSOR_INT_TO_DTYPE[code]
 
 
@@ -112,4 +114,6 @@ def GatheredParameters(params, modifier_rank=None, fwd_module=None, enabled=True
         return contextlib.nullcontext()
     import deepspeed
 
-    return deepspeed.zero.GatheredParameters(listed, modifier_rank=modifier_rank, fwd_module=fwd_module, enabled=enabled)
+    return deepspeed.zero.GatheredParameters(
+        listed, modifier_rank=modifier_rank, fwd_module=fwd_module, enabled=enabled
+    )

@@ -96,12 +96,23 @@ def get_keys_to_not_convert(model):
     raise _refuse("get_keys_to_not_convert")
 
 
-def get_quantized_model_device_map(model, bnb_quantization_config, device_map=None, max_memory=None, no_split_module_classes=None):
+def get_quantized_model_device_map(
+    model, bnb_quantization_config, device_map=None, max_memory=None, no_split_module_classes=None
+):
     """Not supported by hasten (bitsandbytes); raises NotSupportedError."""
     raise _refuse("get_quantized_model_device_map")
 
 
-def load_and_quantize_model(model, bnb_quantization_config, weights_location=None, device_map=None, no_split_module_classes=None, max_memory=None, offload_folder=None, offload_state_dict=False):
+def load_and_quantize_model(
+    model,
+    bnb_quantization_config,
+    weights_location=None,
+    device_map=None,
+    no_split_module_classes=None,
+    max_memory=None,
+    offload_folder=None,
+    offload_state_dict=False,
+):
     """Not supported by hasten (bitsandbytes); raises NotSupportedError."""
     raise _refuse("load_and_quantize_model")
 

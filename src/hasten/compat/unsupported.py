@@ -11,7 +11,15 @@ from ..runtime.parallelism import ParallelismConfig
 __all__ = ["ParallelismConfig", "is_rich_available", "prepare_pippy"]
 
 
-def prepare_pippy(model, split_points="auto", no_split_module_classes=None, example_args=(), example_kwargs=None, num_chunks=None, gather_output=False):
+def prepare_pippy(
+    model,
+    split_points="auto",
+    no_split_module_classes=None,
+    example_args=(),
+    example_kwargs=None,
+    num_chunks=None,
+    gather_output=False,
+):
     """Pipeline-parallel inference (Accelerate's ``prepare_pippy``) is not supported by hasten."""
     raise NotSupportedError(
         "prepare_pippy (pipeline-parallel inference) is not supported by hasten. For a model larger than one device, "
@@ -43,4 +51,6 @@ class TorchTensorParallelPlugin:
 
 def install_xla(upgrade=False):
     """Installing torch_xla (TPU support): not supported by hasten; raises NotSupportedError."""
-    raise NotSupportedError("install_xla: TPUs (torch_xla) are not supported by hasten; it runs on CPUs and CUDA/XPU GPUs.")
+    raise NotSupportedError(
+        "install_xla: TPUs (torch_xla) are not supported by hasten; it runs on CPUs and CUDA/XPU GPUs."
+    )

@@ -38,7 +38,18 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
             a global batch (``rows`` is a ``slice``); by default every tensor and list is cut on its first dimension.
     """
 
-    def __init__(self, dataset, split_batches: bool = False, even_batches: bool = True, device=None, _non_blocking: bool = False, slice_fn=None, _batch_size: int = 1, _drop_last: bool = False, **kwargs):
+    def __init__(
+        self,
+        dataset,
+        split_batches: bool = False,
+        even_batches: bool = True,
+        device=None,
+        _non_blocking: bool = False,
+        slice_fn=None,
+        _batch_size: int = 1,
+        _drop_last: bool = False,
+        **kwargs,
+    ):
         super().__init__(dataset, **kwargs)
         self._init_state()
         self._batch_size, self._drop_last = _batch_size, _drop_last
@@ -179,7 +190,11 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
                 batch, sizes, final, is_last, self._samples = item
                 start = sum(sizes[: self._rank])
                 rows = slice(start, start + sizes[self._rank])
-                local = self._slice_fn(batch, rows, self._rank, self._world) if self._slice_fn else _slice_rows(batch, rows.start, rows.stop)
+                local = (
+                    self._slice_fn(batch, rows, self._rank, self._world)
+                    if self._slice_fn
+                    else _slice_rows(batch, rows.start, rows.stop)
+                )
                 if is_last:
                     self._final, self.end_of_dataloader, self.remainder = final, True, final.real
                 self._yielded += 1
@@ -230,7 +245,9 @@ def _pad_rows(batch, first, count: int):
         seq, source = seq_pair
         extra_index = [i % _len(source) for i in range(count)]
         if isinstance(seq, torch.Tensor):
-            return torch.cat([seq, source[torch.tensor(extra_index, dtype=torch.long, device=source.device)].to(seq.device)], dim=0)
+            return torch.cat(
+                [seq, source[torch.tensor(extra_index, dtype=torch.long, device=source.device)].to(seq.device)], dim=0
+            )
         return type(seq)(list(seq) + [source[i] for i in extra_index])
 
     return _zip_rows(batch, first, pad)

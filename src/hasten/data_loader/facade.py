@@ -34,14 +34,19 @@ class DataLoaderSettings:
             return
         from torch.distributed.algorithms import Join
 
-        if even_batches is not None and any(not isinstance(dl, DataLoaderShard) or dl.even_batches is None for dl in self._dataloaders):
+        if even_batches is not None and any(
+            not isinstance(dl, DataLoaderShard) or dl.even_batches is None for dl in self._dataloaders
+        ):
             warnings.warn(
                 "Overriding even_batches is only supported for map-style datasets, yet some prepared dataloaders are iterable: "
                 "their setting stays as it is.",
                 stacklevel=3,
             )
         uneven = not (self.even_batches if even_batches is None else even_batches)
-        with even_batches_overridden(self._dataloaders, even_batches), Join(joinables, enable=uneven, throw_on_early_termination=False) as join:
+        with (
+            even_batches_overridden(self._dataloaders, even_batches),
+            Join(joinables, enable=uneven, throw_on_early_termination=False) as join,
+        ):
             yield join
 
     @property

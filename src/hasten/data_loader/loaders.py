@@ -17,14 +17,21 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset
 
-from ..runtime import preemption
 from ..errors import ConfigError
-from ..runtime.tree import send_to_device
+from ..runtime import preemption
 from ..runtime.rng import synchronize_rng_state, synchronize_rng_states
+from ..runtime.tree import send_to_device
 from ..state import GradientState, warn_once
 from .epoch_rng import EpochStart
 from .position import rows_in, skip_samples
-from .sharding import BatchSamplerShard, FinalRound, IterableDatasetShard, SeedableRandomSampler, SkipBatchSampler, get_sampler
+from .sharding import (
+    BatchSamplerShard,
+    FinalRound,
+    IterableDatasetShard,
+    SeedableRandomSampler,
+    SkipBatchSampler,
+    get_sampler,
+)
 
 _END = object()  # what next() returns when an iterator is exhausted (a batch may itself be None)
 
@@ -371,7 +378,9 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
     @even_batches.setter
     def even_batches(self, value: bool) -> None:
         if self._sharder is None:
-            raise ConfigError("even_batches: this dataloader is not sharded between processes, so it has no last round to complete.")
+            raise ConfigError(
+                "even_batches: this dataloader is not sharded between processes, so it has no last round to complete."
+            )
         self._sharder.even_batches = bool(value)
 
     @property
@@ -505,8 +514,22 @@ def skip_first_batches(dataloader, num_batches: int = 0):
         raise ConfigError(f"skip_first_batches(num_batches={num_batches}): give a number >= 0.")
     if isinstance(dataloader, DataLoaderStateMixin):
         return _SkipView(dataloader, num_batches)
-    if isinstance(dataloader, DataLoader) and dataloader.batch_sampler is not None and not isinstance(dataloader.dataset, IterableDataset):
-        return DataLoader(dataloader.dataset, batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches), **_loader_kwargs(dataloader))
+    if (
+        isinstance(dataloader, DataLoader)
+        and dataloader.batch_sampler is not None
+        and not isinstance(dataloader.dataset, IterableDataset)
+    ):
+        return DataLoader(
+            dataloader.dataset,
+            batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches),
+            **_loader_kwargs(dataloader),
+        )
     if isinstance(dataloader, DataLoader):
-        return SkipDataLoader(dataloader.dataset, skip_batches=num_batches, batch_size=dataloader.batch_size, drop_last=dataloader.drop_last, **_loader_kwargs(dataloader))
+        return SkipDataLoader(
+            dataloader.dataset,
+            skip_batches=num_batches,
+            batch_size=dataloader.batch_size,
+            drop_last=dataloader.drop_last,
+            **_loader_kwargs(dataloader),
+        )
     raise TypeError(f"skip_first_batches needs a DataLoader, got {type(dataloader).__name__}.")

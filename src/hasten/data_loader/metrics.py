@@ -152,11 +152,18 @@ class _EpochLayout:
         return tuple(sum(sizes) for sizes in zip(*self.rounds))
 
     def real_rows(self) -> int:
-        return sum(sum(sizes) for sizes in self.rounds[:-1]) + (self.final.real if self.final.padded else sum(self.final.sizes))
+        return sum(sum(sizes) for sizes in self.rounds[:-1]) + (
+            self.final.real if self.final.padded else sum(self.final.sizes)
+        )
 
 
 def _gather_after_loop(data, rows, layout: _EpochLayout | None):
-    if layout is not None and isinstance(data, (list, tuple)) and len(data) == len(layout.rounds) and not _matches(rows, layout.per_rank()):
+    if (
+        layout is not None
+        and isinstance(data, (list, tuple))
+        and len(data) == len(layout.rounds)
+        and not _matches(rows, layout.per_rank())
+    ):
         counts = [sum(1 for _ in _leaves(item)) for item in data]
         if all(_matches(_slice_rows(rows, counts, k), sizes) for k, sizes in enumerate(layout.rounds)):
             batches = [gather_with_sizes(item, list(sizes)) for item, sizes in zip(data, layout.rounds)]

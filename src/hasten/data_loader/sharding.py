@@ -59,7 +59,14 @@ class SeedableRandomSampler(RandomSampler):
     it at each epoch start (:meth:`set_epoch`).
     """
 
-    def __init__(self, data_source, replacement: bool = False, num_samples: int | None = None, generator=None, data_seed: int | None = None):
+    def __init__(
+        self,
+        data_source,
+        replacement: bool = False,
+        num_samples: int | None = None,
+        generator=None,
+        data_seed: int | None = None,
+    ):
         super().__init__(data_source, replacement=replacement, num_samples=num_samples, generator=generator)
         self.initial_seed = int(torch.initial_seed() if data_seed is None else data_seed)
         self.epoch = 0
@@ -87,7 +94,14 @@ class BatchSamplerShard(BatchSampler):
         even_batches: complete the last round with samples from the start of the epoch.
     """
 
-    def __init__(self, batch_sampler, num_processes: int = 1, process_index: int = 0, split_batches: bool = False, even_batches: bool = True):
+    def __init__(
+        self,
+        batch_sampler,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
+        even_batches: bool = True,
+    ):
         self.batch_sampler = batch_sampler
         self.num_processes = num_processes
         self.process_index = process_index

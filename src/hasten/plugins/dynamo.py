@@ -15,7 +15,15 @@ from ..errors import ConfigError, did_you_mean
 from ..settings.dynamo import DYNAMO, DYNAMO_MODES
 from .kwargs import KwargsHandler
 
-_DEFAULTS = {"backend": "no", "mode": "default", "fullgraph": False, "dynamic": None, "options": None, "disable": False, "use_regional_compilation": False}
+_DEFAULTS = {
+    "backend": "no",
+    "mode": "default",
+    "fullgraph": False,
+    "dynamic": None,
+    "options": None,
+    "disable": False,
+    "use_regional_compilation": False,
+}
 
 
 @dataclass
@@ -51,7 +59,9 @@ class TorchDynamoPlugin(KwargsHandler):
         environment.fill_unset(self, DYNAMO.rows)
         self.backend = _backend(self.backend)
         if self.mode not in DYNAMO_MODES:
-            raise ConfigError(f"TorchDynamoPlugin: mode={self.mode!r} is not a torch.compile mode; choose one of {list(DYNAMO_MODES)}.{did_you_mean(str(self.mode), DYNAMO_MODES)}")
+            raise ConfigError(
+                f"TorchDynamoPlugin: mode={self.mode!r} is not a torch.compile mode; choose one of {list(DYNAMO_MODES)}.{did_you_mean(str(self.mode), DYNAMO_MODES)}"
+            )
         if self.options is not None and self.mode != "default":
             raise ConfigError(
                 f"TorchDynamoPlugin: torch.compile takes either a mode or options, got mode={self.mode!r} and options={self.options!r}. "
@@ -75,7 +85,11 @@ class TorchDynamoPlugin(KwargsHandler):
 
     def compile_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``torch.compile`` (``backend``, ``fullgraph``, ``dynamic``, and ``mode`` or ``options``)."""
-        kwargs: dict[str, Any] = {"backend": self.backend.value.lower(), "fullgraph": bool(self.fullgraph), "dynamic": self.dynamic}
+        kwargs: dict[str, Any] = {
+            "backend": self.backend.value.lower(),
+            "fullgraph": bool(self.fullgraph),
+            "dynamic": self.dynamic,
+        }
         if self.options is not None:
             kwargs["options"] = self.options
         else:
@@ -89,7 +103,9 @@ def _backend(value) -> DynamoBackend:
     text = str(value).upper()
     if text not in DynamoBackend.list():
         names = [name.lower() for name in DynamoBackend.list()]
-        raise ConfigError(f"TorchDynamoPlugin: backend={value!r} is not a known torch.compile backend; choose one of {names}.{did_you_mean(str(value).lower(), names)}")
+        raise ConfigError(
+            f"TorchDynamoPlugin: backend={value!r} is not a known torch.compile backend; choose one of {names}.{did_you_mean(str(value).lower(), names)}"
+        )
     return DynamoBackend(text)
 
 
@@ -101,9 +117,13 @@ def build_dynamo_plugin(dynamo_backend=None, dynamo_plugin: TorchDynamoPlugin | 
     is a :class:`~hasten.errors.ConfigError`.
     """
     if dynamo_plugin is not None and dynamo_backend is not None:
-        raise ConfigError("Accelerator: pass either dynamo_backend or dynamo_plugin, not both (set the backend in TorchDynamoPlugin(backend=...)).")
+        raise ConfigError(
+            "Accelerator: pass either dynamo_backend or dynamo_plugin, not both (set the backend in TorchDynamoPlugin(backend=...))."
+        )
     if dynamo_plugin is not None:
         if not isinstance(dynamo_plugin, TorchDynamoPlugin):
-            raise ConfigError(f"Accelerator: dynamo_plugin must be a TorchDynamoPlugin, got {type(dynamo_plugin).__name__}.")
+            raise ConfigError(
+                f"Accelerator: dynamo_plugin must be a TorchDynamoPlugin, got {type(dynamo_plugin).__name__}."
+            )
         return dynamo_plugin
     return TorchDynamoPlugin(backend=dynamo_backend)

@@ -59,14 +59,26 @@ class DistributedDataParallelKwargs(KwargsHandler):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 
         if hook in (DDPCommunicationHookType.FP16, DDPCommunicationHookType.BF16):
-            fn = default_hooks.fp16_compress_hook if hook == DDPCommunicationHookType.FP16 else default_hooks.bf16_compress_hook
+            fn = (
+                default_hooks.fp16_compress_hook
+                if hook == DDPCommunicationHookType.FP16
+                else default_hooks.bf16_compress_hook
+            )
             model.register_comm_hook(state=None, hook=fn)
             return
         state = powerSGD_hook.PowerSGDState(process_group=None, **self.comm_state_option)
-        fn = powerSGD_hook.powerSGD_hook if hook == DDPCommunicationHookType.POWER_SGD else powerSGD_hook.batched_powerSGD_hook
+        fn = (
+            powerSGD_hook.powerSGD_hook
+            if hook == DDPCommunicationHookType.POWER_SGD
+            else powerSGD_hook.batched_powerSGD_hook
+        )
         wrapper = DDPCommunicationHookType(self.comm_wrapper)
         if wrapper != DDPCommunicationHookType.NO:
-            fn = (default_hooks.fp16_compress_wrapper if wrapper == DDPCommunicationHookType.FP16 else default_hooks.bf16_compress_wrapper)(fn)
+            fn = (
+                default_hooks.fp16_compress_wrapper
+                if wrapper == DDPCommunicationHookType.FP16
+                else default_hooks.bf16_compress_wrapper
+            )(fn)
         model.register_comm_hook(state=state, hook=fn)
 
 
@@ -101,7 +113,9 @@ class InitProcessGroupKwargs(KwargsHandler):
         if isinstance(self.timeout, (int, float)):
             self.timeout = timedelta(seconds=self.timeout)
         if not isinstance(self.timeout, timedelta):
-            raise ConfigError(f"InitProcessGroupKwargs(timeout={self.timeout!r}): give a datetime.timedelta or seconds.")
+            raise ConfigError(
+                f"InitProcessGroupKwargs(timeout={self.timeout!r}): give a datetime.timedelta or seconds."
+            )
 
 
 @dataclass

@@ -46,7 +46,9 @@ class ProjectConfiguration(KwargsHandler):
         if self.async_staging_limit is not None:
             self.async_staging_limit = parse_size(self.async_staging_limit)
         if self.total_limit is not None and (not isinstance(self.total_limit, int) or self.total_limit < 1):
-            raise ConfigError(f"ProjectConfiguration(total_limit={self.total_limit!r}): give a positive integer or None.")
+            raise ConfigError(
+                f"ProjectConfiguration(total_limit={self.total_limit!r}): give a positive integer or None."
+            )
 
     def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
         """Set ``project_dir`` and, when it was unset, ``logging_dir``."""

@@ -88,7 +88,11 @@ def compile_regions_fsdp2(module: torch.nn.Module, **compile_kwargs) -> torch.nn
 
 def is_repeated_blocks(module: torch.nn.Module) -> bool:
     """Whether ``module`` is a non-empty ``nn.ModuleList`` whose items are all of the class of the first one."""
-    return isinstance(module, torch.nn.ModuleList) and len(module) > 0 and all(isinstance(m, type(module[0])) for m in module)
+    return (
+        isinstance(module, torch.nn.ModuleList)
+        and len(module) > 0
+        and all(isinstance(m, type(module[0])) for m in module)
+    )
 
 
 def has_repeated_blocks(module: torch.nn.Module) -> bool:

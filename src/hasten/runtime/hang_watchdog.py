@@ -289,8 +289,14 @@ class _Watchdog:
         if report_dir:
             restart = environment.get_int_from_env(["TORCHELASTIC_RESTART_COUNT"], 0)
             record = {
-                "rank": self.rank, "restart": restart, "operation": f"hasten.runtime.operations.{name}",
-                "collective": seq, "waited_s": round(waited, 2), "stack": stack, "peers": peers, "peer_stacks": others,
+                "rank": self.rank,
+                "restart": restart,
+                "operation": f"hasten.runtime.operations.{name}",
+                "collective": seq,
+                "waited_s": round(waited, 2),
+                "stack": stack,
+                "peers": peers,
+                "peer_stacks": others,
             }
             with contextlib.suppress(OSError):
                 Path(report_dir, f"hang_rank{self.rank}.json").write_text(json.dumps(record, indent=1))

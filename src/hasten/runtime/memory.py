@@ -105,7 +105,11 @@ def _without_frames(error: BaseException) -> BaseException:
     return error
 
 
-def find_executable_batch_size(function: Callable | None = None, starting_batch_size: int = 128, reduce_batch_size_fn: Callable[[], int] | None = None):
+def find_executable_batch_size(
+    function: Callable | None = None,
+    starting_batch_size: int = 128,
+    reduce_batch_size_fn: Callable[[], int] | None = None,
+):
     """Decorator that retries ``function(batch_size, ...)`` with a smaller batch size after each out-of-memory error.
 
     The decorated function takes the batch size as its first argument; call it without that argument.
@@ -120,7 +124,11 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
     function. ``function`` may be any callable (``functools.partial`` too).
     """
     if function is None:
-        return functools.partial(find_executable_batch_size, starting_batch_size=starting_batch_size, reduce_batch_size_fn=reduce_batch_size_fn)
+        return functools.partial(
+            find_executable_batch_size,
+            starting_batch_size=starting_batch_size,
+            reduce_batch_size_fn=reduce_batch_size_fn,
+        )
     batch_size = starting_batch_size
 
     def reduce() -> int:
@@ -138,9 +146,12 @@ def find_executable_batch_size(function: Callable | None = None, starting_batch_
             if batch_size == 0:
                 raise BatchSizeExhaustedError(
                     "No executable batch size found, reached zero. "
-                    + (f"Every batch size from {starting_batch_size} down ran out of memory: the model does not fit. Reduce "
-                       "its size, use mixed precision, or shard it (FSDP/DeepSpeed)." if starting_batch_size > 0 else
-                       "find_executable_batch_size(starting_batch_size=...) must be at least 1.")
+                    + (
+                        f"Every batch size from {starting_batch_size} down ran out of memory: the model does not fit. Reduce "
+                        "its size, use mixed precision, or shard it (FSDP/DeepSpeed)."
+                        if starting_batch_size > 0
+                        else "find_executable_batch_size(starting_batch_size=...) must be at least 1."
+                    )
                 ) from error
             outcome, result, error = _run_attempt(function, batch_size, args, kwargs)
             if outcome == "ok":

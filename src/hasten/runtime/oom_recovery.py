@@ -38,8 +38,8 @@ from typing import Callable
 
 import torch.distributed as dist
 
-from . import hang_watchdog
 from ..errors import HastenError
+from . import hang_watchdog
 
 GRACE_SECONDS = 2.0
 _POLL_SECONDS = 0.2
@@ -202,5 +202,7 @@ def _rebuild_default_group(store, prefix: str, backend: str, rank: int, world: i
         dist.destroy_process_group()
     options = _group["options"]
     fresh = dist.PrefixStore(prefix, store)
-    create_default_group(lambda: dist.init_process_group(backend=backend, store=fresh, rank=rank, world_size=world, **options), options)
+    create_default_group(
+        lambda: dist.init_process_group(backend=backend, store=fresh, rank=rank, world_size=world, **options), options
+    )
     hang_watchdog.reset()

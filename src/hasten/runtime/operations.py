@@ -103,7 +103,9 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
         tensor = tensor[None]
     tensor = tensor.contiguous()
     if dist.get_backend() == "nccl":
-        out = torch.empty((world * tensor.shape[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device)
+        out = torch.empty(
+            (world * tensor.shape[0],) + tuple(tensor.shape[1:]), dtype=tensor.dtype, device=tensor.device
+        )
         collective_check.all_gather_flat(out, tensor)
         return out
     parts = [torch.empty_like(tensor) for _ in range(world)]
@@ -302,7 +304,11 @@ def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bo
 
     def _one(t):
         if t.is_nested:
-            warnings.warn("pad_across_processes cannot pad a nested tensor; it is returned as it is.", CannotPadNestedTensorWarning, stacklevel=5)
+            warnings.warn(
+                "pad_across_processes cannot pad a nested tensor; it is returned as it is.",
+                CannotPadNestedTensorWarning,
+                stacklevel=5,
+            )
             return t
         if not _paddable(t, dim):
             return t
@@ -338,5 +344,3 @@ def gather_with_sizes(tensor, sizes: list[int]):
         return torch.cat([full[i * step : i * step + n] for i, n in enumerate(sizes)], dim=0)
 
     return recursively_apply(_one, tensor)
-
-

@@ -80,8 +80,13 @@ class ParallelismConfig:
         for name in _SIZES:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f"ParallelismConfig({name}={value!r}): sizes are whole numbers of processes, at least 1.")
-        for name, value, known in (("cp_backend", self.cp_backend, "torch"), ("sp_backend", self.sp_backend, "deepspeed")):
+                raise ConfigError(
+                    f"ParallelismConfig({name}={value!r}): sizes are whole numbers of processes, at least 1."
+                )
+        for name, value, known in (
+            ("cp_backend", self.cp_backend, "torch"),
+            ("sp_backend", self.sp_backend, "deepspeed"),
+        ):
             if value != known:
                 raise ConfigError(f"ParallelismConfig({name}={value!r}): the only {name} is {known!r}.")
         self._default_handlers()
@@ -139,7 +144,9 @@ class ParallelismConfig:
 
     def check_supported(self) -> None:
         """Raise :class:`NotSupportedError` for a layout hasten cannot run: context or sequence parallelism."""
-        unsupported = {f"{axis}_size": getattr(self, f"{axis}_size") for axis in ("cp", "sp") if getattr(self, f"{axis}_size") > 1}
+        unsupported = {
+            f"{axis}_size": getattr(self, f"{axis}_size") for axis in ("cp", "sp") if getattr(self, f"{axis}_size") > 1
+        }
         if unsupported:
             raise NotSupportedError(
                 f"ParallelismConfig({', '.join(f'{k}={v}' for k, v in unsupported.items())}): context and sequence parallelism "
@@ -150,7 +157,11 @@ class ParallelismConfig:
     def _get_mesh(self) -> tuple:
         """``(dimension names, shape)`` of the mesh: the axes of size above 1 in mesh order; ``()`` when there is none."""
         active = set(self.active_mesh_dims)
-        axes = [(axis, self.dp_shard_size if axis == "dp_shard" else getattr(self, f"{axis}_size")) for axis in MESH_ORDER if axis in active]
+        axes = [
+            (axis, self.dp_shard_size if axis == "dp_shard" else getattr(self, f"{axis}_size"))
+            for axis in MESH_ORDER
+            if axis in active
+        ]
         return tuple(zip(*axes))
 
     def build_device_mesh(self, device_type: str):
@@ -171,7 +182,11 @@ class ParallelismConfig:
             return None
         names, shape = mesh_layout
         mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
-        for dims, flat in ((self.dp_dim_names, "dp"), (self.dp_shard_cp_dim_names, "dp_shard_cp"), (self.dp_cp_dim_names, "dp_cp")):
+        for dims, flat in (
+            (self.dp_dim_names, "dp"),
+            (self.dp_shard_cp_dim_names, "dp_shard_cp"),
+            (self.dp_cp_dim_names, "dp_cp"),
+        ):
             if dims:
                 mesh[dims]._flatten(flat)
         return mesh
@@ -180,10 +195,14 @@ class ParallelismConfig:
         """The mesh built by :meth:`build_device_mesh`, building it on first use (``device_type`` is then needed)."""
         if self.device_mesh is None:
             if device_type is None:
-                raise ConfigError("ParallelismConfig.get_device_mesh: pass device_type (e.g. 'cuda') to build the mesh.")
+                raise ConfigError(
+                    "ParallelismConfig.get_device_mesh: pass device_type (e.g. 'cuda') to build the mesh."
+                )
             self.device_mesh = self.build_device_mesh(device_type)
         elif device_type is not None and self.device_mesh.device_type != device_type:
-            raise ConfigError(f"ParallelismConfig: the device mesh was built for {self.device_mesh.device_type!r}, not {device_type!r}.")
+            raise ConfigError(
+                f"ParallelismConfig: the device mesh was built for {self.device_mesh.device_type!r}, not {device_type!r}."
+            )
         return self.device_mesh
 
     def to_json(self) -> str:
@@ -194,7 +213,11 @@ class ParallelismConfig:
     @property
     def dp_dim_names(self) -> list[str]:
         """The mesh dimensions whose ranks read different batches (``dp_replicate``, ``dp_shard``; those above 1)."""
-        return [axis for axis, on in (("dp_replicate", self.dp_replicate_enabled), ("dp_shard", self.dp_shard_enabled)) if on]
+        return [
+            axis
+            for axis, on in (("dp_replicate", self.dp_replicate_enabled), ("dp_shard", self.dp_shard_enabled))
+            if on
+        ]
 
     @property
     def non_dp_dim_names(self) -> list[str]:

@@ -63,8 +63,12 @@ class Precision:
     """
 
     def __init__(
-        self, mixed_precision: str, device: torch.device, autocast_kwargs: AutocastKwargs | None = None,
-        scaler_kwargs: GradScalerKwargs | None = None, fp8_recipe=None,
+        self,
+        mixed_precision: str,
+        device: torch.device,
+        autocast_kwargs: AutocastKwargs | None = None,
+        scaler_kwargs: GradScalerKwargs | None = None,
+        fp8_recipe=None,
     ):
         self.mixed_precision = mixed_precision
         self.device = device
@@ -101,7 +105,11 @@ class Precision:
         """
         if self.float8 is not None:
             self.float8.convert(model, sharded=sharded)
-        if not self.enabled or not self.autocast_kwargs.enabled or isinstance(model.__dict__.get("forward"), AutocastForward):
+        if (
+            not self.enabled
+            or not self.autocast_kwargs.enabled
+            or isinstance(model.__dict__.get("forward"), AutocastForward)
+        ):
             return model
         handler = self.autocast_kwargs
         to_fp32 = handler.convert_outputs_to_fp32

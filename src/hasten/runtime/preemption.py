@@ -89,7 +89,9 @@ def _on_signal(signum: int, frame) -> None:
         os.kill(os.getpid(), signum)
         return
     if not _requested:
-        _write_stderr(f"hasten: rank {accelerator.process_index}: {_signal_name} received; finishing the step, then saving a checkpoint.")
+        _write_stderr(
+            f"hasten: rank {accelerator.process_index}: {_signal_name} received; finishing the step, then saving a checkpoint."
+        )
     _requested = True
 
 
@@ -225,10 +227,17 @@ def save_and_exit() -> None:
     accelerator = _accelerator()
     path = accelerator.save_state()
     if accelerator.is_main_process:
-        _write_stderr(f"hasten: {_signal_name}: saved {path} after optimizer step {_steps}; run the same command to resume.")
+        _write_stderr(
+            f"hasten: {_signal_name}: saved {path} after optimizer step {_steps}; run the same command to resume."
+        )
         folder = environment.get_str("PREEMPTION_DIR")
         if folder:
-            record = {"signal": _signal_name, "checkpoint": str(path), "step": _steps, "processes": accelerator.num_processes}
+            record = {
+                "signal": _signal_name,
+                "checkpoint": str(path),
+                "step": _steps,
+                "processes": accelerator.num_processes,
+            }
             Path(folder, MARKER_FILE).write_text(json.dumps(record), encoding="utf-8")
     sys.stdout.flush()
     raise SystemExit(PREEMPTED_EXIT_CODE)

@@ -8,7 +8,9 @@ def tqdm(*args, main_process_only: bool = True, **kwargs):
     from tqdm.auto import tqdm as _tqdm
 
     if len(args) > 0 and isinstance(args[0], bool):
-        raise TypeError("hasten.utils.tqdm: pass main_process_only as a keyword (main_process_only=True), not as the first argument.")
+        raise TypeError(
+            "hasten.utils.tqdm: pass main_process_only as a keyword (main_process_only=True), not as the first argument."
+        )
     if main_process_only:
         from ..state import PartialState
 

@@ -92,7 +92,10 @@ def capture_rng_states() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         "python": {"version": py_version, "state": list(py_state), "gauss": py_gauss},
         "numpy": {"kind": version, "pos": int(pos), "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
     }
-    tensors = {"torch": torch.get_rng_state(), "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.uint32).astype(np.int64))}
+    tensors = {
+        "torch": torch.get_rng_state(),
+        "numpy_keys": torch.from_numpy(np.asarray(keys, dtype=np.uint32).astype(np.int64)),
+    }
     for name in ("cuda", "xpu"):
         module = _device_module(name)
         if module is not None and module.is_available() and module.is_initialized():
@@ -110,7 +113,10 @@ def restore_rng_states(meta: dict[str, Any], tensors: dict[str, torch.Tensor]) -
     np.random.set_state((npm["kind"], keys, npm["pos"], npm["has_gauss"], npm["cached_gaussian"]))
     torch.set_rng_state(tensors["torch"])
     for name in ("cuda", "xpu"):
-        keys = sorted((k for k in tensors if k.startswith(name + "_") and k[len(name) + 1 :].isdigit()), key=lambda k: int(k[len(name) + 1 :]))
+        keys = sorted(
+            (k for k in tensors if k.startswith(name + "_") and k[len(name) + 1 :].isdigit()),
+            key=lambda k: int(k[len(name) + 1 :]),
+        )
         states = [tensors[k] for k in keys]
         module = _device_module(name)
         if states and module is not None and module.is_available():

@@ -100,7 +100,10 @@ def _apply(func, data, test_type, error_on_other_type, args, kwargs):
     if test_type(data):
         return func(data, *args, **kwargs)
     if error_on_other_type:
-        name, test = getattr(func, "__name__", type(func).__name__), getattr(test_type, "__name__", type(test_type).__name__)
+        name, test = (
+            getattr(func, "__name__", type(func).__name__),
+            getattr(test_type, "__name__", type(test_type).__name__),
+        )
         raise StructureTypeError(
             f"Unsupported types ({type(data)}) passed to `{name}`. Only nested list/tuple/dicts of objects that are valid "
             f"for `{test}` should be passed."
@@ -120,7 +123,9 @@ def recursively_apply(func: Callable, data, *args, test_type=is_torch_tensor, er
         test_type: predicate selecting the leaves to transform (default: tensors).
         error_on_other_type: raise ``TypeError`` at any other leaf instead of keeping it (Accelerate's message).
     """
-    if test_type is is_torch_tensor and not args and not kwargs:  # fast paths: a tensor, a flat tuple/list/dict of tensors
+    if (
+        test_type is is_torch_tensor and not args and not kwargs
+    ):  # fast paths: a tensor, a flat tuple/list/dict of tensors
         if isinstance(data, torch.Tensor):
             return func(data)
         kind = type(data)
@@ -144,7 +149,9 @@ def _leaves(data, test_type=is_torch_tensor):
 
 def _require_tensors(data, operation: str = "this operation") -> None:
     """Raise a ``TypeError`` naming the path of the first leaf of ``data`` that is not a tensor (hasten's collectives)."""
-    if isinstance(data, torch.Tensor) or (type(data) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in data)):
+    if isinstance(data, torch.Tensor) or (
+        type(data) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in data)
+    ):
         return  # the common case, checked without walking the structure
     found = _first_wrong_leaf(data, "data", is_torch_tensor)
     if found is not None:
@@ -175,7 +182,9 @@ def send_to_device(tensor, device, non_blocking: bool = False, skip_keys: list[s
         return honor_type(tensor, (send_to_device(t, device, non_blocking, skip_keys) for t in tensor))
     if isinstance(tensor, Mapping):
         skip = [skip_keys] if isinstance(skip_keys, str) else skip_keys or []
-        return type(tensor)({k: t if k in skip else send_to_device(t, device, non_blocking, skip) for k, t in tensor.items()})
+        return type(tensor)(
+            {k: t if k in skip else send_to_device(t, device, non_blocking, skip) for k, t in tensor.items()}
+        )
     return tensor
 
 
@@ -191,7 +200,9 @@ def get_shape(data):
 
 def initialize_tensors(data_structure):
     """Allocate empty tensors following a structure of :class:`TensorInformation` (see :func:`get_data_structure`)."""
-    return recursively_apply(lambda info: torch.empty(*info.shape, dtype=info.dtype), data_structure, test_type=is_tensor_information)
+    return recursively_apply(
+        lambda info: torch.empty(*info.shape, dtype=info.dtype), data_structure, test_type=is_tensor_information
+    )
 
 
 def find_batch_size(data) -> int:
@@ -203,13 +214,19 @@ def find_batch_size(data) -> int:
     path = "data"
     while isinstance(data, (tuple, list, Mapping)):
         if len(data) == 0:
-            raise EmptyStructureError(f"Cannot find the batch size: {path} is an empty {type(data).__name__}; give a structure whose first item holds a tensor.")
+            raise EmptyStructureError(
+                f"Cannot find the batch size: {path} is an empty {type(data).__name__}; give a structure whose first item holds a tensor."
+            )
         key = 0 if isinstance(data, (tuple, list)) else next(iter(data.keys()))
         path, data = path + _path_key(key), data[key]
     if not isinstance(data, torch.Tensor):
-        raise StructureTypeError(f"Can only find the batch size of tensors, but {path} (the first leaf) is a {type(data).__name__}.")
+        raise StructureTypeError(
+            f"Can only find the batch size of tensors, but {path} (the first leaf) is a {type(data).__name__}."
+        )
     if data.ndim == 0:
-        raise NoBatchDimensionError(f"Cannot find the batch size: {path} is a 0-dimensional tensor; a batch needs a first dimension.")
+        raise NoBatchDimensionError(
+            f"Cannot find the batch size: {path} is a 0-dimensional tensor; a batch needs a first dimension."
+        )
     return data.shape[0]
 
 
@@ -232,7 +249,10 @@ def listify(data):
 
 
 def _is_half(value) -> bool:
-    return (isinstance(value, torch.Tensor) or hasattr(value, "dtype")) and value.dtype in (torch.float16, torch.bfloat16)
+    return (isinstance(value, torch.Tensor) or hasattr(value, "dtype")) and value.dtype in (
+        torch.float16,
+        torch.bfloat16,
+    )
 
 
 def _to_fp32(tensor: torch.Tensor) -> torch.Tensor:
@@ -305,7 +325,9 @@ def concatenate(data: list, dim: int = 0):
         return torch.cat(data, dim=dim)
     if isinstance(data, (tuple, list)) and len(data) == 1:
         return first
-    raise StructureTypeError(f"concatenate can only join tensors, but got {len(data)} values of type {type(first).__name__} at the same place.")
+    raise StructureTypeError(
+        f"concatenate can only join tensors, but got {len(data)} values of type {type(first).__name__} at the same place."
+    )
 
 
 def _pad_input_tensor(tensor: torch.Tensor, batch_size: int, num_processes: int, dim: int = 0) -> torch.Tensor:
@@ -340,8 +362,12 @@ def split_for_process(inputs, num_processes: int, process_index: int, apply_padd
     if isinstance(inputs, Mapping):
         lengths = {k: len(v) for k, v in inputs.items()}
         if len(set(lengths.values())) > 1:
-            raise ValueError(f"split_between_processes needs every value of the dict to have the same length; got {lengths}.")
-        return type(inputs)({k: split_for_process(v, num_processes, process_index, apply_padding) for k, v in inputs.items()})
+            raise ValueError(
+                f"split_between_processes needs every value of the dict to have the same length; got {lengths}."
+            )
+        return type(inputs)(
+            {k: split_for_process(v, num_processes, process_index, apply_padding) for k, v in inputs.items()}
+        )
     length = len(inputs)
     per_process, extras = divmod(length, num_processes)
     start = process_index * per_process + min(process_index, extras)

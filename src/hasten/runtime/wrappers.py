@@ -56,7 +56,9 @@ def _compiled_view(compiled, model: torch.nn.Module):
     return view
 
 
-def extract_model_from_parallel(model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False):
+def extract_model_from_parallel(
+    model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True, recursive: bool = False
+):
     """Return the user's model from inside DDP / DeepSpeed / ``torch.compile`` wrappers.
 
     Args:
@@ -105,4 +107,3 @@ def _restore_original_forward(model) -> None:
         model.__dict__.pop("forward", None)  # the class's own forward again
     else:
         model.forward = original
-

@@ -28,7 +28,9 @@ def read_config_data(path: Path) -> dict:
             f"Launch config file {path} sets {exc.key!r} twice{where}; only one value can be in force. Delete one of them."
         ) from None
     except ValueError as exc:  # json.JSONDecodeError and yaml.YAMLError's parser errors
-        raise ConfigError(f"Launch config file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+        raise ConfigError(
+            f"Launch config file {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}"
+        ) from None
     except Exception as exc:
         if type(exc).__module__.startswith("yaml"):
             raise ConfigError(f"Launch config file {path} is not valid YAML: {exc}") from None

@@ -33,26 +33,47 @@ def _keyed(key: str, kind: str = "str", choices: tuple | None = None, **extra) -
 
 
 _GENERAL_ROWS = (
-    _keyed("compute_environment", "choice", tuple(member_values(ComputeEnvironment)), flag=None,
-           default="LOCAL_MACHINE",
-           question=Question("In which compute environment are you running?", "LOCAL_MACHINE")),
-    _keyed("distributed_type", "choice", tuple(member_values(DistributedType)), flag=None, default="NO",
-           question=Question("Which type of machine are you using?", "NO")),
+    _keyed(
+        "compute_environment",
+        "choice",
+        tuple(member_values(ComputeEnvironment)),
+        flag=None,
+        default="LOCAL_MACHINE",
+        question=Question("In which compute environment are you running?", "LOCAL_MACHINE"),
+    ),
+    _keyed(
+        "distributed_type",
+        "choice",
+        tuple(member_values(DistributedType)),
+        flag=None,
+        default="NO",
+        question=Question("Which type of machine are you using?", "NO"),
+    ),
     _option("config_file", GENERAL, "Launch config file to use (default: the file written by `hasten config`)."),
     _option("quiet", GENERAL, "Do not print the summary of the settings in force.", switch=True, short="-q"),
     _option("module", GENERAL, "Run the training script as a module (python -m).", switch=True, short="-m"),
     _option("no_python", GENERAL, "Run the training script as an executable, without `python`.", switch=True),
     Setting(
-        "debug", "bool", env="DEBUG_MODE", env_help="check every collective's inputs across ranks before running it",
-        flag_help="Check the inputs of every collective across processes, and report stuck ranks.", switch=True,
-        default=False, group=GENERAL,
+        "debug",
+        "bool",
+        env="DEBUG_MODE",
+        env_help="check every collective's inputs across ranks before running it",
+        flag_help="Check the inputs of every collective across processes, and report stuck ranks.",
+        switch=True,
+        default=False,
+        group=GENERAL,
         question=Question(
             "Should distributed operations be checked while running for errors? This can avoid timeout issues but will "
             "be slower."
         ),
     ),
     Setting(
-        None, "bool", env="AS_ACCELERATE", flag="as_accelerate", switch=True, group=GENERAL,
+        None,
+        "bool",
+        env="AS_ACCELERATE",
+        flag="as_accelerate",
+        switch=True,
+        group=GENERAL,
         env_help="`hasten launch` makes its processes import hasten as `accelerate` (as --as_accelerate)",
         flag_help="Let every process import hasten as `accelerate` (for transformers, peft, diffusers, trl); "
         "also HASTEN_AS_ACCELERATE=1.",
@@ -60,8 +81,15 @@ _GENERAL_ROWS = (
 )
 _HARDWARE_ROWS = (
     Setting(
-        "use_cpu", "bool", env="USE_CPU", env_help="force the CPU even when an accelerator is present", flag="cpu",
-        flag_help="Train on the CPU even when GPUs are present.", switch=True, default=False, group=HARDWARE,
+        "use_cpu",
+        "bool",
+        env="USE_CPU",
+        env_help="force the CPU even when an accelerator is present",
+        flag="cpu",
+        flag_help="Train on the CPU even when GPUs are present.",
+        switch=True,
+        default=False,
+        group=HARDWARE,
         question=Question("Do you want to run your training on CPU only (even if a GPU is available)?"),
     ),
     _option("multi_gpu", HARDWARE, "Distributed training on several GPUs.", switch=True, chooses="MULTI_GPU"),
@@ -69,22 +97,40 @@ _HARDWARE_ROWS = (
 )
 _RESOURCE_ROWS = (
     Setting(
-        "mixed_precision", "choice", MIXED_PRECISIONS, env_help="default mixed precision: no, fp16, bf16 or fp8",
-        flag_help="Mixed precision: no, fp16, bf16 or fp8.", default="no", group=RESOURCES,
+        "mixed_precision",
+        "choice",
+        MIXED_PRECISIONS,
+        env_help="default mixed precision: no, fp16, bf16 or fp8",
+        flag_help="Mixed precision: no, fp16, bf16 or fp8.",
+        default="no",
+        group=RESOURCES,
         question=Question("Do you wish to use FP16 or BF16 (mixed precision)?", "no"),
     ),
     _keyed(
-        "num_processes", "int", flag_help="Total number of processes, across all machines.", group=RESOURCES,
+        "num_processes",
+        "int",
+        flag_help="Total number of processes, across all machines.",
+        group=RESOURCES,
         question=Question("How many {devices} should be used for distributed training{where}?", 1),
     ),
     _keyed(
-        "num_machines", "int", flag_help="Number of machines taking part in the job.", default=1, group=RESOURCES,
+        "num_machines",
+        "int",
+        flag_help="Number of machines taking part in the job.",
+        default=1,
+        group=RESOURCES,
         question=Question("How many different machines will you use (use more than 1 for multi-node training)?", 1),
     ),
     _option("num_cpu_threads_per_process", RESOURCES, "Threads per process (OMP_NUM_THREADS).", "int", metavar="N"),
     Setting(
-        "enable_cpu_affinity", "bool", env="CPU_AFFINITY", env_help="pin each process to the CPUs of its NUMA node",
-        flag_help="Pin each process to the CPUs of its NUMA node.", switch=True, default=False, group=RESOURCES,
+        "enable_cpu_affinity",
+        "bool",
+        env="CPU_AFFINITY",
+        env_help="pin each process to the CPUs of its NUMA node",
+        flag_help="Pin each process to the CPUs of its NUMA node.",
+        switch=True,
+        default=False,
+        group=RESOURCES,
         question=Question("Would you like to enable numa efficiency? (Currently only supported on NVIDIA hardware)."),
     ),
 )
@@ -93,13 +139,19 @@ _PARADIGM_ROWS = (
 )
 _DISTRIBUTED_ROWS = (
     _keyed(
-        "gpu_ids", flag_help="GPUs of this machine to use, e.g. 0,1 (default: all).", group=DISTRIBUTED,
+        "gpu_ids",
+        flag_help="GPUs of this machine to use, e.g. 0,1 (default: all).",
+        group=DISTRIBUTED,
         question=Question(
             "What {devices} (by id) should be used for training on this machine as a comma-separated list?", "all"
         ),
     ),
     _keyed(
-        "same_network", "bool", flag_help="All machines are on the same local network.", switch=True, default=False,
+        "same_network",
+        "bool",
+        flag_help="All machines are on the same local network.",
+        switch=True,
+        default=False,
         group=DISTRIBUTED,
         question=Question(
             "Are all the machines on the same local network? Answer `no` if nodes are on the cloud and/or on different "
@@ -108,15 +160,23 @@ _DISTRIBUTED_ROWS = (
         ),
     ),
     _keyed(
-        "machine_rank", "int", flag_help="Rank of this machine (0 hosts the rendezvous).", default=0, group=DISTRIBUTED,
+        "machine_rank",
+        "int",
+        flag_help="Rank of this machine (0 hosts the rendezvous).",
+        default=0,
+        group=DISTRIBUTED,
         question=Question("What is the rank of this machine?", 0),
     ),
     _keyed(
-        "main_process_ip", flag_help="Address of machine rank 0 (required with several machines).", group=DISTRIBUTED,
+        "main_process_ip",
+        flag_help="Address of machine rank 0 (required with several machines).",
+        group=DISTRIBUTED,
         question=Question("What is the IP address of the machine that will host the main process?", None),
     ),
     _keyed(
-        "main_process_port", "int", flag_help="Port of the rendezvous on machine rank 0 (default: a free port).",
+        "main_process_port",
+        "int",
+        flag_help="Port of the rendezvous on machine rank 0 (default: a free port).",
         group=DISTRIBUTED,
         question=Question("What is the port you will use to communicate with the main process?", 29500),
     ),
@@ -126,22 +186,33 @@ _DISTRIBUTED_ROWS = (
     _option("log_dir", DISTRIBUTED, "Folder for the processes' log files (with --tee)."),
     _option("role", DISTRIBUTED, "Role name of the workers."),
     _keyed(
-        "rdzv_backend", "choice", RDZV_BACKENDS,
+        "rdzv_backend",
+        "choice",
+        RDZV_BACKENDS,
         flag_help="Rendezvous backend: static (default) or c10d, etcd, etcd-v2.",
-        default="static", group=DISTRIBUTED, question=Question("What rendezvous backend will you use?", "static"),
+        default="static",
+        group=DISTRIBUTED,
+        question=Question("What rendezvous backend will you use?", "static"),
     ),
     _option("rdzv_conf", DISTRIBUTED, "Extra rendezvous settings, as key1=value1,key2=value2."),
     _option(
-        "max_restarts", DISTRIBUTED, "Restarts of the whole group of processes before giving up (default 0).", "int",
+        "max_restarts",
+        DISTRIBUTED,
+        "Restarts of the whole group of processes before giving up (default 0).",
+        "int",
         metavar="N",
     ),
     _option(
-        "requeue_on_preemption", DISTRIBUTED,
+        "requeue_on_preemption",
+        DISTRIBUTED,
         "After SIGTERM/SIGUSR1 (preemption), run `scontrol requeue $SLURM_JOB_ID` (Slurm jobs).",
         switch=True,
     ),
     _option(
-        "monitor_interval", DISTRIBUTED, "Seconds between checks of the processes' state (default 0.1).", "float",
+        "monitor_interval",
+        DISTRIBUTED,
+        "Seconds between checks of the processes' state (default 0.1).",
+        "float",
         metavar="S",
     ),
 )
@@ -172,7 +243,9 @@ MPIRUN = Section(
     group="MPI arguments",
     rows=(
         Setting(
-            "mpirun_hostfile", env=None, flag_help="Start the job with mpirun on the hosts of this file (CPU jobs).",
+            "mpirun_hostfile",
+            env=None,
+            flag_help="Start the job with mpirun on the hosts of this file (CPU jobs).",
             question=Question("Please enter the path to the hostfile to use with mpirun", "~/hostfile"),
         ),
     ),

@@ -84,7 +84,9 @@ class Strategy(ABC):
 
     # ---------------------------------------------------------------------------------- preparing
 
-    def prepare(self, models: list, optimizers: list, schedulers: list, device_placement: list[bool], dataloaders: list) -> tuple[list, list, list]:
+    def prepare(
+        self, models: list, optimizers: list, schedulers: list, device_placement: list[bool], dataloaders: list
+    ) -> tuple[list, list, list]:
         """Set up the models, optimizers and schedulers of one ``prepare`` call.
 
         Engines that need everything at once (DeepSpeed) override this; the default sets up each model
@@ -96,10 +98,14 @@ class Strategy(ABC):
         return models, optimizers, schedulers
 
     @abstractmethod
-    def setup_model(self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> torch.nn.Module:
+    def setup_model(
+        self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
         """Place ``model`` on the device, apply the precision policy and wrap it for the engine."""
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, originals: list, prepared: list) -> torch.optim.Optimizer:
+    def setup_optimizer(
+        self, optimizer: torch.optim.Optimizer, originals: list, prepared: list
+    ) -> torch.optim.Optimizer:
         """Return the optimizer to wrap; engines that replace parameters rebind it here."""
         return optimizer
 
@@ -119,7 +125,9 @@ class Strategy(ABC):
         """Context manager forcing the gradient reduction of the next backward inside :meth:`no_sync`."""
         return contextlib.nullcontext()
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
         """Clip gradients to a global norm of ``max_norm`` and return the norm before clipping."""
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
 
@@ -170,11 +178,15 @@ class Strategy(ABC):
 
     # ---------------------------------------------------------------------------------- unwrapping
 
-    def unwrap_model(self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True) -> torch.nn.Module:
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True
+    ) -> torch.nn.Module:
         """The user's model without the engine's, compile's and (optionally) precision's wrappers."""
         from ..runtime.wrappers import extract_model_from_parallel
 
-        return extract_model_from_parallel(model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile)
+        return extract_model_from_parallel(
+            model, keep_fp32_wrapper=keep_fp32_wrapper, keep_torch_compile=keep_torch_compile
+        )
 
     def tracked_model(self, prepared: torch.nn.Module) -> torch.nn.Module:
         """What ``Accelerator._models`` holds for a model this engine prepared (what save/load-state hooks get).

@@ -16,8 +16,16 @@ import torch
 from ..errors import ConfigError
 
 # styles that split weights -> (the weight dimension split, the DTensor style's factory)
-_SPLIT_DIM = {"colwise": 0, "colwise_rep": 0, "colwise_gather_output": 0, "embedding_colwise": 1,
-              "rowwise": 1, "rowwise_rep": 1, "rowwise_split_input": 1, "embedding_rowwise": 0}
+_SPLIT_DIM = {
+    "colwise": 0,
+    "colwise_rep": 0,
+    "colwise_gather_output": 0,
+    "embedding_colwise": 1,
+    "rowwise": 1,
+    "rowwise_rep": 1,
+    "rowwise_split_input": 1,
+    "embedding_rowwise": 0,
+}
 # styles that keep the parameters whole on every tensor-parallel rank
 _REPLICATED = ("replicate", "replicated_with_grad_allreduce", "sequence_parallel")
 
@@ -73,7 +81,9 @@ def resolve_plan(model: torch.nn.Module, plan: dict[str, str], tp_size: int) -> 
     for key, style in plan.items():
         if style not in _SPLIT_DIM and style not in _REPLICATED:
             known = ", ".join(sorted((*_SPLIT_DIM, *_REPLICATED)))
-            raise ConfigError(f"The tensor-parallel plan gives {key!r} the style {style!r}, which hasten does not apply. Use one of: {known}.")
+            raise ConfigError(
+                f"The tensor-parallel plan gives {key!r} the style {style!r}, which hasten does not apply. Use one of: {known}."
+            )
         pattern = _pattern(key)
         matched = [name for name in names if pattern.match(name)]
         if not matched:
@@ -108,7 +118,11 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh) -> int:
             "dict (module-name pattern -> 'colwise' / 'rowwise' / ...), as transformers models have, or set tp_size=1."
         )
     resolved = resolve_plan(model, plan, tp_mesh.size())
-    split = {name: _style(style) for name, style in resolved.items() if style not in _REPLICATED or style == "sequence_parallel"}
+    split = {
+        name: _style(style)
+        for name, style in resolved.items()
+        if style not in _REPLICATED or style == "sequence_parallel"
+    }
     parallelize_module(model, tp_mesh, split)
     return len(split)
 
@@ -119,12 +133,12 @@ def gather_for_metrics_over_dp(data, tp_size: int, use_gather_object: bool = Fal
     Ranks are laid out with ``tp`` innermost, so every ``tp_size``-th rank's data, in rank order, is the
     data-parallel gather; the samples padded into the loader's last round are dropped as usual.
     """
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
     from ..data_loader.metrics import _is_tensor_structure
     from ..runtime.operations import gather_object
     from ..runtime.tree import concatenate, recursively_apply
     from ..state import GradientState
-
-    from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
     loader = GradientState().active_dataloader
     final = loader.final_round if loader is not None and loader.end_of_dataloader else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .scripts import test_ops, test_script, test_sync  # noqa: F401 (Accelerate's test_utils holds its scripts too)
 from .testing import (  # noqa: F401 (Accelerate's names at its path)
     DEFAULT_LAUNCH_COMMAND,
     are_the_same_tensors,
@@ -55,7 +56,6 @@ from .testing import (  # noqa: F401 (Accelerate's names at its path)
     torch_device,
 )
 from .training import RegressionDataset, RegressionModel  # noqa: F401
-from .scripts import test_ops, test_script, test_sync  # noqa: F401 (Accelerate's test_utils holds its scripts too)
 
 SCRIPTS_DIR = Path(__file__).parent / "scripts"
 

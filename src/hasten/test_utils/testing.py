@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from ..runtime import availability
 from ..environment import parse_choice_from_env, parse_flag_from_env
+from ..runtime import availability
 
 
 def get_backend():
@@ -110,7 +110,10 @@ def require_xpu(test_case):
 
 def require_cuda_or_xpu(test_case):
     """Run the test only with a CUDA GPU or an Intel XPU."""
-    return _requiring(lambda: availability.is_cuda_available() or availability.is_xpu_available(), "test requires a CUDA GPU or an XPU")(test_case)
+    return _requiring(
+        lambda: availability.is_cuda_available() or availability.is_xpu_available(),
+        "test requires a CUDA GPU or an XPU",
+    )(test_case)
 
 
 def require_non_xpu(test_case):
@@ -135,7 +138,9 @@ def require_fp8(test_case):
 
 def require_fsdp2(test_case):
     """Run the test only with FSDP2 (always available with the torch hasten requires)."""
-    return _requiring(lambda: availability.is_torch_version(">=", "2.5.0"), "test requires FSDP2 (torch >= 2.5)")(test_case)
+    return _requiring(lambda: availability.is_torch_version(">=", "2.5.0"), "test requires FSDP2 (torch >= 2.5)")(
+        test_case
+    )
 
 
 def _unsupported_device(name: str):
@@ -207,7 +212,9 @@ def require_torch_min_version(test_case=None, version=None):
     """Run the test only with torch ``version`` or newer; usable as ``@require_torch_min_version(version="2.6")``."""
     if test_case is None:
         return lambda case: require_torch_min_version(case, version=version)
-    return _requiring(lambda: availability.is_torch_version(">=", version), f"test requires torch >= {version}")(test_case)
+    return _requiring(lambda: availability.is_torch_version(">=", version), f"test requires torch >= {version}")(
+        test_case
+    )
 
 
 def _package(probe: str, package: str):
@@ -266,8 +273,18 @@ def require_huggingface_suite(test_case):
 def require_trackers(test_case):
     """Run the test only when at least one tracker package (tensorboard, wandb, comet_ml, aim, clearml, dvclive,
     mlflow) is installed."""
-    probes = ("is_tensorboard_available", "is_wandb_available", "is_comet_ml_available", "is_aim_available", "is_clearml_available", "is_dvclive_available", "is_mlflow_available")
-    return _requiring(lambda: any(getattr(availability, p)() for p in probes), "test requires at least one tracker")(test_case)
+    probes = (
+        "is_tensorboard_available",
+        "is_wandb_available",
+        "is_comet_ml_available",
+        "is_aim_available",
+        "is_clearml_available",
+        "is_dvclive_available",
+        "is_mlflow_available",
+    )
+    return _requiring(lambda: any(getattr(availability, p)() for p in probes), "test requires at least one tracker")(
+        test_case
+    )
 
 
 def run_first(test_case):
@@ -346,7 +363,9 @@ def execute_subprocess_async(cmd: list, env=None, stdin=None, timeout=180, quiet
     Returns an object with ``returncode`` and the ``stdout``/``stderr`` lines."""
     if echo:
         print("\nRunning: ", " ".join(map(str, cmd)))
-    process = subprocess.run([str(c) for c in cmd], input=stdin, env=env, capture_output=True, text=True, timeout=timeout)
+    process = subprocess.run(
+        [str(c) for c in cmd], input=stdin, env=env, capture_output=True, text=True, timeout=timeout
+    )
     if not quiet:
         print(process.stdout, end="")
         print(process.stderr, end="", file=sys.stderr)
@@ -380,7 +399,9 @@ def run_command(command: list[str], return_stdout=False, env=None):
     try:
         output = subprocess.check_output([str(c) for c in command], stderr=subprocess.STDOUT, env=env)
     except subprocess.CalledProcessError as error:
-        raise SubprocessCallException(f"Command `{' '.join(map(str, command))}` failed with:\n{error.output.decode()}") from error
+        raise SubprocessCallException(
+            f"Command `{' '.join(map(str, command))}` failed with:\n{error.output.decode()}"
+        ) from error
     return output.decode("utf-8") if return_stdout else None
 
 
@@ -397,7 +418,9 @@ def assert_exception(exception_class: Exception, msg: str | None = None):
         yield
     except exception_class as error:
         if msg is not None and msg not in str(error):
-            raise AssertionError(f"{exception_class.__name__} was raised, but its message lacks {msg!r}: {error}") from error
+            raise AssertionError(
+                f"{exception_class.__name__} was raised, but its message lacks {msg!r}: {error}"
+            ) from error
     except Exception as error:
         raise AssertionError(f"Expected {exception_class.__name__}, got {type(error).__name__}: {error}") from error
     else:
@@ -410,4 +433,3 @@ def capture_call_output(func, *args, **kwargs) -> str:
     with contextlib.redirect_stdout(captured):
         func(*args, **kwargs)
     return captured.getvalue()
-

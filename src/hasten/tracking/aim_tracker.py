@@ -39,7 +39,9 @@ class AimTracker(GeneralTracker):
         """Open the run in the repository."""
         from aim import Run
 
-        self.writer = Run(repo=None if self.aim_repo_path is None else os.fspath(self.aim_repo_path), **self.init_kwargs)
+        self.writer = Run(
+            repo=None if self.aim_repo_path is None else os.fspath(self.aim_repo_path), **self.init_kwargs
+        )
         self.writer.name = self.run_name
 
     @on_main_process
@@ -67,7 +69,12 @@ class AimTracker(GeneralTracker):
         options = kwargs or {}
         for key, value in values.items():
             image, caption = value if isinstance(value, tuple) else (value, "")
-            self.writer.track(aim.Image(image, caption=caption, **options.get("aim_image", {})), name=key, step=as_step(step), **options.get("track", {}))
+            self.writer.track(
+                aim.Image(image, caption=caption, **options.get("aim_image", {})),
+                name=key,
+                step=as_step(step),
+                **options.get("track", {}),
+            )
 
     @on_main_process
     def finish(self) -> None:

@@ -103,7 +103,9 @@ class GeneralTracker:
                 "the underlying run or writer."
             )
         if not isinstance(cls.name, str) or not cls.name:
-            raise TrackerDefinitionError(f"The tracker class {cls.__name__} has name={cls.name!r}; it must be a non-empty string.")
+            raise TrackerDefinitionError(
+                f"The tracker class {cls.__name__} has name={cls.name!r}; it must be a non-empty string."
+            )
         if cls._package is not None:
             require(cls._package, f"The {cls.name!r} tracker", cls._extra)
 

@@ -54,8 +54,12 @@ class ClearMLTracker(GeneralTracker):
             self._initialized_externally, self.task = True, current
             return
         options = dict(self.init_kwargs)
-        options.setdefault("project_name", environment.parse_choice_from_env("CLEARML_PROJECT", "") or self.user_provided_run_name)
-        options.setdefault("task_name", environment.parse_choice_from_env("CLEARML_TASK", "") or self.user_provided_run_name)
+        options.setdefault(
+            "project_name", environment.parse_choice_from_env("CLEARML_PROJECT", "") or self.user_provided_run_name
+        )
+        options.setdefault(
+            "task_name", environment.parse_choice_from_env("CLEARML_TASK", "") or self.user_provided_run_name
+        )
         self.task = Task.init(**options)
 
     @on_main_process
@@ -89,7 +93,9 @@ class ClearMLTracker(GeneralTracker):
             reporter.report_image(title=title, series=series, iteration=as_step(step), image=image, **kwargs)
 
     @on_main_process
-    def log_table(self, table_name: str, columns=None, data=None, dataframe=None, step: int | None = None, **kwargs) -> None:
+    def log_table(
+        self, table_name: str, columns=None, data=None, dataframe=None, step: int | None = None, **kwargs
+    ) -> None:
         """Report a table given as ``columns`` + ``data`` (list of rows) or a pandas ``dataframe``."""
         table = dataframe
         if table is None:
@@ -97,7 +103,9 @@ class ClearMLTracker(GeneralTracker):
                 raise ValueError("ClearMLTracker.log_table needs `data` (a list of rows) when no `dataframe` is given.")
             table = [columns, *data] if columns else data
         title, series = _title_series(table_name)
-        self.task.get_logger().report_table(title=title, series=series, table_plot=table, iteration=as_step(step), **kwargs)
+        self.task.get_logger().report_table(
+            title=title, series=series, table_plot=table, iteration=as_step(step), **kwargs
+        )
 
     @on_main_process
     def finish(self) -> None:

@@ -79,7 +79,9 @@ class TrackerHub:
                 return tracker_class(project_name, self.logging_dir, **kwargs)
             return tracker_class(project_name, **kwargs)
         except TypeError as error:
-            raise ConfigError(f"init_kwargs[{name!r}]={kwargs!r} does not fit {tracker_class.__name__}: {error}") from error
+            raise ConfigError(
+                f"init_kwargs[{name!r}]={kwargs!r} does not fit {tracker_class.__name__}: {error}"
+            ) from error
 
     def init(self, project_name: str, config=None, init_kwargs: Mapping | None = None) -> None:
         """Build and start the trackers of this process, then store ``config`` in each.
@@ -167,7 +169,9 @@ class TrackerHub:
                 f"{did_you_mean(name, self.names)}"
             )
         if self.is_main_process and not self._initialized:
-            raise ConfigError(f"get_tracker({name!r}) was called before init_trackers(); call init_trackers(project_name) first.")
+            raise ConfigError(
+                f"get_tracker({name!r}) was called before init_trackers(); call init_trackers(project_name) first."
+            )
         return BlankTracker(name)
 
     def finish(self) -> None:
@@ -186,4 +190,6 @@ class TrackerHub:
         self._initialized = False
         if failures:
             details = "; ".join(f"{name}: {type(error).__name__}: {error}" for name, error in failures)
-            raise HastenError(f"Some trackers failed to finish, their last values may be missing: {details}") from failures[0][1]
+            raise HastenError(
+                f"Some trackers failed to finish, their last values may be missing: {details}"
+            ) from failures[0][1]

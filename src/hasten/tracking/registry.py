@@ -78,10 +78,14 @@ def register_tracker_class(tracker_class: type[GeneralTracker]) -> type[GeneralT
             ``requires_logging_directory``.
     """
     if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
-        raise ConfigError(f"register_tracker_class expects a subclass of hasten.tracking.GeneralTracker, got {tracker_class!r}.")
+        raise ConfigError(
+            f"register_tracker_class expects a subclass of hasten.tracking.GeneralTracker, got {tracker_class!r}."
+        )
     name = getattr(tracker_class, "name", None)
     if not isinstance(name, str) or not name:
-        raise ConfigError(f"{tracker_class.__name__} needs a class attribute `name` (a non-empty string) to be registered.")
+        raise ConfigError(
+            f"{tracker_class.__name__} needs a class attribute `name` (a non-empty string) to be registered."
+        )
     if name == LoggerType.ALL.value:
         raise ConfigError("'all' is reserved for every available tracker; choose another `name`.")
     if not hasattr(tracker_class, "requires_logging_directory"):
@@ -109,7 +113,9 @@ def _resolve_name(entry: str) -> str:
     if text.lower() in LOGGER_TYPE_TO_CLASS or text.lower() == LoggerType.ALL.value:
         return text.lower()
     known = [*LOGGER_TYPE_TO_CLASS, LoggerType.ALL.value]
-    raise ConfigError(f"log_with={text!r} is not a known tracker; choose from {', '.join(known)}.{did_you_mean(text, known)}")
+    raise ConfigError(
+        f"log_with={text!r} is not a known tracker; choose from {', '.join(known)}.{did_you_mean(text, known)}"
+    )
 
 
 def _check_usable(name: str, logging_dir, requested_as: str) -> None:

@@ -57,7 +57,11 @@ class SwanLabTracker(GeneralTracker):
         """Log lists of images: name -> list of arrays / PIL images (each wrapped in ``swanlab.Image``)."""
         import swanlab
 
-        self.run.log({key: [swanlab.Image(image) for image in batch] for key, batch in values.items()}, step=as_step(step), **kwargs)
+        self.run.log(
+            {key: [swanlab.Image(image) for image in batch] for key, batch in values.items()},
+            step=as_step(step),
+            **kwargs,
+        )
 
     @on_main_process
     def finish(self) -> None:

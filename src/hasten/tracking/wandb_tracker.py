@@ -72,7 +72,9 @@ class WandBTracker(GeneralTracker):
         self.run.log(images, step=as_step(step), **kwargs)
 
     @on_main_process
-    def log_table(self, table_name: str, columns=None, data=None, dataframe=None, step: int | None = None, **kwargs) -> None:
+    def log_table(
+        self, table_name: str, columns=None, data=None, dataframe=None, step: int | None = None, **kwargs
+    ) -> None:
         """Log a ``wandb.Table`` built from ``columns`` + ``data`` (list of rows) or a pandas ``dataframe``."""
         import wandb
 

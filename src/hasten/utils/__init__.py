@@ -12,7 +12,7 @@ import importlib
 from . import tqdm as _tqdm_module  # noqa: F401 (imported once so that the submodule never shadows the function)
 from ._layout import FLAT_ONLY, LAYOUT, resolve
 
-del tqdm  # the package attribute ``tqdm`` is the function, as in Accelerate
+del tqdm  # noqa: F821 (bound by the submodule import above) the package attribute ``tqdm`` is the function, as in Accelerate
 
 _EXPORTS: dict[str, str] = {name: target for table in LAYOUT.values() for name, target in table.items()}
 _EXPORTS.update(FLAT_ONLY)

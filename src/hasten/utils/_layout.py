@@ -22,7 +22,10 @@ _CHECKPOINT_NAMES = _names(
 )
 
 LAYOUT: dict[str, dict[str, str]] = {
-    "ao": _names("compat.quantization", "convert_model_to_fp8_ao filter_first_and_last_linear_layers filter_linear_layers find_first_last_linear_layers has_ao_layers"),
+    "ao": _names(
+        "compat.quantization",
+        "convert_model_to_fp8_ao filter_first_and_last_linear_layers filter_linear_layers find_first_last_linear_layers has_ao_layers",
+    ),
     "bnb": _names(
         "compat.quantization",
         "get_keys_to_not_convert get_parameter_device get_quantized_model_device_map has_4bit_bnb_layers load_and_quantize_model "
@@ -65,7 +68,10 @@ LAYOUT: dict[str, dict[str, str]] = {
             "compat.quantization",
             "TERecipeKwargs MSAMPRecipeKwargs BnbQuantizationConfig",
         ),
-        **_names("runtime.parallelism", "TorchTensorParallelConfig TorchContextParallelConfig DeepSpeedSequenceParallelConfig"),
+        **_names(
+            "runtime.parallelism",
+            "TorchTensorParallelConfig TorchContextParallelConfig DeepSpeedSequenceParallelConfig",
+        ),
         "TorchTensorParallelPlugin": "compat.unsupported",
         **_names(
             "compat.megatron_lm",
@@ -94,7 +100,10 @@ LAYOUT: dict[str, dict[str, str]] = {
         ),
     },
     "fsdp_utils": {
-        **_names("strategies.fsdp.checkpoint", "merge_fsdp_weights save_fsdp_model load_fsdp_model save_fsdp_optimizer load_fsdp_optimizer"),
+        **_names(
+            "strategies.fsdp.checkpoint",
+            "merge_fsdp_weights save_fsdp_model load_fsdp_model save_fsdp_optimizer load_fsdp_optimizer",
+        ),
         **_names(
             "compat.fsdp_helpers",
             "get_parameters_from_modules enable_fsdp_ram_efficient_loading disable_fsdp_ram_efficient_loading fsdp2_canonicalize_names "
@@ -137,7 +146,9 @@ LAYOUT: dict[str, dict[str, str]] = {
         "finish_mpu_init gather_across_data_parallel_groups initialize model_provider_func prepare_data_loader "
         "prepare_model_optimizer_scheduler prepare_optimizer prepare_scheduler",
     ),
-    "memory": _names("runtime.memory", "clear_device_cache find_executable_batch_size release_memory should_reduce_batch_size"),
+    "memory": _names(
+        "runtime.memory", "clear_device_cache find_executable_batch_size release_memory should_reduce_batch_size"
+    ),
     "modeling": {
         "clean_device_map": "big_modeling.placement",
         "WEIGHTS_INDEX_NAME": "runtime.weights.files",
@@ -155,8 +166,7 @@ LAYOUT: dict[str, dict[str, str]] = {
         "infer_auto_device_map": "big_modeling.planner",
         **_names(
             "big_modeling.modeling",
-            "compute_module_sizes compute_module_total_buffer_size dtype_byte_size get_max_layer_size "
-            "retie_parameters",
+            "compute_module_sizes compute_module_total_buffer_size dtype_byte_size get_max_layer_size retie_parameters",
         ),
         **_names("big_modeling.tensors", "get_non_persistent_buffers named_module_tensors set_module_tensor_to_device"),
         **_names(
@@ -173,7 +183,9 @@ LAYOUT: dict[str, dict[str, str]] = {
     ),
     "operations": {
         "DistributedOperationException": "errors",
-        **_names("runtime.operations", "broadcast broadcast_object_list gather gather_object pad_across_processes reduce"),
+        **_names(
+            "runtime.operations", "broadcast broadcast_object_list gather gather_object pad_across_processes reduce"
+        ),
         **_names(
             "runtime.tree",
             "CannotPadNestedTensorWarning ConvertOutputsToFp32 concatenate convert_outputs_to_fp32 "
@@ -190,8 +202,13 @@ LAYOUT: dict[str, dict[str, str]] = {
     "other": {
         "check_os_kernel": "environment",
         "wait_for_everyone": "utils._process",
-        **_names("runtime.compilation", "compile_regions compile_regions_deepspeed compile_regions_fsdp2 has_repeated_blocks is_repeated_blocks"),
-        **_names("compat.misc", "convert_bytes get_pretty_name is_port_in_use merge_dicts recursive_getattr get_free_port"),
+        **_names(
+            "runtime.compilation",
+            "compile_regions compile_regions_deepspeed compile_regions_fsdp2 has_repeated_blocks is_repeated_blocks",
+        ),
+        **_names(
+            "compat.misc", "convert_bytes get_pretty_name is_port_in_use merge_dicts recursive_getattr get_free_port"
+        ),
         **_names("runtime.wrappers", "extract_model_from_parallel has_compiled_regions is_compiled_module"),
         **_names("compat.modeling", "get_module_children_bottom_up model_has_dtensor get_model_tp_size"),
         **_names("big_modeling.serialization", "load save TORCH_SAFE_GLOBALS"),
@@ -200,7 +217,9 @@ LAYOUT: dict[str, dict[str, str]] = {
     "random": _names("runtime.rng", "set_seed synchronize_rng_state synchronize_rng_states"),
     "torch_xla": _names("compat.unsupported", "install_xla"),
     "tqdm": {"tqdm": "runtime.progress"},
-    "transformer_engine": _names("compat.quantization", "apply_fp8_autowrap contextual_fp8_autocast convert_model has_transformer_engine_layers"),
+    "transformer_engine": _names(
+        "compat.quantization", "apply_fp8_autowrap contextual_fp8_autocast convert_model has_transformer_engine_layers"
+    ),
     "versions": _names("runtime.availability", "compare_versions is_torch_version torch_version"),
 }
 

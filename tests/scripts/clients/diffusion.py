@@ -55,11 +55,12 @@ def _register_hooks(accelerator, ema):
 
 
 def _train(folder: Path, stop_after: int = MAX_STEPS, resume: bool = False) -> dict:
-    from accelerate import Accelerator
-    from accelerate.utils import ProjectConfiguration, set_seed
     from diffusers import DDPMScheduler, UNet2DModel
     from diffusers.optimization import get_scheduler
     from diffusers.training_utils import EMAModel
+
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration, set_seed
 
     accelerator = Accelerator(
         gradient_accumulation_steps=ACCUMULATION, project_config=ProjectConfiguration(project_dir=str(folder))

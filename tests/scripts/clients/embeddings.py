@@ -6,9 +6,10 @@ from common import label, logged, seeded, sentences, state, tiny_bert_config, to
 
 def sentence_model(folder):
     """A SentenceTransformer: tiny BERT (dropout on) + mean pooling, same initial weights on every process."""
-    from accelerate import PartialState
     from sentence_transformers import SentenceTransformer, models
     from transformers import BertModel
+
+    from accelerate import PartialState
 
     body = folder / "body"
     process = PartialState()

@@ -5,9 +5,10 @@ from common import VOCAB, sentences, state, tiny_gpt2
 
 
 def part_peft(folder):
+    from peft import LoraConfig, get_peft_model
+
     from accelerate import Accelerator
     from accelerate.utils import set_seed
-    from peft import LoraConfig, get_peft_model
 
     accelerator = Accelerator(gradient_accumulation_steps=2)
     set_seed(0)

@@ -11,13 +11,14 @@ import sys
 import traceback
 from pathlib import Path
 
-import accelerate
 import diffusion
 import embeddings
 import hf_trainers
 import lora
-from accelerate import PartialState
 from safetensors.torch import save_file
+
+import accelerate
+from accelerate import PartialState
 
 PARTS = {**hf_trainers.PARTS, **diffusion.PARTS, **lora.PARTS, **embeddings.PARTS}
 

@@ -48,6 +48,7 @@ def load_config_from_file(config_file):
     """
     return load_config_file(config_file)
 
+
 _MULTI = ("MULTI_CPU", "MULTI_GPU", "MULTI_XPU")
 _YES = ("yes", "y", "true", "1")
 _NO = ("no", "n", "false", "0")
@@ -58,15 +59,21 @@ def add_parser(subparsers, help_text: str) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "config", help=help_text, description="Write the launch config file, by asking questions."
     )
-    parser.add_argument("--config_file", "--config-file", default=None, help="Where to write (default: the default config file).")
+    parser.add_argument(
+        "--config_file", "--config-file", default=None, help="Where to write (default: the default config file)."
+    )
     parser.set_defaults(func=config_command)
     sub = parser.add_subparsers(dest="config_command", metavar="<subcommand>")
     default = sub.add_parser("default", help="Write a config for this machine without asking anything.")
-    default.add_argument("--config_file", "--config-file", default=None, help="Where to write (default: the default config file).")
+    default.add_argument(
+        "--config_file", "--config-file", default=None, help="Where to write (default: the default config file)."
+    )
     default.add_argument("--mixed_precision", "--mixed-precision", default="no", choices=["no", "fp16", "bf16", "fp8"])
     default.set_defaults(func=default_command)
     update = sub.add_parser("update", help="Rewrite an older or Accelerate-written config file in the current format.")
-    update.add_argument("--config_file", "--config-file", default=None, help="File to update (default: the default config file).")
+    update.add_argument(
+        "--config_file", "--config-file", default=None, help="File to update (default: the default config file)."
+    )
     update.set_defaults(func=update_command)
     return parser
 
@@ -98,7 +105,9 @@ def update_command(args: argparse.Namespace) -> int:
 def config_command(args: argparse.Namespace) -> int:
     """``hasten config``: the interactive dialogue."""
     if not sys.stdin.isatty():
-        raise ConfigError("`hasten config` asks questions and needs an interactive terminal; use `hasten config default` in scripts.")
+        raise ConfigError(
+            "`hasten config` asks questions and needs an interactive terminal; use `hasten config default` in scripts."
+        )
     path = Path(args.config_file).expanduser() if args.config_file else environment.default_config_file()
     answers = ask_questions(_Asker(), detect_hardware())
     config, _, _ = config_from_dict(answers, "from your answers")
@@ -135,7 +144,13 @@ class _Asker:
             instruction="(arrow or number keys, Enter to select)",
         ).unsafe_ask()
 
-    def text(self, message: str, default: Any = None, convert: Callable[[str], Any] = str, check: Callable[[Any], str | None] | None = None) -> Any:
+    def text(
+        self,
+        message: str,
+        default: Any = None,
+        convert: Callable[[str], Any] = str,
+        check: Callable[[Any], str | None] | None = None,
+    ) -> Any:
         """Free text; an empty answer takes ``default`` (shown in brackets when not None)."""
         shown = f" [{default}]" if default is not None else ""
 
@@ -285,7 +300,9 @@ def _ask_processes(ask: _Asker, answers: dict, hardware: Hardware) -> None:
             if on_gpu and total // machines > hardware.gpus:
                 return f"This machine has {hardware.gpus} {gpu_word}; enter at most {hardware.gpus * machines}."
             if kind == "MULTI_GPU" and machines == 1 and total == 1:
-                return "One GPU on one machine is not distributed: enter 2 or more, or choose 'No distributed training'."
+                return (
+                    "One GPU on one machine is not distributed: enter 2 or more, or choose 'No distributed training'."
+                )
             return None
 
         where = f", in total over the {machines} machines" if machines > 1 else ""
@@ -308,7 +325,11 @@ def _asks_gpu_ids(kind: str) -> bool:
 
 
 def _ask_precision(ask: _Asker, answers: dict, hardware: Hardware) -> None:
-    fp8 = None if hardware.kind == "cuda" and not answers.get("use_cpu") else "not available: needs a GPU with FP8 support"
+    fp8 = (
+        None
+        if hardware.kind == "cuda" and not answers.get("use_cpu")
+        else "not available: needs a GPU with FP8 support"
+    )
     row = LAUNCH.by_key("mixed_precision")
     options = [(choice, choice, fp8 if choice == "fp8" else None) for choice in row.choices]
     answers["mixed_precision"] = ask.select(row.question.text, options, row.question.default)
@@ -326,4 +347,3 @@ def main(argv: list[str] | None = None) -> int:
     from ..main import run_subcommand
 
     return run_subcommand("config", argv)
-

@@ -96,7 +96,9 @@ def _parse_entry(path: Path, name: str, info, data_start: int) -> TensorEntry:
     dtype = DTYPES[info["dtype"]]
     expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if offsets[0] < 0 or offsets[1] - offsets[0] != expected:
-        raise _corrupt(path, f"tensor {name!r} of shape {shape} needs {expected} bytes but its offsets {offsets} disagree")
+        raise _corrupt(
+            path, f"tensor {name!r} of shape {shape} needs {expected} bytes but its offsets {offsets} disagree"
+        )
     return TensorEntry(dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
 
 
@@ -175,7 +177,11 @@ def _layout(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | N
                 f"convert it to one of {sorted(str(d) for d in _DTYPE_NAMES)} or save with safe_serialization=False."
             )
         nbytes = tensor.numel() * tensor.dtype.itemsize
-        header[name] = {"dtype": _DTYPE_NAMES[tensor.dtype], "shape": list(tensor.shape), "data_offsets": [offset, offset + nbytes]}
+        header[name] = {
+            "dtype": _DTYPE_NAMES[tensor.dtype],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, offset + nbytes],
+        }
         offset += nbytes
     encoded = json.dumps(header, separators=(",", ":")).encode("utf-8")
     encoded += b" " * (-len(encoded) % 8)
@@ -188,7 +194,9 @@ def safetensors_size(tensors: Mapping[str, torch.Tensor], metadata: Mapping[str,
     return 8 + len(encoded) + sum(tensor.numel() * tensor.dtype.itemsize for tensor in tensors.values())
 
 
-def write_safetensors(handle: BinaryIO, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None) -> int:
+def write_safetensors(
+    handle: BinaryIO, tensors: Mapping[str, torch.Tensor], metadata: Mapping[str, str] | None = None
+) -> int:
     """Write ``tensors`` to an open binary file in the safetensors format, one tensor at a time.
 
     Only one tensor is ever copied (when it is not a contiguous CPU tensor); the others are written
@@ -255,12 +263,21 @@ def map_tensor(header: SafetensorsHeader, name: str) -> torch.Tensor:
 
 def _view_key(tensor: torch.Tensor) -> tuple:
     storage = tensor.untyped_storage()
-    return (tensor.device, storage.data_ptr(), tensor.storage_offset(), tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype)
+    return (
+        tensor.device,
+        storage.data_ptr(),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
 
 
 def _check_savable(name: str, tensor) -> None:
     if not isinstance(tensor, torch.Tensor):
-        raise ConfigError(f"Cannot save {name!r}: it is a {type(tensor).__name__}, not a tensor. Model weights must be tensors.")
+        raise ConfigError(
+            f"Cannot save {name!r}: it is a {type(tensor).__name__}, not a tensor. Model weights must be tensors."
+        )
     if type(tensor).__name__ == "DTensor":
         raise ConfigError(
             f"Cannot save {name!r}: it is a sharded DTensor. Gather a full state dict first "

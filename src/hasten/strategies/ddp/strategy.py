@@ -39,15 +39,26 @@ class DDPStrategy(Strategy):
         self.ddp_kwargs = ddp_kwargs or DistributedDataParallelKwargs()
         self.distributed_type = state.partial_state.distributed_type
 
-    def setup_model(self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> torch.nn.Module:
+    def setup_model(
+        self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
         """Move ``model`` to the device, apply the precision policy and wrap it in DDP (unless evaluating)."""
         if device_placement:
             model = model.to(self.device)
         model = self.precision.wrap_forward(model)
-        if evaluation_mode or isinstance(model, DistributedDataParallel) or not any(p.requires_grad for p in model.parameters()):
+        if (
+            evaluation_mode
+            or isinstance(model, DistributedDataParallel)
+            or not any(p.requires_grad for p in model.parameters())
+        ):
             return model
         device_ids = [self.device.index] if self.device.type in ("cuda", "xpu") else None
-        ddp = DistributedDataParallel(model, device_ids=device_ids, output_device=device_ids[0] if device_ids else None, **self.ddp_kwargs.ddp_kwargs())
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            output_device=device_ids[0] if device_ids else None,
+            **self.ddp_kwargs.ddp_kwargs(),
+        )
         self.ddp_kwargs.register_comm_hook(ddp)
         return ddp
 

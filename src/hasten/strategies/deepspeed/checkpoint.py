@@ -42,7 +42,10 @@ class _Record:
 
 
 def _stand_ins() -> list:
-    return [(_ZeroStage if short == "ZeroStageEnum" else type(short, (_Record,), {}), name) for name, short in _SAFE_CLASSES.items()]
+    return [
+        (_ZeroStage if short == "ZeroStageEnum" else type(short, (_Record,), {}), name)
+        for name, short in _SAFE_CLASSES.items()
+    ]
 
 
 def deepspeed_classes() -> list:
@@ -101,7 +104,9 @@ def _natural(path: Path):
 def _files(folder: Path, pattern: str) -> list[Path]:
     files = sorted(folder.glob(pattern), key=_natural)
     if not files:
-        raise CheckpointError(f"{folder} has no {pattern} files: it is not a DeepSpeed ZeRO checkpoint (or it was saved without ZeRO).")
+        raise CheckpointError(
+            f"{folder} has no {pattern} files: it is not a DeepSpeed ZeRO checkpoint (or it was saved without ZeRO)."
+        )
     return files
 
 
@@ -137,7 +142,9 @@ def check_world_size(file_names, directory, world_size: int) -> None:
 # ------------------------------------------------------------------------------------ merging
 
 
-def load_fp32_state_dict(checkpoint_dir: str | os.PathLike, exclude_frozen_parameters: bool = False) -> dict[str, torch.Tensor]:
+def load_fp32_state_dict(
+    checkpoint_dir: str | os.PathLike, exclude_frozen_parameters: bool = False
+) -> dict[str, torch.Tensor]:
     """Rebuild the full fp32 state dict of a ZeRO (stage 1, 2 or 3) checkpoint.
 
     Args:
@@ -157,13 +164,21 @@ def load_fp32_state_dict(checkpoint_dir: str | os.PathLike, exclude_frozen_param
     world = optimizers[0]["partition_count"]
     world = max(world) if isinstance(world, list) else int(world)
     if world != len(optimizer_files):
-        raise CheckpointError(f"{folder} should hold {world} *_optim_states.pt files (one per rank) but holds {len(optimizer_files)}: the checkpoint is incomplete.")
-    state = {name: (t.float() if t.is_floating_point() else t) for name, t in models[0]["module"].items() if name in models[0]["buffer_names"]}
+        raise CheckpointError(
+            f"{folder} should hold {world} *_optim_states.pt files (one per rank) but holds {len(optimizer_files)}: the checkpoint is incomplete."
+        )
+    state = {
+        name: (t.float() if t.is_floating_point() else t)
+        for name, t in models[0]["module"].items()
+        if name in models[0]["buffer_names"]
+    }
     if stage <= 2:
         if not exclude_frozen_parameters:
             state.update(models[0].get("frozen_param_fragments") or {})
         flats = [o["single_partition_of_fp32_groups"] for o in optimizers]
-        state.update(_merge_zero12(models[0]["param_shapes"], flats, optimizers[0].get("param_alignment_paddings"), folder))
+        state.update(
+            _merge_zero12(models[0]["param_shapes"], flats, optimizers[0].get("param_alignment_paddings"), folder)
+        )
     else:
         if not exclude_frozen_parameters:
             state.update(_merge_zero3_frozen(models, world))
@@ -186,7 +201,9 @@ def _merge_zero12(param_shapes: list, flats: list, paddings, folder: Path) -> di
             state[name] = full.narrow(0, offset, count).view(shape).clone()
             offset += count + (paddings[index][position] if paddings else 0)
         if offset > full.numel():
-            raise CheckpointError(f"{folder}: parameter group {index} needs {offset} values but the optimizer files hold {full.numel()}; the checkpoint is corrupt.")
+            raise CheckpointError(
+                f"{folder}: parameter group {index} needs {offset} values but the optimizer files hold {full.numel()}; the checkpoint is corrupt."
+            )
     return state
 
 
@@ -199,7 +216,9 @@ def _merge_zero3(param_shapes: list, flats: list, folder: Path) -> dict[str, tor
             count = math.prod(shape)
             part = math.ceil(count / world)
             if offset + part > flats[0].numel():
-                raise CheckpointError(f"{folder}: the optimizer files end before parameter {name!r}; the checkpoint is corrupt.")
+                raise CheckpointError(
+                    f"{folder}: the optimizer files end before parameter {name!r}; the checkpoint is corrupt."
+                )
             pieces = [flat.narrow(0, offset, part) for flat in flats]
             state[name] = torch.cat(pieces)[:count].view(shape).clone()
             offset += part
@@ -215,7 +234,12 @@ def _merge_zero3_frozen(models: list, world: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def merge_deepspeed_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.PathLike, safe_serialization: bool = True, max_shard_size: str | int = "10GB") -> list[Path]:
+def merge_deepspeed_weights(
+    checkpoint_dir: str | os.PathLike,
+    output_path: str | os.PathLike,
+    safe_serialization: bool = True,
+    max_shard_size: str | int = "10GB",
+) -> list[Path]:
     """Merge a ZeRO checkpoint into one fp32 model in ``output_path`` (``model.safetensors``, sharded with an index when large).
 
     Returns:
@@ -223,7 +247,12 @@ def merge_deepspeed_weights(checkpoint_dir: str | os.PathLike, output_path: str 
     """
     from ...runtime.weights.saving import save_model_weights
 
-    return save_model_weights(load_fp32_state_dict(checkpoint_dir), output_path, max_shard_size=max_shard_size, safe_serialization=safe_serialization)
+    return save_model_weights(
+        load_fp32_state_dict(checkpoint_dir),
+        output_path,
+        max_shard_size=max_shard_size,
+        safe_serialization=safe_serialization,
+    )
 
 
 __all__ = [

@@ -27,7 +27,6 @@ from ...errors import ConfigError, NotSupportedError
 from ...settings.deepspeed import AUTO, OFFLOAD_DEVICES
 from .schema import unknown_keys
 
-
 # ------------------------------------------------------------------------------------- loading
 
 
@@ -44,11 +43,15 @@ def load_config(source) -> tuple[dict, str]:
     path = Path(source).expanduser()
     name = f"the DeepSpeed config {str(path)!r}"
     if not path.is_file():
-        raise ConfigError(f"{name} does not exist. Pass the path of a DeepSpeed JSON file (--deepspeed_config_file) or a dict.")
+        raise ConfigError(
+            f"{name} does not exist. Pass the path of a DeepSpeed JSON file (--deepspeed_config_file) or a dict."
+        )
     try:
         config = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as error:
-        raise ConfigError(f"{name} is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}.") from None
+        raise ConfigError(
+            f"{name} is not valid JSON: {error.msg} at line {error.lineno}, column {error.colno}."
+        ) from None
     if not isinstance(config, dict):
         raise ConfigError(f"{name} must hold a JSON object ({{...}}), not a {type(config).__name__}.")
     return config, name
@@ -64,7 +67,9 @@ def validate_config(config: dict, name: str, schema: dict | None = None) -> None
     """
     unknown = unknown_keys(config, schema)
     if unknown:
-        lines = [f"  - {path}" + (f" (did you mean {_sibling(path, hint)!r}?)" if hint else "") for path, hint in unknown]
+        lines = [
+            f"  - {path}" + (f" (did you mean {_sibling(path, hint)!r}?)" if hint else "") for path, hint in unknown
+        ]
         raise ConfigError(
             f"{name} has keys DeepSpeed does not know (DeepSpeed would silently ignore them and use its defaults):\n"
             + "\n".join(lines)
@@ -87,13 +92,22 @@ def _validate_values(config: dict, name: str) -> None:
         if device is None or device == AUTO:
             continue
         if device not in OFFLOAD_DEVICES:
-            raise ConfigError(f"zero_optimization.{section}.device={device!r} in {name} is not one of {list(OFFLOAD_DEVICES)}.")
+            raise ConfigError(
+                f"zero_optimization.{section}.device={device!r} in {name} is not one of {list(OFFLOAD_DEVICES)}."
+            )
         if device == "nvme" and get_value(config, f"zero_optimization.{section}.nvme_path") in (None, "none", AUTO):
-            raise ConfigError(f"zero_optimization.{section}.device is 'nvme' in {name} but no nvme_path is set; add the folder on the NVMe drive as zero_optimization.{section}.nvme_path.")
-    if get_value(config, "zero_optimization.offload_param.device") not in (None, "none", AUTO) and stage not in (3, AUTO):
-        raise ConfigError(f"{name} offloads parameters (zero_optimization.offload_param) with ZeRO stage {stage}; parameter offload needs stage 3.")
+            raise ConfigError(
+                f"zero_optimization.{section}.device is 'nvme' in {name} but no nvme_path is set; add the folder on the NVMe drive as zero_optimization.{section}.nvme_path."
+            )
+    if get_value(config, "zero_optimization.offload_param.device") not in (None, "none", AUTO) and stage not in (
+        3,
+        AUTO,
+    ):
+        raise ConfigError(
+            f"{name} offloads parameters (zero_optimization.offload_param) with ZeRO stage {stage}; parameter offload needs stage 3."
+        )
     if get_value(config, "fp16.enabled") is True and get_value(config, "bf16.enabled") is True:
-        raise ConfigError(f"{name} enables both fp16 and bf16; enable one of them (or set both to \"auto\").")
+        raise ConfigError(f'{name} enables both fp16 and bf16; enable one of them (or set both to "auto").')
 
 
 # ------------------------------------------------------------------------------------ key paths
@@ -174,7 +188,13 @@ def _plain(value):
     return list(value) if isinstance(value, tuple) else value
 
 
-def fill(config: dict, settings: dict[str, Setting], name: str, must_match: tuple[str, ...] = (), add_missing: tuple[str, ...] = ()) -> list[str]:
+def fill(
+    config: dict,
+    settings: dict[str, Setting],
+    name: str,
+    must_match: tuple[str, ...] = (),
+    add_missing: tuple[str, ...] = (),
+) -> list[str]:
     """Fill ``"auto"`` values of ``config`` from ``settings`` (dotted path -> :class:`Setting`): the only place that does.
 
     A path in ``must_match`` whose value is set in the file and differs from the script's is a
@@ -199,26 +219,34 @@ def fill(config: dict, settings: dict[str, Setting], name: str, must_match: tupl
         raise ConfigError(
             "The DeepSpeed config and the training script disagree:\n"
             + "\n".join(f"  - {line}" for line in conflicts)
-            + "\nMake them agree: change one of the two, or set the value to \"auto\" in the DeepSpeed config so that it follows the script."
+            + '\nMake them agree: change one of the two, or set the value to "auto" in the DeepSpeed config so that it follows the script.'
         )
     return notes
 
 
-def fill_from_script(config: dict, name: str, values: dict, must_match: bool = True, mismatches: list | None = None) -> None:
+def fill_from_script(
+    config: dict, name: str, values: dict, must_match: bool = True, mismatches: list | None = None
+) -> None:
     """Fill the ``"auto"`` keys among ``values`` (dotted path -> the script's value) with :func:`fill`.
 
     Accelerate's ``deepspeed_config_process``: keys the file leaves out or sets to null are skipped. With
     ``must_match``, a key the file sets to another value is a mismatch: appended to ``mismatches`` when a
     list is given, otherwise all of them raised in one :class:`ConfigError`.
     """
-    settings = {path: Setting(value, "the script") for path, value in values.items() if get_value(config, path) is not None}
+    settings = {
+        path: Setting(value, "the script") for path, value in values.items() if get_value(config, path) is not None
+    }
     found = fill(config, settings, name)
     if not must_match:
         return
     if mismatches is not None:
         mismatches.extend(found)
     elif found:
-        raise ConfigError("The DeepSpeed config and the training script disagree:\n" + "\n".join(f"  - {m}" for m in found) + "\nMake them agree, or set the values to \"auto\".")
+        raise ConfigError(
+            "The DeepSpeed config and the training script disagree:\n"
+            + "\n".join(f"  - {m}" for m in found)
+            + '\nMake them agree, or set the values to "auto".'
+        )
 
 
 def _precision_settings(mixed_precision: str) -> dict[str, Setting]:
@@ -234,7 +262,7 @@ def apply_mixed_precision(config: dict, mixed_precision: str, name: str) -> None
         if mixed_precision == kind and get_value(config, f"{other}.enabled") is True:
             raise ConfigError(
                 f"mixed_precision={kind!r} but {name} enables {other} ({other}.enabled: true). "
-                f"Make them agree: set {other}.enabled to false or \"auto\", or use mixed_precision={other!r}."
+                f'Make them agree: set {other}.enabled to false or "auto", or use mixed_precision={other!r}.'
             )
         if mixed_precision == kind and kind not in config:
             config[kind] = {"enabled": True, **({"auto_cast": True} if kind == "fp16" else {})}
@@ -289,14 +317,22 @@ def auto_values(script: ScriptValues) -> dict[str, Setting]:
         values["train_micro_batch_size_per_gpu"] = micro
         if gas is not None:
             total = micro.value * script.num_processes * gas.value
-            values["train_batch_size"] = Setting(total, f"{script.num_processes} processes x micro batch {micro.value} x {gas.value} accumulation steps")
-    values["gradient_clipping"] = script.gradient_clipping or Setting(1.0, "the default gradient clipping", default=True)
+            values["train_batch_size"] = Setting(
+                total, f"{script.num_processes} processes x micro batch {micro.value} x {gas.value} accumulation steps"
+            )
+    values["gradient_clipping"] = script.gradient_clipping or Setting(
+        1.0, "the default gradient clipping", default=True
+    )
     values.update(_precision_settings(script.mixed_precision))
     if script.hidden_size is not None:
         hidden, source = script.hidden_size.value, script.hidden_size.source
         values["zero_optimization.reduce_bucket_size"] = Setting(hidden * hidden, f"{source} squared", default=True)
-        values["zero_optimization.stage3_prefetch_bucket_size"] = Setting(int(0.9 * hidden * hidden), f"0.9 x ({source}) squared", default=True)
-        values["zero_optimization.stage3_param_persistence_threshold"] = Setting(10 * hidden, f"10 x {source}", default=True)
+        values["zero_optimization.stage3_prefetch_bucket_size"] = Setting(
+            int(0.9 * hidden * hidden), f"0.9 x ({source}) squared", default=True
+        )
+        values["zero_optimization.stage3_param_persistence_threshold"] = Setting(
+            10 * hidden, f"10 x {source}", default=True
+        )
     for section, settings in (("optimizer", script.optimizer), ("scheduler", script.scheduler)):
         for key, setting in (settings or {}).items():
             values[f"{section}.params.{key}"] = setting
@@ -319,7 +355,7 @@ def check_resolved(config: dict, name: str) -> None:
     left = auto_paths(config)
     if left:
         lines = [f"  - {path}: {_AUTO_HINTS.get(path, _DEFAULT_HINT)}" for path in left]
-        raise ConfigError(f"{name} has \"auto\" values that the training script does not determine:\n" + "\n".join(lines))
+        raise ConfigError(f'{name} has "auto" values that the training script does not determine:\n' + "\n".join(lines))
 
 
 def config_for_zero_init(config: dict, mixed_precision: str) -> dict:
@@ -329,8 +365,16 @@ def config_for_zero_init(config: dict, mixed_precision: str) -> dict:
     ``"auto"`` get placeholder values and other ``"auto"`` keys fall back to DeepSpeed's defaults.
     """
     result = copy.deepcopy(config)
-    placeholders = {path: Setting(1, "a placeholder until prepare()", default=True) for path in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")}
-    fill(result, {**_precision_settings(mixed_precision), **placeholders}, "the config for deepspeed.zero.Init", add_missing=tuple(placeholders))
+    placeholders = {
+        path: Setting(1, "a placeholder until prepare()", default=True)
+        for path in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+    }
+    fill(
+        result,
+        {**_precision_settings(mixed_precision), **placeholders},
+        "the config for deepspeed.zero.Init",
+        add_missing=tuple(placeholders),
+    )
     for path in auto_paths(result):
         delete_value(result, path)
     return result

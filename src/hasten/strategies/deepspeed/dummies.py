@@ -36,11 +36,16 @@ class DummyOptim(torch.optim.Optimizer):
     @property
     def params(self) -> list[dict]:
         """The parameter groups, without the values the config's optimizer sets (for ``deepspeed.initialize``)."""
-        return [{k: v for k, v in group.items() if k not in self.defaults or v != self.defaults[k]} for group in self.param_groups]
+        return [
+            {k: v for k, v in group.items() if k not in self.defaults or v != self.defaults[k]}
+            for group in self.param_groups
+        ]
 
     def step(self, closure=None):
         """Refuses to run: the DeepSpeed engine replaces this optimizer at ``prepare``."""
-        raise ConfigError("DummyOptim cannot step: pass it to accelerator.prepare() and use the optimizer prepare() returns.")
+        raise ConfigError(
+            "DummyOptim cannot step: pass it to accelerator.prepare() and use the optimizer prepare() returns."
+        )
 
 
 class DummyScheduler:
@@ -54,7 +59,14 @@ class DummyScheduler:
         **kwargs: other scheduler params.
     """
 
-    def __init__(self, optimizer, total_num_steps: int | None = None, warmup_num_steps: int = 0, lr_scheduler_callable: Callable | None = None, **kwargs):
+    def __init__(
+        self,
+        optimizer,
+        total_num_steps: int | None = None,
+        warmup_num_steps: int = 0,
+        lr_scheduler_callable: Callable | None = None,
+        **kwargs,
+    ):
         self.optimizer = optimizer
         self.total_num_steps = total_num_steps
         self.warmup_num_steps = warmup_num_steps
@@ -63,7 +75,9 @@ class DummyScheduler:
 
     def step(self, *args, **kwargs) -> None:
         """Refuses to run: the DeepSpeed engine replaces this scheduler at ``prepare``."""
-        raise ConfigError("DummyScheduler cannot step: pass it to accelerator.prepare() and use the scheduler prepare() returns.")
+        raise ConfigError(
+            "DummyScheduler cannot step: pass it to accelerator.prepare() and use the scheduler prepare() returns."
+        )
 
     def get_last_lr(self) -> list[float]:
         """The learning rates of the optimizer's groups."""
@@ -76,11 +90,13 @@ def map_pytorch_optim_to_deepspeed(optimizer):
     The new optimizer has the same parameter groups and hyperparameters; other optimizers are returned
     unchanged (DeepSpeed then needs ``"zero_force_ds_cpu_optimizer": false`` to offload them).
     """
-    from deepspeed.ops.adam import DeepSpeedCPUAdam
     from deepspeed.ops.adagrad import DeepSpeedCPUAdagrad
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     groups = [copy.copy(group) for group in optimizer.param_groups]
-    if isinstance(optimizer, torch.optim.AdamW) or (isinstance(optimizer, torch.optim.Adam) and optimizer.defaults.get("decoupled_weight_decay")):
+    if isinstance(optimizer, torch.optim.AdamW) or (
+        isinstance(optimizer, torch.optim.Adam) and optimizer.defaults.get("decoupled_weight_decay")
+    ):
         return DeepSpeedCPUAdam(groups, lr=optimizer.defaults["lr"], adamw_mode=True)
     if isinstance(optimizer, torch.optim.Adam):
         return DeepSpeedCPUAdam(groups, lr=optimizer.defaults["lr"], adamw_mode=False)

@@ -30,13 +30,23 @@ class ZeroRow:
 
     def format(self) -> str:
         """The line as DeepSpeed prints it (``70.00GB | 0.25GB | offload_param=cpu , ...``)."""
-        options = f"offload_param={self.offload_param:<4}, offload_optimizer={self.offload_optimizer:<4}" if self.offload_param else f"offload_optimizer={self.offload_optimizer:<4}"
+        options = (
+            f"offload_param={self.offload_param:<4}, offload_optimizer={self.offload_optimizer:<4}"
+            if self.offload_param
+            else f"offload_optimizer={self.offload_optimizer:<4}"
+        )
         if self.zero_init is not None:
             options += f", zero_init={self.zero_init}"
         return f"{self.cpu_bytes / GB:7.2f}GB | {self.gpu_bytes / GB:7.2f}GB | {options}".rstrip()
 
 
-def zero3_rows(total_params: int, largest_layer_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1, buffer_factor: float = 1.5) -> list[ZeroRow]:
+def zero3_rows(
+    total_params: int,
+    largest_layer_params: int,
+    num_gpus_per_node: int = 1,
+    num_nodes: int = 1,
+    buffer_factor: float = 1.5,
+) -> list[ZeroRow]:
     """ZeRO-3 memory per CPU and per GPU, in the order of DeepSpeed's table (most offload first)."""
     _check_counts(total_params, largest_layer_params, num_gpus_per_node, num_nodes)
     gpus = num_gpus_per_node * num_nodes
@@ -57,18 +67,28 @@ def zero3_rows(total_params: int, largest_layer_params: int, num_gpus_per_node: 
     return rows
 
 
-def zero2_rows(total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1, buffer_factor: float = 1.5) -> list[ZeroRow]:
+def zero2_rows(
+    total_params: int, num_gpus_per_node: int = 1, num_nodes: int = 1, buffer_factor: float = 1.5
+) -> list[ZeroRow]:
     """ZeRO-2 memory per CPU and per GPU, with and without optimizer offload."""
     _check_counts(total_params, 0, num_gpus_per_node, num_nodes)
     gpus = num_gpus_per_node * num_nodes
     offloaded = ZeroRow(int(total_params * max(4 * gpus, 16) * buffer_factor), 2 * total_params, "", "cpu", None)
-    resident = ZeroRow(int(total_params * 4 * num_gpus_per_node * buffer_factor), 2 * total_params + int(18 * total_params / gpus), "", "none", None)
+    resident = ZeroRow(
+        int(total_params * 4 * num_gpus_per_node * buffer_factor),
+        2 * total_params + int(18 * total_params / gpus),
+        "",
+        "none",
+        None,
+    )
     return [offloaded, resident]
 
 
 def _check_counts(total: int, largest: int, gpus: int, nodes: int) -> None:
     if total <= 0 or largest < 0 or largest > total:
-        raise ConfigError(f"Parameter counts must satisfy 0 < largest layer <= total; got total={total}, largest layer={largest}.")
+        raise ConfigError(
+            f"Parameter counts must satisfy 0 < largest layer <= total; got total={total}, largest layer={largest}."
+        )
     if gpus < 1 or nodes < 1:
         raise ConfigError(f"--num_gpus and --num_nodes must be at least 1; got {gpus} and {nodes}.")
 
@@ -79,7 +99,9 @@ def _check_counts(total: int, largest: int, gpus: int, nodes: int) -> None:
 __all__ = ["ZeroRow", "explain_deepspeed_failure", "zero2_rows", "zero3_rows"]
 
 
-def explain_deepspeed_failure(exitcode: int, offload_optimizer_device: str | None = None, offload_param_device: str | None = None) -> str | None:
+def explain_deepspeed_failure(
+    exitcode: int, offload_optimizer_device: str | None = None, offload_param_device: str | None = None
+) -> str | None:
     """Advice for a DeepSpeed worker that exited with ``exitcode``, or None when there is none to give.
 
     A process killed by the operating system (SIGKILL: exit code -9, or 137 from a shell) without a
@@ -88,7 +110,11 @@ def explain_deepspeed_failure(exitcode: int, offload_optimizer_device: str | Non
     """
     if exitcode not in (-9, 137):
         return None
-    offloads = [f"{what}={device}" for what, device in (("offload_optimizer", offload_optimizer_device), ("offload_param", offload_param_device)) if device]
+    offloads = [
+        f"{what}={device}"
+        for what, device in (("offload_optimizer", offload_optimizer_device), ("offload_param", offload_param_device))
+        if device
+    ]
     current = f" (this run: {', '.join(offloads)})" if offloads else ""
     return (
         f"A DeepSpeed process was killed by the operating system (SIGKILL, exit code {exitcode}) without a traceback. "

@@ -17,11 +17,11 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import config as dsc
-from . import zero3
 from ... import environment
 from ...errors import ConfigError, NotSupportedError, require
 from ...settings.deepspeed import DEEPSPEED
+from . import config as dsc
+from . import zero3
 
 # plugin field -> its deepspeed_config row (variable, kind, default when neither argument nor variable sets it)
 _ROWS = {row.field: row for row in DEEPSPEED.rows if row.field}
@@ -82,7 +82,9 @@ class DeepSpeedPlugin:
     def __post_init__(self):
         require("deepspeed", "DeepSpeedPlugin (the DeepSpeed engine)", "deepspeed")
         if self.enable_msamp:
-            raise NotSupportedError("DeepSpeedPlugin(enable_msamp=True): MS-AMP fp8 is not supported by hasten; train with mixed_precision='bf16'.")
+            raise NotSupportedError(
+                "DeepSpeedPlugin(enable_msamp=True): MS-AMP fp8 is not supported by hasten; train with mixed_precision='bf16'."
+            )
         explicit = self._read_settings()
         source = self.hf_ds_config if self.hf_ds_config is not None else environment.get_str("DEEPSPEED_CONFIG_FILE")
         if isinstance(source, zero3.HfDeepSpeedConfig):
@@ -94,7 +96,13 @@ class DeepSpeedPlugin:
             config, self.config_name = dsc.load_config(source)
             dsc.validate_config(config, self.config_name)
             paths = tuple(_CONFIG_PATHS[name] for name in explicit if name in _CONFIG_PATHS)
-            dsc.fill(config, {_CONFIG_PATHS[n]: s for n, s in explicit.items() if n in _CONFIG_PATHS}, self.config_name, must_match=paths, add_missing=paths)
+            dsc.fill(
+                config,
+                {_CONFIG_PATHS[n]: s for n, s in explicit.items() if n in _CONFIG_PATHS},
+                self.config_name,
+                must_match=paths,
+                add_missing=paths,
+            )
             self._adopt_file_values(config, explicit)
         dsc.validate_config(config, self.config_name)
         self.deepspeed_config = config
@@ -103,7 +111,9 @@ class DeepSpeedPlugin:
         self._dschf = None
         self.selected = False
         if self.zero3_init_flag and self.zero_stage != 3:
-            raise ConfigError(f"zero3_init_flag is set but the ZeRO stage is {self.zero_stage}; building models partitioned needs stage 3. Set zero_stage=3 or drop zero3_init_flag.")
+            raise ConfigError(
+                f"zero3_init_flag is set but the ZeRO stage is {self.zero_stage}; building models partitioned needs stage 3. Set zero_stage=3 or drop zero3_init_flag."
+            )
         self._set_transformers_view(self.is_zero3_init_enabled())
 
     def _read_settings(self) -> dict[str, dsc.Setting]:
@@ -112,7 +122,10 @@ class DeepSpeedPlugin:
         for name, row in _ROWS.items():
             value = getattr(self, name)
             if value is not None:
-                explicit[name] = dsc.Setting(_parse_field(name, value, f"DeepSpeedPlugin({name}={value!r})"), f"DeepSpeedPlugin({name}={value!r})")
+                explicit[name] = dsc.Setting(
+                    _parse_field(name, value, f"DeepSpeedPlugin({name}={value!r})"),
+                    f"DeepSpeedPlugin({name}={value!r})",
+                )
                 setattr(self, name, explicit[name].value)
                 continue
             variable = row.env_name
@@ -177,9 +190,18 @@ class DeepSpeedPlugin:
         """
         if ds_key_long in kwargs:
             values = {ds_key_long: kwargs[ds_key_long]}
-            dsc.fill_from_script(self.deepspeed_config, self.config_name, values, must_match, [] if mismatches is None else mismatches)
+            dsc.fill_from_script(
+                self.deepspeed_config, self.config_name, values, must_match, [] if mismatches is None else mismatches
+            )
 
-    def deepspeed_config_process(self, prefix: str = "", mismatches: list | None = None, config: dict | None = None, must_match: bool = True, **kwargs) -> None:
+    def deepspeed_config_process(
+        self,
+        prefix: str = "",
+        mismatches: list | None = None,
+        config: dict | None = None,
+        must_match: bool = True,
+        **kwargs,
+    ) -> None:
         """Fill every ``"auto"`` key named in ``kwargs`` (dotted paths); raise one error listing all mismatches."""
         paths = [f"{prefix}{path}" for path in dsc.leaf_paths(self.deepspeed_config if config is None else config)]
         values = {path: kwargs[path] for path in paths if path in kwargs}
@@ -211,7 +233,11 @@ class DeepSpeedPlugin:
         self.zero3_init_flag = enable
         self._set_transformers_view(self.is_zero3_init_enabled())
         try:
-            with zero3.partitioned_construction(self.deepspeed_config, self.config_mixed_precision) if self.is_zero3_init_enabled() else contextlib.nullcontext():
+            with (
+                zero3.partitioned_construction(self.deepspeed_config, self.config_mixed_precision)
+                if self.is_zero3_init_enabled()
+                else contextlib.nullcontext()
+            ):
                 yield
         finally:
             self.zero3_init_flag = previous
@@ -219,7 +245,9 @@ class DeepSpeedPlugin:
 
     def _set_transformers_view(self, enabled: bool) -> None:
         if enabled:
-            self._dschf = zero3.HfDeepSpeedConfig._unregistered(dsc.config_for_zero_init(self.deepspeed_config, self.config_mixed_precision))
+            self._dschf = zero3.HfDeepSpeedConfig._unregistered(
+                dsc.config_for_zero_init(self.deepspeed_config, self.config_mixed_precision)
+            )
             zero3.register_with_transformers(self._dschf)
         elif self._dschf is not None:
             self._dschf = None
@@ -238,8 +266,6 @@ class DeepSpeedPlugin:
     def set_moe_leaf_modules(self, model) -> None:
         """Mark the ``transformer_moe_cls_names`` classes in ``model`` as ZeRO-3 leaf modules (gathered whole)."""
         zero3.set_moe_leaf_modules(model, self.transformer_moe_cls_names)
-
-
 
 
 def _parse_field(name: str, value, where: str):
@@ -263,7 +289,11 @@ def _parse_field(name: str, value, where: str):
         if name == "gradient_clipping":
             return text if text == dsc.AUTO else float(text)
     except (ValueError, TypeError, ConfigError):
-        expected = {"zero_stage": "0, 1, 2 or 3", "gradient_accumulation_steps": "a positive integer or 'auto'", "gradient_clipping": "a number or 'auto'"}
+        expected = {
+            "zero_stage": "0, 1, 2 or 3",
+            "gradient_accumulation_steps": "a positive integer or 'auto'",
+            "gradient_clipping": "a number or 'auto'",
+        }
         raise ConfigError(f"{where}: expected {expected.get(name, 'true or false')}.") from None
     if name.endswith("_device") and text not in dsc.OFFLOAD_DEVICES:
         raise ConfigError(f"{where}: expected one of {list(dsc.OFFLOAD_DEVICES)}.")
@@ -274,7 +304,7 @@ def get_active_deepspeed_plugin(state) -> DeepSpeedPlugin:
     """The DeepSpeed plugin of ``state`` (an ``AcceleratorState``); an error when DeepSpeed is not in use."""
     plugin = getattr(state, "deepspeed_plugin", None)
     if plugin is None:
-        raise ConfigError("DeepSpeed is not in use: pass Accelerator(deepspeed_plugin=DeepSpeedPlugin(...)) or launch with --use_deepspeed.")
+        raise ConfigError(
+            "DeepSpeed is not in use: pass Accelerator(deepspeed_plugin=DeepSpeedPlugin(...)) or launch with --use_deepspeed."
+        )
     return plugin
-
-

@@ -19,25 +19,75 @@ ANY = "*"  # a section whose keys DeepSpeed passes on unchecked (optimizer param
 _OFFLOAD_PARAM = {k: None for k in ("device", "nvme_path", "buffer_count", "buffer_size", "max_in_cpu", "pin_memory")}
 _OFFLOAD_OPTIMIZER = {
     k: None
-    for k in ("device", "nvme_path", "buffer_count", "pin_memory", "pipeline", "pipeline_read", "pipeline_write", "fast_init", "ratio", "super_offload", "cpuadam_cores_perc")
+    for k in (
+        "device",
+        "nvme_path",
+        "buffer_count",
+        "pin_memory",
+        "pipeline",
+        "pipeline_read",
+        "pipeline_write",
+        "fast_init",
+        "ratio",
+        "super_offload",
+        "cpuadam_cores_perc",
+    )
 }
 _ZERO = {
     **{
         k: None
         for k in (
-            "stage", "contiguous_gradients", "reduce_scatter", "reduce_bucket_size", "use_multi_rank_bucket_allreduce",
-            "allgather_partitions", "allgather_bucket_size", "overlap_comm", "compute_grad_norm", "load_from_fp32_weights",
-            "elastic_checkpoint", "sub_group_size", "cpu_offload", "cpu_offload_param", "cpu_offload_params",
-            "cpu_offload_use_pin_memory", "prefetch_bucket_size", "stage3_prefetch_bucket_size", "param_persistence_threshold",
-            "stage3_param_persistence_threshold", "model_persistence_threshold", "stage3_model_persistence_threshold",
-            "max_live_parameters", "stage3_max_live_parameters", "max_reuse_distance", "stage3_max_reuse_distance",
-            "gather_16bit_weights_on_model_save", "stage3_gather_16bit_weights_on_model_save", "stage3_gather_fp16_weights_on_model_save",
-            "module_granularity_threshold", "stage3_module_granularity_threshold", "use_all_reduce_for_fetch_params",
-            "stage3_use_all_reduce_for_fetch_params", "allgather_sequential", "stage3_allgather_sequential",
-            "ignore_unused_parameters", "legacy_stage1", "round_robin_gradients", "parameter_alignment", "zero_hpz_partition_size",
-            "zero_quantized_weights", "zero_quantized_nontrainable_weights", "zero_quantized_gradients", "memory_efficient_linear",
-            "pipeline_loading_checkpoint", "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
-            "save_muon_momentum_buffer_in_memory", "mics_shard_size", "mics_hierarchical_params_gather",
+            "stage",
+            "contiguous_gradients",
+            "reduce_scatter",
+            "reduce_bucket_size",
+            "use_multi_rank_bucket_allreduce",
+            "allgather_partitions",
+            "allgather_bucket_size",
+            "overlap_comm",
+            "compute_grad_norm",
+            "load_from_fp32_weights",
+            "elastic_checkpoint",
+            "sub_group_size",
+            "cpu_offload",
+            "cpu_offload_param",
+            "cpu_offload_params",
+            "cpu_offload_use_pin_memory",
+            "prefetch_bucket_size",
+            "stage3_prefetch_bucket_size",
+            "param_persistence_threshold",
+            "stage3_param_persistence_threshold",
+            "model_persistence_threshold",
+            "stage3_model_persistence_threshold",
+            "max_live_parameters",
+            "stage3_max_live_parameters",
+            "max_reuse_distance",
+            "stage3_max_reuse_distance",
+            "gather_16bit_weights_on_model_save",
+            "stage3_gather_16bit_weights_on_model_save",
+            "stage3_gather_fp16_weights_on_model_save",
+            "module_granularity_threshold",
+            "stage3_module_granularity_threshold",
+            "use_all_reduce_for_fetch_params",
+            "stage3_use_all_reduce_for_fetch_params",
+            "allgather_sequential",
+            "stage3_allgather_sequential",
+            "ignore_unused_parameters",
+            "legacy_stage1",
+            "round_robin_gradients",
+            "parameter_alignment",
+            "zero_hpz_partition_size",
+            "zero_quantized_weights",
+            "zero_quantized_nontrainable_weights",
+            "zero_quantized_gradients",
+            "memory_efficient_linear",
+            "pipeline_loading_checkpoint",
+            "override_module_apply",
+            "log_trace_cache_warnings",
+            "enable_sanity_checks",
+            "save_muon_momentum_buffer_in_memory",
+            "mics_shard_size",
+            "mics_hierarchical_params_gather",
         )
     },
     "offload_param": _OFFLOAD_PARAM,
@@ -45,8 +95,30 @@ _ZERO = {
     "zenflow": ANY,
     "leaf_module": {"classes": None, "names": None, "name_suffixes": None},
 }
-_FP16 = {k: None for k in ("enabled", "auto_cast", "loss_scale", "initial_scale_power", "loss_scale_window", "hysteresis", "consecutive_hysteresis", "min_loss_scale", "fp16_master_weights_and_grads")}
-_BF16 = {k: None for k in ("enabled", "immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads", "bf16_optimizer_states")}
+_FP16 = {
+    k: None
+    for k in (
+        "enabled",
+        "auto_cast",
+        "loss_scale",
+        "initial_scale_power",
+        "loss_scale_window",
+        "hysteresis",
+        "consecutive_hysteresis",
+        "min_loss_scale",
+        "fp16_master_weights_and_grads",
+    )
+}
+_BF16 = {
+    k: None
+    for k in (
+        "enabled",
+        "immediate_grad_update",
+        "check_grad_overflow",
+        "bf16_master_weights_and_grads",
+        "bf16_optimizer_states",
+    )
+}
 _MONITOR = {k: None for k in ("enabled", "output_path", "job_name")}
 
 #: Every key DeepSpeed 0.19 reads, as nested dicts (None: a value, ANY: free-form section).
@@ -54,12 +126,31 @@ SCHEMA: dict[str, Any] = {
     **{
         k: None
         for k in (
-            "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "steps_per_print", "dump_state",
-            "wall_clock_breakdown", "memory_breakdown", "gradient_clipping", "prescale_gradients", "gradient_predivide_factor",
-            "sparse_gradients", "communication_data_type", "seq_parallel_communication_data_type", "gradient_allreduce_op",
-            "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer", "disable_allgather", "dataloader_drop_last",
-            "graph_harvesting", "use_data_before_expert_parallelism", "managed_gradient_accumulation", "disable_python_gc",
-            "log_level", "vocabulary_size", "sequence_parallel_size",
+            "train_batch_size",
+            "train_micro_batch_size_per_gpu",
+            "gradient_accumulation_steps",
+            "steps_per_print",
+            "dump_state",
+            "wall_clock_breakdown",
+            "memory_breakdown",
+            "gradient_clipping",
+            "prescale_gradients",
+            "gradient_predivide_factor",
+            "sparse_gradients",
+            "communication_data_type",
+            "seq_parallel_communication_data_type",
+            "gradient_allreduce_op",
+            "zero_allow_untested_optimizer",
+            "zero_force_ds_cpu_optimizer",
+            "disable_allgather",
+            "dataloader_drop_last",
+            "graph_harvesting",
+            "use_data_before_expert_parallelism",
+            "managed_gradient_accumulation",
+            "disable_python_gc",
+            "log_level",
+            "vocabulary_size",
+            "sequence_parallel_size",
         )
     },
     "optimizer": {"type": None, "params": ANY, "legacy_fusion": None},
@@ -70,17 +161,67 @@ SCHEMA: dict[str, Any] = {
     "amp": ANY,
     "torch_autocast": {"enabled": None, "dtype": None, "lower_precision_safe_modules": None},
     "zero_optimization": _ZERO,
-    "aio": {k: None for k in ("block_size", "queue_depth", "intra_op_parallelism", "thread_count", "single_submit", "overlap_events", "use_gds")},
-    "activation_checkpointing": {
-        k: None for k in ("partition_activations", "cpu_checkpointing", "contiguous_memory_optimization", "number_checkpoints", "synchronize_checkpoint_boundary", "profile")
+    "aio": {
+        k: None
+        for k in (
+            "block_size",
+            "queue_depth",
+            "intra_op_parallelism",
+            "thread_count",
+            "single_submit",
+            "overlap_events",
+            "use_gds",
+        )
     },
-    "flops_profiler": {k: None for k in ("enabled", "recompute_fwd_factor", "profile_step", "module_depth", "top_modules", "detailed", "output_file")},
-    "checkpoint": {"tag_validation": None, "load_universal": None, "use_node_local_storage": None, "parallel_write": ANY, "writer": ANY, "checkpoint_serialization": None},
+    "activation_checkpointing": {
+        k: None
+        for k in (
+            "partition_activations",
+            "cpu_checkpointing",
+            "contiguous_memory_optimization",
+            "number_checkpoints",
+            "synchronize_checkpoint_boundary",
+            "profile",
+        )
+    },
+    "flops_profiler": {
+        k: None
+        for k in (
+            "enabled",
+            "recompute_fwd_factor",
+            "profile_step",
+            "module_depth",
+            "top_modules",
+            "detailed",
+            "output_file",
+        )
+    },
+    "checkpoint": {
+        "tag_validation": None,
+        "load_universal": None,
+        "use_node_local_storage": None,
+        "parallel_write": ANY,
+        "writer": ANY,
+        "checkpoint_serialization": None,
+    },
     "data_types": {"grad_accum_dtype": None},
     "tensorboard": _MONITOR,
     "csv_monitor": _MONITOR,
     "wandb": {k: None for k in ("enabled", "group", "team", "project")},
-    "comet": {k: None for k in ("enabled", "samples_log_interval", "project", "workspace", "api_key", "experiment_name", "experiment_key", "online", "mode")},
+    "comet": {
+        k: None
+        for k in (
+            "enabled",
+            "samples_log_interval",
+            "project",
+            "workspace",
+            "api_key",
+            "experiment_name",
+            "experiment_key",
+            "online",
+            "mode",
+        )
+    },
     "comms_logger": {k: None for k in ("enabled", "prof_all", "prof_ops", "verbose", "debug")},
     "elasticity": ANY,
     "pipeline": ANY,
@@ -106,7 +247,10 @@ SCHEMA: dict[str, Any] = {
 _MODELS = {
     "zero_optimization": ("deepspeed.runtime.zero.config", "DeepSpeedZeroConfig"),
     "zero_optimization.offload_param": ("deepspeed.runtime.zero.offload_config", "DeepSpeedZeroOffloadParamConfig"),
-    "zero_optimization.offload_optimizer": ("deepspeed.runtime.zero.offload_config", "DeepSpeedZeroOffloadOptimizerConfig"),
+    "zero_optimization.offload_optimizer": (
+        "deepspeed.runtime.zero.offload_config",
+        "DeepSpeedZeroOffloadOptimizerConfig",
+    ),
     "fp16": ("deepspeed.runtime.precision_config", "DeepSpeedFP16Config"),
     "bf16": ("deepspeed.runtime.precision_config", "DeepSpeedBF16Config"),
     "comms_logger": ("deepspeed.comm.config", "CommsLoggerConfig"),

@@ -19,8 +19,6 @@ from typing import Iterable
 
 import torch
 
-from . import config as dsc
-from . import zero3
 from ...enums import DistributedType
 from ...errors import CheckpointError, ConfigError, NotSupportedError
 from ...logging import get_logger
@@ -28,6 +26,8 @@ from ...runtime.operations import barrier
 from ...scheduler import AcceleratedScheduler
 from ...state import GradientState, warn_once
 from ..base import EngineSettings, Strategy, _suffix
+from . import config as dsc
+from . import zero3
 from .checkpoint import check_world_size, deepspeed_classes, safe_torch_load
 from .dummies import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
 
@@ -130,7 +130,9 @@ class DeepSpeedStrategy(Strategy):
                 f"{plugin.config_name} trains in {chosen} while mixed_precision is {requested!r}: "
                 f"the DeepSpeed config wins. Pass mixed_precision={chosen!r} to silence this warning.",
             )
-        return dataclasses.replace(settings, mixed_precision=chosen, accumulation=_accumulation(plugin, settings.accumulation))
+        return dataclasses.replace(
+            settings, mixed_precision=chosen, accumulation=_accumulation(plugin, settings.accumulation)
+        )
 
     # ---------------------------------------------------------------------------------- preparing
 
@@ -138,7 +140,9 @@ class DeepSpeedStrategy(Strategy):
         """Resolve the config and create the DeepSpeed engine from the model, optimizer and scheduler."""
         if not models:
             if optimizers or schedulers:
-                raise ConfigError("Under DeepSpeed, prepare the model with its optimizer and scheduler in one call: accelerator.prepare(model, optimizer, dataloader, scheduler).")
+                raise ConfigError(
+                    "Under DeepSpeed, prepare the model with its optimizer and scheduler in one call: accelerator.prepare(model, optimizer, dataloader, scheduler)."
+                )
             return models, optimizers, schedulers
         if self.engine is not None or len(models) > 1 or len(optimizers) > 1 or len(schedulers) > 1:
             raise NotSupportedError(
@@ -163,7 +167,9 @@ class DeepSpeedStrategy(Strategy):
         self.engine = engine
         _install_safe_loader(engine, self)
         prepared_optimizers = [engine_optimizer] if optimizer is not None else []
-        prepared_schedulers = [DeepSpeedSchedulerWrapper(engine_scheduler, prepared_optimizers)] if scheduler is not None else []
+        prepared_schedulers = (
+            [DeepSpeedSchedulerWrapper(engine_scheduler, prepared_optimizers)] if scheduler is not None else []
+        )
         return [engine], prepared_optimizers, prepared_schedulers
 
     def _engine_optimizer(self, config: dict, optimizer, scheduler, kwargs: dict):
@@ -171,11 +177,15 @@ class DeepSpeedStrategy(Strategy):
         name = self.plugin.config_name
         if isinstance(optimizer, DummyOptim):
             if "optimizer" not in config:
-                raise ConfigError(f"DummyOptim stands for the optimizer of the DeepSpeed config, but {name} has no \"optimizer\" section. Add one, or pass a torch optimizer.")
+                raise ConfigError(
+                    f'DummyOptim stands for the optimizer of the DeepSpeed config, but {name} has no "optimizer" section. Add one, or pass a torch optimizer.'
+                )
             kwargs["model_parameters"] = optimizer.params
         elif optimizer is not None:
             if "optimizer" in config:
-                raise ConfigError(f"{name} defines an optimizer and the script passes {type(optimizer).__name__} too. Pass DummyOptim(params, lr=...) to use the config's, or remove its \"optimizer\" section.")
+                raise ConfigError(
+                    f'{name} defines an optimizer and the script passes {type(optimizer).__name__} too. Pass DummyOptim(params, lr=...) to use the config\'s, or remove its "optimizer" section.'
+                )
             if dsc.get_value(config, "zero_optimization.offload_optimizer.device", "none") in ("cpu", "nvme"):
                 replacement = map_pytorch_optim_to_deepspeed(optimizer)
                 if scheduler is not None and getattr(scheduler, "optimizer", None) is optimizer:
@@ -185,14 +195,20 @@ class DeepSpeedStrategy(Strategy):
             kwargs["optimizer"] = optimizer
         if isinstance(scheduler, DummyScheduler) and "scheduler" not in config:
             if scheduler.lr_scheduler_callable is None:
-                raise ConfigError(f"DummyScheduler stands for the scheduler of the DeepSpeed config, but {name} has no \"scheduler\" section. Add one, or pass DummyScheduler(..., lr_scheduler_callable=...).")
+                raise ConfigError(
+                    f'DummyScheduler stands for the scheduler of the DeepSpeed config, but {name} has no "scheduler" section. Add one, or pass DummyScheduler(..., lr_scheduler_callable=...).'
+                )
             kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
         elif scheduler is not None and not isinstance(scheduler, DummyScheduler):
             if "scheduler" in config:
-                raise ConfigError(f"{name} defines a scheduler and the script passes {type(scheduler).__name__} too. Pass DummyScheduler(optimizer, ...) to use the config's, or remove its \"scheduler\" section.")
+                raise ConfigError(
+                    f'{name} defines a scheduler and the script passes {type(scheduler).__name__} too. Pass DummyScheduler(optimizer, ...) to use the config\'s, or remove its "scheduler" section.'
+                )
             kwargs["lr_scheduler"] = scheduler
         self._dummy_optimizer = optimizer if isinstance(optimizer, DummyOptim) else None
-        self._dummy_scheduler = scheduler if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is None else None
+        self._dummy_scheduler = (
+            scheduler if isinstance(scheduler, DummyScheduler) and scheduler.lr_scheduler_callable is None else None
+        )
         return optimizer, scheduler
 
     def _resolve(self, config: dict, model, dataloaders: list) -> None:
@@ -211,7 +227,9 @@ class DeepSpeedStrategy(Strategy):
     def _script_values(self, model, dataloaders: list) -> dsc.ScriptValues:
         num = self.state.num_processes
         steps = self.accumulation.num_steps or 1
-        script = dsc.ScriptValues(num_processes=num, mixed_precision=dsc.mixed_precision_of(self.plugin.deepspeed_config))
+        script = dsc.ScriptValues(
+            num_processes=num, mixed_precision=dsc.mixed_precision_of(self.plugin.deepspeed_config)
+        )
         script.gradient_accumulation_steps = dsc.Setting(steps, f"Accelerator(gradient_accumulation_steps={steps})")
         sizes = [_per_process_batch(loader, num) for loader in dataloaders]
         sizes = [size for size in sizes if size]
@@ -231,7 +249,9 @@ class DeepSpeedStrategy(Strategy):
             script.scheduler = _scheduler_values(self._dummy_scheduler, self._dummy_optimizer, 1 if split else num)
         return script
 
-    def setup_model(self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> torch.nn.Module:
+    def setup_model(
+        self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
         """Place a model used outside the engine (inference only); training models go through :meth:`prepare`."""
         if not evaluation_mode and any(p.requires_grad for p in model.parameters()):
             raise NotSupportedError(
@@ -244,7 +264,9 @@ class DeepSpeedStrategy(Strategy):
 
     def _require_engine(self):
         if self.engine is None:
-            raise ConfigError("No DeepSpeed engine yet: call accelerator.prepare(model, optimizer, ...) before training.")
+            raise ConfigError(
+                "No DeepSpeed engine yet: call accelerator.prepare(model, optimizer, ...) before training."
+            )
         return self.engine
 
     def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs) -> None:
@@ -273,7 +295,9 @@ class DeepSpeedStrategy(Strategy):
                 "micro-batch with a loss divided by the accumulation steps. Run each step inside `with accelerator.accumulate(model):`.",
             )
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor | None:
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor | None:
         """The engine clips with the config's ``gradient_clipping``; returns the global gradient norm of the last step."""
         engine = self._require_engine()
         configured = engine.gradient_clipping()
@@ -282,14 +306,16 @@ class DeepSpeedStrategy(Strategy):
                 "deepspeed-clip",
                 f"clip_grad_norm_(max_norm={max_norm}) under DeepSpeed: the engine clips with gradient_clipping from the "
                 f"DeepSpeed config, which is {configured or 'not set (no clipping)'}. Set DeepSpeedPlugin(gradient_clipping={max_norm}) "
-                "or \"gradient_clipping\" in the config to clip at this value.",
+                'or "gradient_clipping" in the config to clip at this value.',
             )
         norm = engine.get_global_grad_norm()
         return None if norm is None else torch.as_tensor(norm, dtype=torch.float32)
 
     def clip_grad_value_(self, parameters, clip_value: float) -> None:
         """Not available: DeepSpeed clips by norm only."""
-        raise NotSupportedError("DeepSpeed clips gradients by norm only: use accelerator.clip_grad_norm_ and set gradient_clipping in the DeepSpeed config.")
+        raise NotSupportedError(
+            "DeepSpeed clips gradients by norm only: use accelerator.clip_grad_norm_ and set gradient_clipping in the DeepSpeed config."
+        )
 
     @property
     def scaler(self):
@@ -335,7 +361,7 @@ class DeepSpeedStrategy(Strategy):
             if not engine.zero_gather_16bit_weights_on_model_save():
                 raise ConfigError(
                     "The model is partitioned (ZeRO-3) and the config does not gather it for saving. Set "
-                    "\"stage3_gather_16bit_weights_on_model_save\": true under zero_optimization (or DeepSpeedPlugin(zero3_save_16bit_model=True)), "
+                    '"stage3_gather_16bit_weights_on_model_save": true under zero_optimization (or DeepSpeedPlugin(zero3_save_16bit_model=True)), '
                     "or save the training state with accelerator.save_state(dir) and turn it into one model file with "
                     "`hasten merge-weights dir OUTPUT_DIR`."
                 )
@@ -364,14 +390,18 @@ class DeepSpeedStrategy(Strategy):
                 self.unwrap_model(model).load_state_dict(reader.load_tensors(f"model{_suffix(i)}.safetensors"))
                 continue
             if not any(name.startswith(f"{_CHECKPOINT_FOLDER}/") for name in reader.files):
-                raise CheckpointError(f"Checkpoint {reader.directory} holds no DeepSpeed engine state ({_CHECKPOINT_FOLDER}/): it was not saved under DeepSpeed.")
+                raise CheckpointError(
+                    f"Checkpoint {reader.directory} holds no DeepSpeed engine state ({_CHECKPOINT_FOLDER}/): it was not saved under DeepSpeed."
+                )
             self._reader = reader
             try:
                 path, _ = self.engine.load_checkpoint(str(reader.directory / _CHECKPOINT_FOLDER), tag=_TAG)
             finally:
                 self._reader = None
             if path is None:
-                raise CheckpointError(f"DeepSpeed could not load its state from {reader.directory / _CHECKPOINT_FOLDER}.")
+                raise CheckpointError(
+                    f"DeepSpeed could not load its state from {reader.directory / _CHECKPOINT_FOLDER}."
+                )
 
     def _load_file(self, path: str, map_location=None):
         """Read one engine checkpoint file: checksum checked against the manifest, no code executed."""
@@ -381,7 +411,9 @@ class DeepSpeedStrategy(Strategy):
             name = Path(path).resolve().relative_to(reader.directory.resolve()).as_posix()
             record = reader.files.get(name)
             if record is None:
-                raise CheckpointError(f"{path} is not listed in the manifest of {reader.directory}: the checkpoint was changed after it was saved.")
+                raise CheckpointError(
+                    f"{path} is not listed in the manifest of {reader.directory}: the checkpoint was changed after it was saved."
+                )
             reader.check_bytes(name, data)
         return safe_torch_load(io.BytesIO(data), path, map_location, classes=deepspeed_classes())
 
@@ -413,14 +445,16 @@ def _accumulation(plugin, accumulation):
         return dataclasses.replace(accumulation, num_steps=configured)
     raise ConfigError(
         f"gradient_accumulation_steps: {configured} in {plugin.config_name}, but {steps} "
-        f"from Accelerator(gradient_accumulation_steps={steps}). Make them agree, or set it to \"auto\" in the config."
+        f'from Accelerator(gradient_accumulation_steps={steps}). Make them agree, or set it to "auto" in the config.'
     )
 
 
 def _single_plugin(plugin):
     if isinstance(plugin, dict):
         if len(plugin) != 1:
-            raise NotSupportedError(f"hasten runs one DeepSpeed plugin per Accelerator; got {len(plugin)} ({', '.join(map(str, plugin))}).")
+            raise NotSupportedError(
+                f"hasten runs one DeepSpeed plugin per Accelerator; got {len(plugin)} ({', '.join(map(str, plugin))})."
+            )
         plugin = next(iter(plugin.values()))
     return plugin
 
@@ -429,7 +463,10 @@ def _per_process_batch(loader, num_processes: int) -> int | None:
     total = getattr(loader, "total_batch_size", None)
     if num_processes > 1 and isinstance(total, int) and total > 0:
         return max(total // num_processes, 1)
-    for size in (getattr(loader, "batch_size", None), getattr(getattr(loader, "batch_sampler", None), "batch_size", None)):
+    for size in (
+        getattr(loader, "batch_size", None),
+        getattr(getattr(loader, "batch_sampler", None), "batch_size", None),
+    ):
         if isinstance(size, int) and size > 0:
             return size
     return None
@@ -453,7 +490,10 @@ def _optimizer_values(optimizer) -> dict[str, dsc.Setting]:
     return {
         "lr": dsc.Setting(optimizer.lr, f"{where}(lr={optimizer.lr})"),
         "weight_decay": dsc.Setting(optimizer.weight_decay, f"{where}(weight_decay={optimizer.weight_decay})"),
-        "betas": dsc.Setting(list(extra.get("betas", (0.9, 0.999))), f"{where}(betas=...)" if "betas" in extra else "the default betas (0.9, 0.999)"),
+        "betas": dsc.Setting(
+            list(extra.get("betas", (0.9, 0.999))),
+            f"{where}(betas=...)" if "betas" in extra else "the default betas (0.9, 0.999)",
+        ),
         "eps": dsc.Setting(extra.get("eps", 1e-8), f"{where}(eps=...)" if "eps" in extra else "the default eps 1e-8"),
     }
 
@@ -462,13 +502,17 @@ def _scheduler_values(scheduler, optimizer, divide: int) -> dict[str, dsc.Settin
     lr = optimizer.lr if optimizer is not None else getattr(scheduler.optimizer, "defaults", {}).get("lr")
     values = {
         "warmup_min_lr": dsc.Setting(0, "DummyScheduler (warm-up starts at 0)"),
-        "warmup_num_steps": dsc.Setting(scheduler.warmup_num_steps, f"DummyScheduler(warmup_num_steps={scheduler.warmup_num_steps})"),
+        "warmup_num_steps": dsc.Setting(
+            scheduler.warmup_num_steps, f"DummyScheduler(warmup_num_steps={scheduler.warmup_num_steps})"
+        ),
     }
     if lr is not None:
         values["warmup_max_lr"] = dsc.Setting(lr, f"the optimizer's lr={lr}")
     if scheduler.total_num_steps is not None:
         steps = math.ceil(scheduler.total_num_steps / divide)
-        values["total_num_steps"] = dsc.Setting(steps, f"DummyScheduler(total_num_steps={scheduler.total_num_steps}) / {divide} processes")
+        values["total_num_steps"] = dsc.Setting(
+            steps, f"DummyScheduler(total_num_steps={scheduler.total_num_steps}) / {divide} processes"
+        )
     return values
 
 

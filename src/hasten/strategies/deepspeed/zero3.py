@@ -8,8 +8,8 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 
-from . import config as dsc
 from ...errors import ConfigError
+from . import config as dsc
 
 
 class HfDeepSpeedConfig:
@@ -83,7 +83,10 @@ class HfDeepSpeedConfig:
 
     def is_offload(self) -> bool:
         """True when parameters or optimizer states are offloaded to the CPU or NVMe."""
-        return any(self.get_value(f"zero_optimization.{part}.device", "none") in ("cpu", "nvme") for part in ("offload_optimizer", "offload_param"))
+        return any(
+            self.get_value(f"zero_optimization.{part}.device", "none") in ("cpu", "nvme")
+            for part in ("offload_optimizer", "offload_param")
+        )
 
 
 def register_with_transformers(view: HfDeepSpeedConfig | None) -> None:
@@ -115,7 +118,9 @@ def set_moe_leaf_modules(model, class_names: str | None) -> None:
     classes = {type(m) for m in model.modules() if type(m).__name__ in names}
     missing = names - {c.__name__ for c in classes}
     if missing:
-        raise ConfigError(f"transformer_moe_cls_names lists {sorted(missing)}, which are not layer classes of this model.")
+        raise ConfigError(
+            f"transformer_moe_cls_names lists {sorted(missing)}, which are not layer classes of this model."
+        )
     from deepspeed.utils import set_z3_leaf_modules
 
     set_z3_leaf_modules(model, sorted(classes, key=lambda c: c.__name__))

@@ -122,14 +122,21 @@ def _merge(target: dict, saved: dict) -> dict:
     """``target`` (holding the loaded tensors) with the values of ``saved`` put back, dict by dict."""
     merged = dict(target)
     for key, value in saved.items():
-        merged[key] = _merge(target[key], value) if isinstance(value, dict) and isinstance(target.get(key), dict) else value
+        merged[key] = (
+            _merge(target[key], value) if isinstance(value, dict) and isinstance(target.get(key), dict) else value
+        )
     return merged
 
 
 class _MetadataUnpickler(pickle.Unpickler):
     """Reads DCP's ``.metadata``, building only DCP's metadata classes and a few torch/pathlib value types."""
 
-    _VALUES = {("torch.serialization", "_get_layout"), ("collections", "OrderedDict"), ("copyreg", "_reconstructor"), ("builtins", "object")}
+    _VALUES = {
+        ("torch.serialization", "_get_layout"),
+        ("collections", "OrderedDict"),
+        ("copyreg", "_reconstructor"),
+        ("builtins", "object"),
+    }
     _PATHS = {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"}
     _DCP_MODULES = {"torch.distributed.checkpoint.metadata", "torch.distributed.checkpoint.filesystem"}
 
@@ -147,7 +154,9 @@ class _MetadataUnpickler(pickle.Unpickler):
         else:
             allowed = (module, name) in self._VALUES or (module == "pathlib" and name in self._PATHS)
         if not allowed:
-            raise CheckpointError(f"{self.source}: the checkpoint metadata refers to {module}.{name}, which is not a DCP metadata type; refusing to load it (it could run code).")
+            raise CheckpointError(
+                f"{self.source}: the checkpoint metadata refers to {module}.{name}, which is not a DCP metadata type; refusing to load it (it could run code)."
+            )
         return super().find_class(module, name)
 
 
@@ -162,7 +171,9 @@ def _reader(path: Path):
             rank = kwargs.get("rank")
             source = Path(self.path) / (_METADATA if rank is None else f"__{rank}{_METADATA}")
             if not source.is_file():
-                raise CheckpointError(f"{source.parent} is not a complete sharded checkpoint: {source.name} is missing.")
+                raise CheckpointError(
+                    f"{source.parent} is not a complete sharded checkpoint: {source.name} is missing."
+                )
             with open(source, "rb") as handle:
                 metadata = _MetadataUnpickler(handle, source).load()
             if getattr(metadata, "storage_meta", None) is None:
@@ -186,7 +197,9 @@ def _verify_shards(reader, name: str) -> None:
     """Check the shard files against the checkpoint manifest (each process checksums its share, then all agree)."""
     files = sorted(f for f in reader.files if f.startswith(f"{name}/"))
     if not files:
-        raise CheckpointError(f"Checkpoint {reader.directory} lists no files under {name}/; it was not written by hasten's FSDP strategy.")
+        raise CheckpointError(
+            f"Checkpoint {reader.directory} lists no files under {name}/; it was not written by hasten's FSDP strategy."
+        )
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
     problems = reader.find_corrupt(files[rank::world])
     if world > 1:
@@ -196,7 +209,9 @@ def _verify_shards(reader, name: str) -> None:
     if not problems:
         reader.mark_verified(files)
     if problems:
-        raise CheckpointError(f"{reader.directory / problems[0]} is corrupt: its checksum does not match the manifest. Restore it from a backup or use another checkpoint.")
+        raise CheckpointError(
+            f"{reader.directory / problems[0]} is corrupt: its checksum does not match the manifest. Restore it from a backup or use another checkpoint."
+        )
 
 
 def _load_shards(reader, name: str, key: str, target: dict) -> dict:
@@ -208,7 +223,9 @@ def _load_shards(reader, name: str, key: str, target: dict) -> dict:
     except CheckpointError:
         raise
     except Exception as error:
-        raise CheckpointError(f"Could not load the sharded checkpoint {reader.directory / name} into the prepared object: {error}") from error
+        raise CheckpointError(
+            f"Could not load the sharded checkpoint {reader.directory / name} into the prepared object: {error}"
+        ) from error
     return _merge(target, reader.load_state(name))
 
 
@@ -242,7 +259,9 @@ def load_model(reader, model, index: int) -> None:
         set_model_state_dict(root, _load_shards(reader, name, "model", get_model_state_dict(root)))
         return
     if _has_shards(reader, name):
-        raise CheckpointError(f"{reader.directory} holds model {index} as FSDP shards ({name}/), but that model is not sharded with FSDP now; load it with FSDP, or merge the shards with `hasten merge-weights`.")
+        raise CheckpointError(
+            f"{reader.directory} holds model {index} as FSDP shards ({name}/), but that model is not sharded with FSDP now; load it with FSDP, or merge the shards with `hasten merge-weights`."
+        )
     file_name = f"model{_suffix(index)}.safetensors"
     if root is None:
         extract_model_from_parallel(model, keep_torch_compile=False).load_state_dict(reader.load_tensors(file_name))
@@ -278,10 +297,14 @@ def load_optimizer(reader, model, optimizer, index: int) -> None:
     if root is None:
         optimizer.load_state_dict(reader.load_state(f"optimizer{_suffix(index)}"))
     elif _has_shards(reader, name):
-        set_optimizer_state_dict(root, optimizer, _load_shards(reader, name, "optimizer", get_optimizer_state_dict(root, optimizer)))
+        set_optimizer_state_dict(
+            root, optimizer, _load_shards(reader, name, "optimizer", get_optimizer_state_dict(root, optimizer))
+        )
     else:
         state = reader.load_state(f"optimizer{_suffix(index)}") if _is_main() else {}
-        set_optimizer_state_dict(root, optimizer, state, options=_options(full_state_dict=True, broadcast_from_rank0=True))
+        set_optimizer_state_dict(
+            root, optimizer, state, options=_options(full_state_dict=True, broadcast_from_rank0=True)
+        )
 
 
 def _unwrap_optimizer(optimizer):
@@ -311,7 +334,9 @@ def _model_shards_folder(checkpoint_dir: Path) -> Path:
 def _model_entries(folder: Path) -> dict:
     entries = _reader(folder).read_metadata().state_dict_metadata
     if any(key.startswith("optimizer.") for key in entries):
-        raise CheckpointError(f"{folder} holds optimizer state, not model weights; pass the {MODEL_SHARDS.format('<i>')} folder instead.")
+        raise CheckpointError(
+            f"{folder} holds optimizer state, not model weights; pass the {MODEL_SHARDS.format('<i>')} folder instead."
+        )
     return entries
 
 
@@ -325,17 +350,26 @@ def read_sharded_model(checkpoint_dir: str | os.PathLike) -> dict[str, torch.Ten
 
     folder = _model_shards_folder(Path(checkpoint_dir))
     entries = _model_entries(folder)
-    state = {key: torch.empty(meta.size, dtype=meta.properties.dtype) for key, meta in entries.items() if isinstance(meta, TensorStorageMetadata)}
+    state = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in entries.items()
+        if isinstance(meta, TensorStorageMetadata)
+    }
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, storage_reader=_reader(folder), no_dist=True)
     prefix = "model."
     if state and all(key.startswith(prefix) for key in state):
-        state = {key[len(prefix):]: value for key, value in state.items()}
+        state = {key[len(prefix) :]: value for key, value in state.items()}
     return state
 
 
-def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.PathLike, safe_serialization: bool = True, remove_checkpoint_dir: bool = False):
+def merge_fsdp_weights(
+    checkpoint_dir: str | os.PathLike,
+    output_path: str | os.PathLike,
+    safe_serialization: bool = True,
+    remove_checkpoint_dir: bool = False,
+):
     """Merge an FSDP sharded model checkpoint into one model file (``model.safetensors``, sharded with an index when large).
 
     Args:
@@ -356,7 +390,9 @@ def merge_fsdp_weights(checkpoint_dir: str | os.PathLike, output_path: str | os.
     _model_entries(_model_shards_folder(Path(checkpoint_dir)))
     written: list[Path] = []
     if _is_main():
-        written = save_model_weights(read_sharded_model(checkpoint_dir), output_path, safe_serialization=safe_serialization)
+        written = save_model_weights(
+            read_sharded_model(checkpoint_dir), output_path, safe_serialization=safe_serialization
+        )
         if remove_checkpoint_dir:
             shutil.rmtree(checkpoint_dir)
     if dist.is_initialized():
@@ -372,7 +408,9 @@ _VALUES = "optimizer_values.json"
 def _state_dict_kind(fsdp_plugin) -> str:
     kind = getattr(fsdp_plugin.state_dict_type, "name", fsdp_plugin.state_dict_type)
     if kind not in ("FULL_STATE_DICT", "SHARDED_STATE_DICT"):
-        raise CheckpointError(f"state_dict_type={kind!r} cannot be saved with FSDP2; use FULL_STATE_DICT or SHARDED_STATE_DICT.")
+        raise CheckpointError(
+            f"state_dict_type={kind!r} cannot be saved with FSDP2; use FULL_STATE_DICT or SHARDED_STATE_DICT."
+        )
     return kind
 
 
@@ -410,11 +448,15 @@ def _copy_local(target, saved, path: Path):
     from torch.distributed.tensor import DTensor
 
     if isinstance(target, dict) and isinstance(saved, dict):
-        return {key: _copy_local(value, saved[key], path) if key in saved else value for key, value in target.items()} | {key: value for key, value in saved.items() if key not in target}
+        return {
+            key: _copy_local(value, saved[key], path) if key in saved else value for key, value in target.items()
+        } | {key: value for key, value in saved.items() if key not in target}
     if isinstance(target, torch.Tensor) and isinstance(saved, torch.Tensor):
         local = target.to_local() if isinstance(target, DTensor) else target
         if local.shape != saved.shape:
-            raise CheckpointError(f"{path} holds a shard of shape {tuple(saved.shape)} where this process has {tuple(local.shape)}: per-rank files load only onto the same number of processes.")
+            raise CheckpointError(
+                f"{path} holds a shard of shape {tuple(saved.shape)} where this process has {tuple(local.shape)}: per-rank files load only onto the same number of processes."
+            )
         with torch.no_grad():
             local.copy_(saved)
         return target
@@ -475,7 +517,9 @@ def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index=0, 
 
         dcp.save({"model": state}, checkpoint_id=output_dir / MODEL_SHARDS.format(model_index))
     else:
-        _save_torch(_local_tree(state), output_dir / f"{FSDP_MODEL_NAME}_{model_index}_rank{accelerator.process_index}.bin")
+        _save_torch(
+            _local_tree(state), output_dir / f"{FSDP_MODEL_NAME}_{model_index}_rank{accelerator.process_index}.bin"
+        )
     if dist.is_initialized():
         dist.barrier()
 
@@ -494,7 +538,9 @@ def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index=0, a
         path = input_dir / f"{FSDP_MODEL_NAME}{_suffix(model_index)}.bin"
         state = _agreed_load(path, _is_main())
         broadcast = dist.is_initialized() and dist.get_world_size() > 1
-        return set_model_state_dict(root, state, options=_options(full_state_dict=True, broadcast_from_rank0=broadcast, strict=strict))
+        return set_model_state_dict(
+            root, state, options=_options(full_state_dict=True, broadcast_from_rank0=broadcast, strict=strict)
+        )
     target = get_model_state_dict(root)
     if use_dcp:
         folder = _folder(input_dir, MODEL_SHARDS.format(model_index))
@@ -516,7 +562,9 @@ def _dcp_load(wanted: dict, folder: Path) -> None:
     except CheckpointError:
         raise
     except Exception as error:
-        raise CheckpointError(f"Could not load the sharded checkpoint {folder} into the prepared object: {error}") from error
+        raise CheckpointError(
+            f"Could not load the sharded checkpoint {folder} into the prepared object: {error}"
+        ) from error
 
 
 def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, optimizer_index=0, use_dcp=True):
@@ -532,7 +580,9 @@ def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, 
     output_dir.mkdir(parents=True, exist_ok=True)
     optimizer = _unwrap_optimizer(optimizer)
     full = kind == "FULL_STATE_DICT"
-    state = get_optimizer_state_dict(root, optimizer, options=_options(full_state_dict=True, cpu_offload=True) if full else None)
+    state = get_optimizer_state_dict(
+        root, optimizer, options=_options(full_state_dict=True, cpu_offload=True) if full else None
+    )
     if full:
         if accelerator.process_index == 0:
             _save_torch(state, output_dir / f"optimizer{_suffix(optimizer_index)}.bin")
@@ -553,7 +603,9 @@ def save_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, output_dir, 
         dist.barrier()
 
 
-def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, optimizer_index=0, adapter_only=False, use_dcp=True):
+def load_fsdp_optimizer(
+    fsdp_plugin, accelerator, optimizer, model, input_dir, optimizer_index=0, adapter_only=False, use_dcp=True
+):
     """Load what :func:`save_fsdp_optimizer` (or Accelerate's) wrote into the optimizer of a prepared FSDP model.
 
     Call it on every process. An optimizer folder written by Accelerate has no ``optimizer_values.json``:
@@ -566,7 +618,9 @@ def load_fsdp_optimizer(fsdp_plugin, accelerator, optimizer, model, input_dir, o
     if kind == "FULL_STATE_DICT":
         state = _agreed_load(input_dir / f"optimizer{_suffix(optimizer_index)}.bin", _is_main())
         broadcast = dist.is_initialized() and dist.get_world_size() > 1
-        set_optimizer_state_dict(root, optimizer, state, options=_options(full_state_dict=True, broadcast_from_rank0=broadcast))
+        set_optimizer_state_dict(
+            root, optimizer, state, options=_options(full_state_dict=True, broadcast_from_rank0=broadcast)
+        )
         return
     target = get_optimizer_state_dict(root, optimizer)
     if use_dcp:

@@ -10,9 +10,9 @@ Imports nothing but the settings tables (see :mod:`hasten.settings.engines`).
 
 from __future__ import annotations
 
-from ...settings.dialogue import ask_table
 from pathlib import Path
 
+from ...settings.dialogue import ask_table
 from ...settings.engines import Argument, Dialogue, Engine, WeightsMerge
 from ...settings.fsdp import FSDP
 from ...settings.parallelism import PARALLELISM
@@ -25,7 +25,9 @@ def _ask(ask, answers: dict) -> dict:
 
 def _holds(folder: Path) -> bool:
     """Whether ``folder`` (or one of its subfolders) is a ``torch.distributed.checkpoint`` folder."""
-    return (folder / ".metadata").is_file() or any((child / ".metadata").is_file() for child in folder.iterdir() if child.is_dir())
+    return (folder / ".metadata").is_file() or any(
+        (child / ".metadata").is_file() for child in folder.iterdir() if child.is_dir()
+    )
 
 
 def _merge(folder, output, safe_serialization: bool, max_shard_size: str) -> list:
@@ -49,6 +51,9 @@ ENGINE = Engine(
     flag_help="Use fully sharded data parallel (FSDP2).",
     dialogue=Dialogue("Do you want to use FullyShardedDataParallel?", ("MULTI_GPU", "MULTI_XPU"), _ask),
     merge_weights=WeightsMerge(
-        "FSDP", "an FSDP sharded checkpoint (a torch.distributed.checkpoint folder with a .metadata file)", _holds, _merge
+        "FSDP",
+        "an FSDP sharded checkpoint (a torch.distributed.checkpoint folder with a .metadata file)",
+        _holds,
+        _merge,
     ),
 )

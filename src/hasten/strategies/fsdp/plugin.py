@@ -33,9 +33,14 @@ from ...settings.fsdp import FSDP_STATE_DICT_TYPES as STATE_DICT_TYPES
 DEFAULT_MIN_NUM_PARAMS = 100_000_000
 
 _DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "half": torch.float16,
 }
 
 
@@ -46,7 +51,9 @@ def _name(value, choices: tuple[str, ...], setting: str) -> str:
     if text.isdigit() and 1 <= int(text) <= len(choices):
         return choices[int(text) - 1]
     if text not in choices:
-        raise ConfigError(f"FullyShardedDataParallelPlugin: {setting}={value!r} is not one of {list(choices)}.{did_you_mean(text, choices)}")
+        raise ConfigError(
+            f"FullyShardedDataParallelPlugin: {setting}={value!r} is not one of {list(choices)}.{did_you_mean(text, choices)}"
+        )
     return text
 
 
@@ -62,12 +69,16 @@ def _dtype(value, setting: str) -> torch.dtype | None:
         return value
     text = str(value).lower().removeprefix("torch.")
     if text not in _DTYPES:
-        raise ConfigError(f"FullyShardedDataParallelPlugin: mixed_precision_policy {setting}={value!r} is not a dtype; use one of {sorted(_DTYPES)} or a torch.dtype.")
+        raise ConfigError(
+            f"FullyShardedDataParallelPlugin: mixed_precision_policy {setting}={value!r} is not a dtype; use one of {sorted(_DTYPES)} or a torch.dtype."
+        )
     return _DTYPES[text]
 
 
 def _fsdp1_only(setting: str, value, why: str) -> ConfigError:
-    return ConfigError(f"FullyShardedDataParallelPlugin: {setting}={value!r} is an FSDP1 setting that FSDP2 (the only FSDP hasten runs) cannot honour: {why}")
+    return ConfigError(
+        f"FullyShardedDataParallelPlugin: {setting}={value!r} is an FSDP1 setting that FSDP2 (the only FSDP hasten runs) cannot honour: {why}"
+    )
 
 
 @dataclass
@@ -164,14 +175,20 @@ class FullyShardedDataParallelPlugin:
         self.fsdp_version = 2
 
     def _resolve_sharding(self, from_env: set[str]) -> None:
-        strategy = _name(self.sharding_strategy, SHARDING_STRATEGIES, "sharding_strategy") if self.sharding_strategy is not None else None
+        strategy = (
+            _name(self.sharding_strategy, SHARDING_STRATEGIES, "sharding_strategy")
+            if self.sharding_strategy is not None
+            else None
+        )
         reshard = self.reshard_after_forward
         if "reshard_after_forward" in from_env:
             reshard = _bool_or_name(reshard, "FSDP_RESHARD_AFTER_FORWARD")
         if isinstance(reshard, str):
             named = _name(reshard, SHARDING_STRATEGIES, "reshard_after_forward")
             if strategy is not None and strategy != named:
-                raise ConfigError(f"FullyShardedDataParallelPlugin: sharding_strategy={strategy!r} and reshard_after_forward={reshard!r} disagree; set one of them.")
+                raise ConfigError(
+                    f"FullyShardedDataParallelPlugin: sharding_strategy={strategy!r} and reshard_after_forward={reshard!r} disagree; set one of them."
+                )
             strategy, reshard = named, None
         if strategy is not None and reshard is not None and _RESHARD[strategy] != reshard:
             raise ConfigError(
@@ -179,27 +196,46 @@ class FullyShardedDataParallelPlugin:
                 f"but reshard_after_forward={reshard!r} was given; set only one of them."
             )
         if isinstance(reshard, bool) or reshard is None:
-            self.reshard_after_forward = _RESHARD[strategy] if reshard is None and strategy else (True if reshard is None else reshard)
+            self.reshard_after_forward = (
+                _RESHARD[strategy] if reshard is None and strategy else (True if reshard is None else reshard)
+            )
         elif isinstance(reshard, int) and reshard > 0:
             self.reshard_after_forward = reshard
         else:
-            raise ConfigError(f"FullyShardedDataParallelPlugin: reshard_after_forward={reshard!r}; give True, False, a positive int or a sharding strategy name.")
-        self.sharding_strategy = strategy or ("FULL_SHARD" if self.reshard_after_forward is not False else "SHARD_GRAD_OP")
+            raise ConfigError(
+                f"FullyShardedDataParallelPlugin: reshard_after_forward={reshard!r}; give True, False, a positive int or a sharding strategy name."
+            )
+        self.sharding_strategy = strategy or (
+            "FULL_SHARD" if self.reshard_after_forward is not False else "SHARD_GRAD_OP"
+        )
 
     def _resolve_fsdp1_settings(self) -> None:
         prefetch = self.backward_prefetch
         if prefetch is not None:
             prefetch = _name(prefetch, _PREFETCH, "backward_prefetch")
             if prefetch != "BACKWARD_PRE":
-                raise _fsdp1_only("backward_prefetch", prefetch, "FSDP2 always gathers the next module's parameters before its backward (BACKWARD_PRE). Remove the setting or set it to BACKWARD_PRE.")
+                raise _fsdp1_only(
+                    "backward_prefetch",
+                    prefetch,
+                    "FSDP2 always gathers the next module's parameters before its backward (BACKWARD_PRE). Remove the setting or set it to BACKWARD_PRE.",
+                )
         self.backward_prefetch = prefetch
         if self.use_orig_params is False:
-            raise _fsdp1_only("use_orig_params", False, "FSDP2 has no flat parameters and always trains the original ones. Remove the setting or set it to True.")
+            raise _fsdp1_only(
+                "use_orig_params",
+                False,
+                "FSDP2 has no flat parameters and always trains the original ones. Remove the setting or set it to True.",
+            )
         if not self.limit_all_gathers:
-            raise _fsdp1_only("limit_all_gathers", self.limit_all_gathers, "FSDP2 always bounds the all-gathers in flight. Remove the setting.")
+            raise _fsdp1_only(
+                "limit_all_gathers",
+                self.limit_all_gathers,
+                "FSDP2 always bounds the all-gathers in flight. Remove the setting.",
+            )
         if self.param_init_fn is not None:
             raise _fsdp1_only(
-                "param_init_fn", self.param_init_fn,
+                "param_init_fn",
+                self.param_init_fn,
                 "build the model on the meta device on processes other than 0 and set cpu_ram_efficient_loading=True "
                 "(process 0's weights are broadcast into the shards), or initialise the weights before prepare().",
             )
@@ -218,7 +254,11 @@ class FullyShardedDataParallelPlugin:
         if isinstance(policy, functools.partial):
             policy = self._from_fsdp1_policy(policy)
         if policy is None:
-            policy = "TRANSFORMER_BASED_WRAP" if self.transformer_cls_names_to_wrap else ("SIZE_BASED_WRAP" if self.min_num_params else "NO_WRAP")
+            policy = (
+                "TRANSFORMER_BASED_WRAP"
+                if self.transformer_cls_names_to_wrap
+                else ("SIZE_BASED_WRAP" if self.min_num_params else "NO_WRAP")
+            )
         if callable(policy):
             _check_one_argument(policy)
         else:
@@ -263,7 +303,9 @@ class FullyShardedDataParallelPlugin:
         if isinstance(self.cpu_offload, CPUOffload):
             self.cpu_offload = bool(self.cpu_offload.offload_params)
         if not isinstance(self.cpu_offload, (bool, OffloadPolicy)):
-            raise ConfigError(f"FullyShardedDataParallelPlugin: cpu_offload={self.cpu_offload!r}; give True/False or a torch.distributed.fsdp.CPUOffloadPolicy.")
+            raise ConfigError(
+                f"FullyShardedDataParallelPlugin: cpu_offload={self.cpu_offload!r}; give True/False or a torch.distributed.fsdp.CPUOffloadPolicy."
+            )
 
     def set_cpu_offload(self) -> None:
         """Re-read ``cpu_offload`` (kept for Accelerate compatibility; the constructor already does it)."""
@@ -278,16 +320,28 @@ class FullyShardedDataParallelPlugin:
             return
         if isinstance(policy, MixedPrecision):
             if policy.buffer_dtype is not None:
-                raise _fsdp1_only("mixed_precision_policy.buffer_dtype", policy.buffer_dtype, "FSDP2 keeps buffers in their own dtype. Leave buffer_dtype unset.")
+                raise _fsdp1_only(
+                    "mixed_precision_policy.buffer_dtype",
+                    policy.buffer_dtype,
+                    "FSDP2 keeps buffers in their own dtype. Leave buffer_dtype unset.",
+                )
             policy = {"param_dtype": policy.param_dtype, "reduce_dtype": policy.reduce_dtype}
         if not isinstance(policy, dict):
-            raise ConfigError(f"FullyShardedDataParallelPlugin: mixed_precision_policy={policy!r}; give a MixedPrecisionPolicy or a dict of its fields.")
+            raise ConfigError(
+                f"FullyShardedDataParallelPlugin: mixed_precision_policy={policy!r}; give a MixedPrecisionPolicy or a dict of its fields."
+            )
         if "buffer_dtype" in policy and policy["buffer_dtype"] is not None:
-            raise _fsdp1_only("mixed_precision_policy['buffer_dtype']", policy["buffer_dtype"], "FSDP2 keeps buffers in their own dtype. Remove buffer_dtype.")
+            raise _fsdp1_only(
+                "mixed_precision_policy['buffer_dtype']",
+                policy["buffer_dtype"],
+                "FSDP2 keeps buffers in their own dtype. Remove buffer_dtype.",
+            )
         allowed = ("param_dtype", "reduce_dtype", "output_dtype", "cast_forward_inputs")
         unknown = [k for k in policy if k not in (*allowed, "buffer_dtype")]
         if unknown:
-            raise ConfigError(f"FullyShardedDataParallelPlugin: mixed_precision_policy has unknown key {unknown[0]!r}; allowed: {list(allowed)}.{did_you_mean(unknown[0], allowed)}")
+            raise ConfigError(
+                f"FullyShardedDataParallelPlugin: mixed_precision_policy has unknown key {unknown[0]!r}; allowed: {list(allowed)}.{did_you_mean(unknown[0], allowed)}"
+            )
         kwargs = {k: (_dtype(v, k) if k.endswith("dtype") else bool(v)) for k, v in policy.items() if k in allowed}
         self.mixed_precision_policy = MixedPrecisionPolicy(**kwargs)
 
@@ -317,7 +371,11 @@ class FullyShardedDataParallelPlugin:
             state_dict_type = environment.read_setting(row) or row.fallback
         name = _name(state_dict_type, STATE_DICT_TYPES, "state_dict_type")
         if name == "LOCAL_STATE_DICT":
-            raise _fsdp1_only("state_dict_type", name, "use SHARDED_STATE_DICT (per-process shards through torch.distributed.checkpoint) or FULL_STATE_DICT.")
+            raise _fsdp1_only(
+                "state_dict_type",
+                name,
+                "use SHARDED_STATE_DICT (per-process shards through torch.distributed.checkpoint) or FULL_STATE_DICT.",
+            )
         self.state_dict_type = name
 
     def set_auto_wrap_policy(self, model: torch.nn.Module) -> None:

@@ -18,12 +18,12 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ...enums import DistributedType
 from ...errors import CheckpointError, ConfigError
 from ...runtime.parallelism import data_parallel_mesh
-from .plugin import FullyShardedDataParallelPlugin
 from ...runtime.wrappers import is_compiled_module
-from . import checkpoint as fsdp_checkpoint
 from ..base import Strategy
-from .checkpoint import sharded_root
+from . import checkpoint as fsdp_checkpoint
 from . import wrapping
+from .checkpoint import sharded_root
+from .plugin import FullyShardedDataParallelPlugin
 
 
 def _on_meta(module: torch.nn.Module) -> bool:
@@ -81,7 +81,9 @@ class FSDPStrategy(Strategy):
             parallelism_config.check_supported()
         self.parallelism_config = parallelism_config
         if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
-            raise ConfigError(f"fsdp_plugin must be a hasten FullyShardedDataParallelPlugin, got {type(fsdp_plugin).__name__}.")
+            raise ConfigError(
+                f"fsdp_plugin must be a hasten FullyShardedDataParallelPlugin, got {type(fsdp_plugin).__name__}."
+            )
         self.plugin = fsdp_plugin
         fsdp_plugin.set_mixed_precision(precision.mixed_precision)
         self._mesh = None
@@ -142,8 +144,12 @@ class FSDPStrategy(Strategy):
         if strategy.startswith("HYBRID"):
             machines = max(self.state.num_machines, 1)
             if world % machines:
-                raise ConfigError(f"sharding_strategy={strategy!r} needs the same number of processes on each machine; got {world} processes on {machines} machines.")
-            return init_device_mesh(device_type, (machines, world // machines), mesh_dim_names=("dp_replicate", "dp_shard"))
+                raise ConfigError(
+                    f"sharding_strategy={strategy!r} needs the same number of processes on each machine; got {world} processes on {machines} machines."
+                )
+            return init_device_mesh(
+                device_type, (machines, world // machines), mesh_dim_names=("dp_replicate", "dp_shard")
+            )
         return init_device_mesh(device_type, (world,), mesh_dim_names=("dp_shard",))
 
     def _check_layout(self, world: int) -> None:
@@ -159,7 +165,9 @@ class FSDPStrategy(Strategy):
 
     # ---------------------------------------------------------------------------------- preparing
 
-    def setup_model(self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> torch.nn.Module:
+    def setup_model(
+        self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
         """Shard ``model`` in place with ``fully_shard`` (wrapped layers first, then the root); return it.
 
         Models already sharded are returned as given. With ``evaluation_mode`` the model is only placed
@@ -258,7 +266,9 @@ class FSDPStrategy(Strategy):
             if not isinstance(buffer, DTensor):
                 dist.broadcast(buffer, src=0)
 
-    def setup_optimizer(self, optimizer: torch.optim.Optimizer, originals: list, prepared: list) -> torch.optim.Optimizer:
+    def setup_optimizer(
+        self, optimizer: torch.optim.Optimizer, originals: list, prepared: list
+    ) -> torch.optim.Optimizer:
         """Point an optimizer built on the unsharded model at the sharded parameters (matched by name).
 
         ``fully_shard`` replaces every parameter with a sharded one; an optimizer that still held the
@@ -267,7 +277,10 @@ class FSDPStrategy(Strategy):
         that belong to no model sharded by this strategy are a :class:`~hasten.errors.ConfigError`.
         """
         live = {id(p) for model in prepared for p in model.parameters()}
-        rebound = [[self._sharded_parameter(optimizer, p, g, i, live) for i, p in enumerate(group["params"])] for g, group in enumerate(optimizer.param_groups)]
+        rebound = [
+            [self._sharded_parameter(optimizer, p, g, i, live) for i, p in enumerate(group["params"])]
+            for g, group in enumerate(optimizer.param_groups)
+        ]
         for group, params in zip(optimizer.param_groups, rebound):
             group["params"] = params
         self.precision.attach_optimizer(optimizer, prepared)
@@ -321,7 +334,9 @@ class FSDPStrategy(Strategy):
         finally:
             root.set_requires_gradient_sync(id(root) not in self._unsynced)
 
-    def clip_grad_norm_(self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+    def clip_grad_norm_(
+        self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+    ) -> torch.Tensor:
         """Clip to a global norm over the gradients of all processes; return the norm before clipping.
 
         Gradients may be sharded over ``dp_shard``, split over ``tp``, or whole (the same on every
@@ -340,7 +355,11 @@ class FSDPStrategy(Strategy):
         pieces, layouts = {}, {}
         for p in parameters:
             grad = p.grad
-            local, copies = (grad.to_local(), _copies(grad, self.state.num_processes)) if isinstance(grad, DTensor) else (grad, world)
+            local, copies = (
+                (grad.to_local(), _copies(grad, self.state.num_processes))
+                if isinstance(grad, DTensor)
+                else (grad, world)
+            )
             pieces.setdefault(copies, []).append(local)
             key = (id(grad.device_mesh), tuple(grad.placements)) if isinstance(grad, DTensor) else None
             layouts.setdefault(key, []).append(p)

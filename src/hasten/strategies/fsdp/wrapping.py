@@ -33,7 +33,9 @@ def ignored_parameters(plugin: FullyShardedDataParallelPlugin, model: torch.nn.M
         pattern = re.compile(ignored)
         modules = [m for name, m in model.named_modules() if name and pattern.fullmatch(name)]
         if not modules:
-            raise ConfigError(f"FullyShardedDataParallelPlugin: ignored_modules={ignored!r} matches no module name of this model (matched with re.fullmatch).")
+            raise ConfigError(
+                f"FullyShardedDataParallelPlugin: ignored_modules={ignored!r} matches no module name of this model (matched with re.fullmatch)."
+            )
     else:
         modules = list(ignored)
     return {p for m in modules for p in m.parameters()}

@@ -15,7 +15,9 @@ class SingleDeviceStrategy(Strategy):
     joins_uneven_inputs = None
     replicates_model = True
 
-    def setup_model(self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False) -> torch.nn.Module:
+    def setup_model(
+        self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
+    ) -> torch.nn.Module:
         """Move ``model`` to the device and apply the precision policy."""
         if device_placement:
             model = model.to(self.device)

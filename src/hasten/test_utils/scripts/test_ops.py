@@ -8,7 +8,14 @@ from __future__ import annotations
 import torch
 
 from hasten.compat.operations import copy_tensor_to_devices
-from hasten.runtime.operations import broadcast, broadcast_object_list, gather, gather_object, pad_across_processes, reduce
+from hasten.runtime.operations import (
+    broadcast,
+    broadcast_object_list,
+    gather,
+    gather_object,
+    pad_across_processes,
+    reduce,
+)
 from hasten.state import PartialState
 
 
@@ -24,7 +31,11 @@ def check_gather(state: PartialState) -> None:
     _expect(gather(mine), [float(i) for i in range(2 * n)], "gather")
     both = gather({"rows": mine, "rank": torch.tensor([rank], device=state.device)})
     _expect(both["rank"], list(range(n)), "gather of a dict")
-    _expect(gather_object([rank, f"process {rank}"]), [item for r in range(n) for item in (r, f"process {r}")], "gather_object")
+    _expect(
+        gather_object([rank, f"process {rank}"]),
+        [item for r in range(n) for item in (r, f"process {r}")],
+        "gather_object",
+    )
 
 
 def check_broadcast(state: PartialState) -> None:
@@ -38,8 +49,16 @@ def check_pad_across_processes(state: PartialState) -> None:
     """Each process's tensor is padded to the longest, at the end or at the start."""
     n, rank = state.num_processes, state.process_index
     mine = torch.arange(rank + 1, dtype=torch.int64, device=state.device) + 1
-    _expect(pad_across_processes(mine, pad_index=-1), list(range(1, rank + 2)) + [-1] * (n - rank - 1), "pad_across_processes")
-    _expect(pad_across_processes(mine, pad_first=True), [0] * (n - rank - 1) + list(range(1, rank + 2)), "pad_across_processes(pad_first=True)")
+    _expect(
+        pad_across_processes(mine, pad_index=-1),
+        list(range(1, rank + 2)) + [-1] * (n - rank - 1),
+        "pad_across_processes",
+    )
+    _expect(
+        pad_across_processes(mine, pad_first=True),
+        [0] * (n - rank - 1) + list(range(1, rank + 2)),
+        "pad_across_processes(pad_first=True)",
+    )
 
 
 def check_reduce(state: PartialState) -> None:
@@ -61,7 +80,13 @@ def check_copy_tensor_to_devices(state: PartialState) -> None:
 def main() -> None:
     """Run every check on this process."""
     state = PartialState()
-    for check in (check_gather, check_broadcast, check_pad_across_processes, check_reduce, check_copy_tensor_to_devices):
+    for check in (
+        check_gather,
+        check_broadcast,
+        check_pad_across_processes,
+        check_reduce,
+        check_copy_tensor_to_devices,
+    ):
         check(state)
         state.print(f"  {check.__name__.removeprefix('check_')}: ok")
     state.wait_for_everyone()

@@ -32,8 +32,13 @@ def _check(condition: bool, message: str) -> None:
 def check_state(state: PartialState) -> None:
     """The process knows its rank and the size of the job."""
     launch = environment.detect_launch()
-    _check(state.num_processes == launch.world_size, f"num_processes is {state.num_processes}, the launcher says {launch.world_size}")
-    _check(state.process_index == launch.rank, f"process_index is {state.process_index}, the launcher says {launch.rank}")
+    _check(
+        state.num_processes == launch.world_size,
+        f"num_processes is {state.num_processes}, the launcher says {launch.world_size}",
+    )
+    _check(
+        state.process_index == launch.rank, f"process_index is {state.process_index}, the launcher says {launch.rank}"
+    )
     _check(state.is_main_process == (state.process_index == 0), "is_main_process disagrees with process_index")
     if state.num_processes > 1:
         _check(dist.is_initialized(), "the process group is not initialized in a multi-process job")
@@ -70,7 +75,9 @@ def check_training(state: PartialState) -> None:
     reference = copy.deepcopy(model)
     wrapped = model
     if n > 1:
-        wrapped = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+        wrapped = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None
+        )
     shard_x, shard_y = inputs.chunk(n)[rank].to(device), targets.chunk(n)[rank].to(device)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
     torch.nn.functional.mse_loss(wrapped(shard_x), shard_y).backward()
@@ -79,7 +86,10 @@ def check_training(state: PartialState) -> None:
     torch.nn.functional.mse_loss(reference(inputs.to(device)), targets.to(device)).backward()
     reference_optimizer.step()
     for (name, trained), expected in zip(model.named_parameters(), reference.parameters()):
-        _check(torch.allclose(trained, expected, rtol=1e-5, atol=1e-6), f"after one DDP step, {name} differs from the full-batch step")
+        _check(
+            torch.allclose(trained, expected, rtol=1e-5, atol=1e-6),
+            f"after one DDP step, {name} differs from the full-batch step",
+        )
     if n > 1:
         flat = torch.cat([p.detach().flatten() for p in model.parameters()])
         copies = [torch.zeros_like(flat) for _ in range(n)]

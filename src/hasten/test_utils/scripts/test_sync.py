@@ -44,7 +44,9 @@ def check_no_sync() -> None:
         with accelerator.no_sync(model) if inside else contextlib.nullcontext():
             accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
         agree = _agree(model)
-        assert agree == (not inside or not multi), f"step {step}: gradients {'agree' if agree else 'differ'} across processes"
+        assert agree == (not inside or not multi), (
+            f"step {step}: gradients {'agree' if agree else 'differ'} across processes"
+        )
         if not inside:
             model.zero_grad()
 
@@ -60,7 +62,9 @@ def check_accumulate(steps: int = 2) -> None:
         with accelerator.accumulate(model):
             accelerator.backward(torch.nn.functional.mse_loss(model(batch["x"]), batch["y"]))
             expected = (index + 1) % steps == 0 or index == len(loader) - 1
-            assert accelerator.sync_gradients == expected, f"batch {index}: sync_gradients is {accelerator.sync_gradients}"
+            assert accelerator.sync_gradients == expected, (
+                f"batch {index}: sync_gradients is {accelerator.sync_gradients}"
+            )
             if expected and accelerator.num_processes > 1:
                 assert _agree(model), f"batch {index}: gradients differ across processes on a synchronising step"
             optimizer.step()
@@ -70,12 +74,17 @@ def check_accumulate(steps: int = 2) -> None:
 def check_dataloader_break() -> None:
     """Leaving a loop early leaves no loader active; a finished loop reaches its end on its last batch."""
     accelerator = Accelerator(cpu=True)
-    first, second = (accelerator.prepare(DataLoader(RegressionDataset(length=8 * accelerator.num_processes), batch_size=2)) for _ in range(2))
+    first, second = (
+        accelerator.prepare(DataLoader(RegressionDataset(length=8 * accelerator.num_processes), batch_size=2))
+        for _ in range(2)
+    )
     for index, _ in enumerate(first):
         assert GradientState().active_dataloader is first, f"batch {index}: the active loader is not the one iterated"
         if index == 1:
             for inner, _ in enumerate(second):
-                assert GradientState().end_of_dataloader == (inner == len(second) - 1), f"inner batch {inner}: end_of_dataloader"
+                assert GradientState().end_of_dataloader == (inner == len(second) - 1), (
+                    f"inner batch {inner}: end_of_dataloader"
+                )
             assert GradientState().active_dataloader is first, "after the inner loop the outer loader is active again"
             break
     assert GradientState().active_dataloader is None, "a loop left with break still has an active loader"
