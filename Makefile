@@ -35,7 +35,7 @@ ACCELERATE_REFERENCE := accelerate==1.15.0
 REFERENCE_DIR := .reference/accelerate-1.15.0
 REFERENCE_STAMP := $(REFERENCE_DIR)/.installed
 
-.PHONY: setup reference demo test test-fast bench torch-check clean
+.PHONY: setup reference demo test test-fast lint bench torch-check clean
 
 setup: $(PKG_STAMP) $(ALIAS_STAMP) $(ECO_STAMP) $(DS_OPS_STAMP) $(COMPILED_STAMP)
 
@@ -96,6 +96,11 @@ $(REFERENCE_STAMP): | $(PY)
 # PYTHONDONTWRITEBYTECODE is set, so that its processes do not each compile torch from source, run after run.
 demo: $(DEMO_STAMP)
 	PYTHONDONTWRITEBYTECODE= $(VENV)/bin/hasten launch --num_processes 2 examples/digits_classifier.py
+
+# ruff's checks and its formatter (pyproject.toml: 120 characters); .ci/run runs it before the tests.
+lint: $(PKG_STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test: setup reference
 	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q

@@ -329,8 +329,10 @@ def _report(names, results, nbytes: int) -> None:
                 times = [r[kind] for r in results[mode][name]]
                 median, low, high = paired_ratio_range(times, raw)
                 print(
-                    f"{kind} time {name}/raw: {ratio_of_medians(times, raw):.3f} (per-round {median:.3f}, min-max {low:.3f}-{high:.3f}; "
-                    f"fastest runs {min(times) / min(raw):.3f}); speed {ratio_of_medians(raw, times):.3f}x raw (target >= 0.95)"
+                    f"{kind} time {name}/raw: {ratio_of_medians(times, raw):.3f} (per-round {median:.3f}, min-max "
+                    f"{low:.3f}-{high:.3f}; "
+                    f"fastest runs {min(times) / min(raw):.3f}); speed {ratio_of_medians(raw, times):.3f}x raw "
+                    "(target >= 0.95)"
                 )
         for name in names:
             loads = [r["load"] for r in results[mode][name]]
@@ -344,7 +346,8 @@ def _report(names, results, nbytes: int) -> None:
             rs = results[mode][name]
             shard = max(r["shard"] for r in rs)
             print(
-                f"extra RSS {name:10s}: save max {max(r['save_rss'] for r in rs) / 1e6:.0f} MB, load max {max(r['load_rss'] for r in rs) / 1e6:.0f} MB "
+                f"extra RSS {name:10s}: save max {max(r['save_rss'] for r in rs) / 1e6:.0f} MB, load max "
+                f"{max(r['load_rss'] for r in rs) / 1e6:.0f} MB "
                 f"(largest shard {shard / 1e6:.0f} MB; model + optimizer {nbytes / 1e6:.0f} MB already resident)"
             )
 
@@ -380,8 +383,8 @@ def main() -> None:
     nbytes = sum(v.numel() * v.element_size() for v in reference.values())
     params = sum(v.numel() for k, v in reference.items() if k.startswith("model."))
     print(
-        f"model: {params / 1e6:.1f}M parameters; checkpoint tensors (model + AdamW state): {nbytes / 1e9:.3f} GB; torch {torch.__version__}"
-        + (f"; accelerate {remote.version}" if remote else "")
+        f"model: {params / 1e6:.1f}M parameters; checkpoint tensors (model + AdamW state): {nbytes / 1e9:.3f} GB; "
+        f"torch {torch.__version__}" + (f"; accelerate {remote.version}" if remote else "")
     )
     results = {mode: {name: [] for name in names} for mode in MODES}
     shutil.rmtree(ROOT, ignore_errors=True)
@@ -428,7 +431,8 @@ def _report_stall(stall: dict[str, list[float]], steps_after: int) -> None:
     ]
     loss = (statistics.median(stall["async call + next steps"]) - statistics.median(stall["plain steps"])) / sync
     print(
-        f"stall: the saving step plus the next {steps_after} steps lose {loss:.3f} of a synchronous save ({sync:.3f} s; "
+        f"stall: the saving step plus the next {steps_after} steps lose {loss:.3f} of a synchronous save ({sync:.3f} "
+        "s; "
         f"per repeat {min(losses):.3f} to {max(losses):.3f}; target <= 0.05); the save call itself "
         f"{statistics.median(stall['async save call']) / sync:.3f}; staging memory {staged / 1e9:.2f} GB"
     )

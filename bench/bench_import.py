@@ -124,13 +124,15 @@ def main() -> None:
     for name in commands:
         if name.startswith(("import", "from")) and name != "import torch":
             print(
-                f"{name}: difference of medians over import torch: {statistics.median(times[name]) - torch_median:+.3f} s"
+                f"{name}: difference of medians over import torch: "
+                f"{statistics.median(times[name]) - torch_median:+.3f} s"
             )
     for name in commands:
         if name.startswith(("import", "from")) and name != "import torch":
             increments = [_increment(name) for _ in range(args.runs)]
             print(
-                f"{name} adds over import torch (in-process increment): {statistics.median(increments):.3f} s (min-max {min(increments):.3f}-{max(increments):.3f}; target <= 0.15 s)"
+                f"{name} adds over import torch (in-process increment): {statistics.median(increments):.3f} s "
+                f"(min-max {min(increments):.3f}-{max(increments):.3f}; target <= 0.15 s)"
             )
     print(f"hasten --help wall time: {statistics.median(times['hasten --help']):.3f} s (target < 0.5 s)")
 

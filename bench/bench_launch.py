@@ -82,7 +82,8 @@ def main() -> None:
     for name, values in times.items():
         cpu = statistics.median(cpu for _, cpu in values)
         print(
-            f"{name}: median {medians[name]:.3f} s, fastest {min(w for w, _ in values):.3f} s, median CPU time {cpu:.3f} s"
+            f"{name}: median {medians[name]:.3f} s, fastest {min(w for w, _ in values):.3f} s, median CPU time "
+            f"{cpu:.3f} s"
         )
     if "accelerate launch" in medians:
         print(f"ratio accelerate/torchrun: {medians['accelerate launch'] / medians['torchrun']:.3f}")

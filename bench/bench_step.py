@@ -434,8 +434,10 @@ def _report(results: dict[int, dict]) -> list[str]:
                     median, low, high = paired_ratio_range(data[clock][name], data[clock]["raw"])
                     fastest = min(data[clock][name]) / min(data[clock]["raw"])
                     ratios.append(
-                        f"ratio {name}/raw {processes}p {variant:5s} {clock:4s}: {ratio_of_medians(data[clock][name], data[clock]['raw']):.3f} "
-                        f"(per-round ratios median {median:.3f}, min-max {low:.3f}-{high:.3f}; fastest rounds {fastest:.3f})"
+                        f"ratio {name}/raw {processes}p {variant:5s} {clock:4s}: "
+                        f"{ratio_of_medians(data[clock][name], data[clock]['raw']):.3f} "
+                        f"(per-round ratios median {median:.3f}, min-max {low:.3f}-{high:.3f}; fastest rounds "
+                        f"{fastest:.3f})"
                     )
     return lines + ratios
 

@@ -124,7 +124,8 @@ def _fp8_lines(data: dict) -> list[str]:
     results = data["results"]
     bf16, fp8 = results["hasten-bf16"], results["hasten-fp8"]
     lines = [
-        f"fp8 vs bf16 through hasten ({'regionally compiled' if 'cpu' not in data['device'] else 'eager, emulated fp8'}): "
+        "fp8 vs bf16 through hasten "
+        f"({'regionally compiled' if 'cpu' not in data['device'] else 'eager, emulated fp8'}): "
         f"{data['params'] / 1e6:,.1f}M parameters "
         f"({data['config']['layers']} layers, width {data['config']['width']}, vocabulary {data['config']['vocab']}, "
         f"sequence {data['config']['sequence']})",

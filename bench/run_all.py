@@ -27,7 +27,8 @@ BENCHMARKS = {
     "gpu": ("bench_gpu_lm.py", ["--rounds", "2", "--steps", "10"]),
 }
 _SUMMARY = re.compile(
-    r"^(ratio |save throughput|load throughput|.* adds over import torch|hasten --help wall time|optional packages|bench_gpu_lm: )"
+    r"^(ratio |save throughput|load throughput|.* adds over import torch|hasten --help wall time|optional "
+    r"packages|bench_gpu_lm: )"
 )
 
 

@@ -97,7 +97,8 @@ def main() -> None:
     )
 
     accelerator.print(
-        f"training on {accelerator.num_processes} process(es), {accelerator.device}, mixed precision {accelerator.mixed_precision}"
+        f"training on {accelerator.num_processes} process(es), {accelerator.device}, mixed precision "
+        f"{accelerator.mixed_precision}"
     )
     for epoch in range(args.epochs):
         model.train()

@@ -96,7 +96,8 @@ def main() -> None:
             local_loss = validation_loss(accelerator, model, valid_loader, gather=False)
             if patience.exhausted(local_loss, step):
                 print(
-                    f"rank {rank}: step {step}: patience ran out (validation loss {local_loss:.4f}, best {patience.best:.4f} "
+                    f"rank {rank}: step {step}: patience ran out (validation loss {local_loss:.4f}, best "
+                    f"{patience.best:.4f} "
                     f"at step {patience.best_step}); asking every process to stop",
                     flush=True,
                 )

@@ -35,7 +35,8 @@ class SimulatedMemoryMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] > self.oom_above:
             raise torch.OutOfMemoryError(
-                f"CPU out of memory (simulated): a batch of {x.shape[0]} samples does not fit, at most {self.oom_above} do."
+                f"CPU out of memory (simulated): a batch of {x.shape[0]} samples does not fit, at most "
+                f"{self.oom_above} do."
             )
         return self.layers(x)
 

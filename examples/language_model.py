@@ -225,7 +225,8 @@ def main() -> None:
         accelerator.print(f"resumed from {path} at step {progress.step}")
     accelerator.init_trackers("language_model", config=vars(args))
     accelerator.print(
-        f"{len(tokens):,} bytes of corpus, {sum(p.numel() for p in model.parameters()):,} parameters, {accelerator.num_processes} process(es)"
+        f"{len(tokens):,} bytes of corpus, {sum(p.numel() for p in model.parameters()):,} parameters, "
+        f"{accelerator.num_processes} process(es)"
     )
 
     train(args, accelerator, model, optimizer, scheduler, train_loader, eval_loader, progress)
@@ -267,7 +268,8 @@ def train(args, accelerator, model, optimizer, scheduler, train_loader, eval_loa
             if progress.step % args.eval_every == 0 and progress.step < args.max_steps:
                 loss_value, count = evaluate(accelerator, model, eval_loader)
                 accelerator.print(
-                    f"step {progress.step}: held-out loss {loss_value:.4f} (perplexity {math.exp(loss_value):.2f}) on {count} sequences"
+                    f"step {progress.step}: held-out loss {loss_value:.4f} (perplexity {math.exp(loss_value):.2f}) "
+                    f"on {count} sequences"
                 )
                 accelerator.log({"eval/loss": loss_value, "eval/perplexity": math.exp(loss_value)}, step=progress.step)
             if progress.step % args.checkpoint_every == 0 or progress.step == args.max_steps:

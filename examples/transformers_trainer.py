@@ -1,11 +1,12 @@
-"""Causal language modelling with Transformers' ``Trainer``, running on hasten instead of Accelerate.
+r"""Causal language modelling with Transformers' ``Trainer``, running on hasten instead of Accelerate.
 
 ``Trainer`` builds its own ``accelerate.Accelerator``. This script does not mention hasten at all. Where hasten's
 ``accelerate`` distribution is installed (the venv ``make`` builds; docs/migration.md), ``import accelerate`` is
 hasten in every process and the ``accelerate`` command is hasten's, so the script runs as an Accelerate user runs it:
 
     accelerate launch --num_processes 2 examples/transformers_trainer.py --output_dir runs/trainer
-    accelerate launch --num_processes 2 examples/transformers_trainer.py --output_dir runs/trainer --resume --max_steps 60
+    accelerate launch --num_processes 2 examples/transformers_trainer.py --output_dir runs/trainer \
+        --resume --max_steps 60
 
 Without that distribution, ``hasten launch --as_accelerate --num_processes 2 examples/transformers_trainer.py ...``
 makes every process of the job import hasten under Accelerate's name (``torchrun`` works too:
@@ -132,7 +133,8 @@ def main():
     if trainer.is_world_process_zero():
         engine = type(trainer.accelerator).__module__.split(".")[0]
         print(
-            f"Trainer runs on {engine} (accelerate {accelerate.__version__}), {trainer.accelerator.num_processes} process(es)",
+            f"Trainer runs on {engine} (accelerate {accelerate.__version__}), {trainer.accelerator.num_processes} "
+            "process(es)",
             flush=True,
         )
     trainer.train(resume_from_checkpoint=True if args.resume else None)

@@ -91,7 +91,8 @@ def _run(cmd, env, timeout, check) -> subprocess.CompletedProcess:
     )
     if check and proc.returncode != 0:
         raise AssertionError(
-            f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
+            f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n--- stdout "
+            f"---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
         )
     return proc
 

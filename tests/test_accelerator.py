@@ -259,7 +259,8 @@ def test_free_memory_drops_references():
 
 
 def test_gradient_state_keeps_only_the_plugin_fields_that_differ_from_the_defaults():
-    """As Accelerate keeps them (transformers reads plugin_kwargs): the default adjust_scheduler=True reads back as False."""
+    """As Accelerate keeps them (transformers reads plugin_kwargs): the default adjust_scheduler=True reads back as
+    False."""
     Accelerator(gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=2))
     state = GradientState()
     assert state.plugin_kwargs == {"num_steps": 2}
@@ -297,7 +298,9 @@ def test_compatibility_members_of_a_data_parallel_job():
 
 _EXIT_PROBE = """
 import atexit, sys, time, torch.distributed as dist
-atexit.register(lambda: print("group alive at exit:", dist.is_initialized(), "handed over for", time.monotonic() - end, flush=True))
+atexit.register(
+    lambda: print("group alive at exit:", dist.is_initialized(), "handed over for", time.monotonic() - end, flush=True)
+)
 from hasten import Accelerator
 state = Accelerator(cpu=True).state
 state.ensure_process_group()
@@ -384,12 +387,17 @@ def test_a_missing_state_attribute_is_a_plain_attribute_error_and_a_reset_state_
     AcceleratorState._reset_state()
     with pytest.raises(
         AttributeError,
-        match=r"`AcceleratorState` object has no attribute `num_processes`.*This happens if `AcceleratorState._reset_state\(\)`",
+        match=(
+            r"`AcceleratorState` object has no attribute `num_processes`.*This happens if "
+            r"`AcceleratorState._reset_state\(\)`"
+        ),
     ):
         _ = accelerator.state.num_processes
     PartialState._reset_state()
     with pytest.raises(
         AttributeError,
-        match=r"`PartialState` object has no attribute `num_processes`.*This happens if `PartialState._reset_state\(\)`",
+        match=(
+            r"`PartialState` object has no attribute `num_processes`.*This happens if `PartialState._reset_state\(\)`"
+        ),
     ):
         _ = PartialState.__new__(PartialState).num_processes

@@ -49,7 +49,8 @@ def test_relative_links_and_anchors_resolve(page):
         destination = (page.parent / path_part).resolve() if path_part else page
         if not destination.exists():
             broken.append(
-                f"{target}: no such file {destination.relative_to(ROOT) if destination.is_relative_to(ROOT) else destination}"
+                f"{target}: no such file "
+                f"{destination.relative_to(ROOT) if destination.is_relative_to(ROOT) else destination}"
             )
         elif anchor and destination.suffix == ".md" and anchor not in anchors(destination):
             broken.append(f"{target}: {destination.name} has no heading with the anchor #{anchor}")
@@ -59,7 +60,8 @@ def test_relative_links_and_anchors_resolve(page):
 def test_the_checker_sees_links_and_anchors(tmp_path):
     page = tmp_path / "page.md"
     page.write_text(
-        "# Top: A page\n\n## Install `hasten`\n\nsee [x](other.md#part) and [y](#install-hasten)\n```\n[z](nope.md)\n```\n"
+        "# Top: A page\n\n## Install `hasten`\n\nsee [x](other.md#part) and "
+        "[y](#install-hasten)\n```\n[z](nope.md)\n```\n"
     )
     assert links(page) == ["other.md#part", "#install-hasten"]
     assert anchors(page) == {"top-a-page", "install-hasten"}

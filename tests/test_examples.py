@@ -157,7 +157,8 @@ def test_deepspeed_config_with_auto_values(tmp_path):
     resolved = (
         'DeepSpeed ZeRO-2, resolved config values: {"train_micro_batch_size_per_gpu": 32, "train_batch_size": 128, '
         '"gradient_accumulation_steps": 2, "gradient_clipping": 1.0, "optimizer.params.lr": 0.01, '
-        '"scheduler.params.warmup_num_steps": 5, "scheduler.params.total_num_steps": 32}'  # 2 epochs x 16 optimizer steps
+        # total_num_steps: 2 epochs x 16 optimizer steps
+        '"scheduler.params.warmup_num_steps": 5, "scheduler.params.total_num_steps": 32}'
     )
     assert resolved in out and "distributed type DEEPSPEED, 2 process(es)" in out, out
     accuracies = [float(a) for a in re.findall(r"epoch \d: accuracy ([0-9.]+) on 512 held-out samples", out)]

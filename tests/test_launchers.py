@@ -81,7 +81,10 @@ def test_debug_launcher_runs_a_functools_partial_with_a_lambda_scheduler(tmp_pat
 def test_failures_name_the_process_and_carry_its_traceback():
     with pytest.raises(
         HastenError,
-        match=r"(?s)Process 1 of 2 failed \(exit code 1\) while running _fails_on_rank_one:\nTraceback .*RuntimeError: boom on rank one",
+        match=(
+            r"(?s)Process 1 of 2 failed \(exit code 1\) while running _fails_on_rank_one:\nTraceback .*RuntimeError: "
+            r"boom on rank one"
+        ),
     ):
         launchers.debug_launcher(_fails_on_rank_one, ("boom on rank one",))
 

@@ -60,7 +60,8 @@ def test_import_hasten_imports_no_optional_package():
         "import sys, hasten, hasten.utils\n"
         "for name in hasten.__all__: getattr(hasten, name)\n"
         "for name in dir(hasten.utils): getattr(hasten.utils, name)\n"
-        "print(sorted(m for m in ('deepspeed', 'tensorboard', 'transformers', 'wandb', 'mlflow', 'questionary') if m in sys.modules))"
+        "print(sorted(m for m in ('deepspeed', 'tensorboard', 'transformers', 'wandb', 'mlflow', 'questionary') if m "
+        "in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

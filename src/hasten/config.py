@@ -105,8 +105,9 @@ def _base_config() -> type:
     fields = [_row_field(LAUNCH.by_key(key), LAUNCH.by_key(key).default) for key in BASE_KEYS]
     cls = dataclasses.make_dataclass("BaseConfig", fields, kw_only=True, slots=True, namespace={"to_dict": _to_dict})
     cls.__module__ = __name__
-    cls.__doc__ = """The keys of every launch config (``compute_environment``, ``distributed_type``, ``mixed_precision``,
-    ``use_cpu``, ``debug``): the base of :class:`ClusterConfig` and :class:`SageMakerConfig`, as in Accelerate."""
+    cls.__doc__ = """The keys of every launch config (``compute_environment``, ``distributed_type``,
+    ``mixed_precision``, ``use_cpu``, ``debug``): the base of :class:`ClusterConfig` and :class:`SageMakerConfig`,
+    as in Accelerate."""
     return cls
 
 

@@ -46,7 +46,10 @@ def _engine_variables() -> dict[str, str]:
 # The launch settings come from their rows in hasten.settings (the engines' from their registrations).
 SETTINGS: dict[str, str] = {
     **LAUNCH.env_help(),
-    "HANG_TIMEOUT": "seconds a rank may wait in one hasten collective before the job ends with a hang report (default: the InitProcessGroupKwargs timeout, else 300; 0 turns it off)",
+    "HANG_TIMEOUT": (
+        "seconds a rank may wait in one hasten collective before the job ends with a hang report (default: the "
+        "InitProcessGroupKwargs timeout, else 300; 0 turns it off)"
+    ),
     "HANG_REPORT_DIR": "folder where a rank stuck in a collective writes hang_rank<N>.json for the launcher",
     "LOG_LEVEL": "default level of loggers made by hasten.logging.get_logger",
     "TORCH_DEVICE": "override the device string of every process (e.g. cuda:1)",
@@ -59,7 +62,9 @@ SETTINGS: dict[str, str] = {
     "LAUNCHED": "set by `hasten launch` in the processes it starts",
     "LAUNCH_SOURCES": "JSON of where each launch setting came from (set by `hasten launch`)",
     "ENABLE_RICH": "accepted for compatibility; has no effect",
-    "PREEMPTION_GRACE": "seconds workers get after SIGTERM/SIGUSR1 to finish the step and save before they are killed (default 25)",
+    "PREEMPTION_GRACE": (
+        "seconds workers get after SIGTERM/SIGUSR1 to finish the step and save before they are killed (default 25)"
+    ),
     "PREEMPTION_DIR": "folder where rank 0 records a preemption checkpoint for the launcher (set by `hasten launch`)",
     "ENGINES": "comma-separated modules registering more engines (hasten.settings.engines), read once per process",
 }
@@ -181,7 +186,8 @@ def fill_unset(obj: Any, rows: Iterable[Setting], fields: Iterable[str] | None =
 
 
 def parse_flag_from_env(key: str, default: bool = False) -> bool:
-    """Read an arbitrary environment variable as a boolean (Accelerate's helper; hasten's own settings use :func:`get_flag`)."""
+    """Read an arbitrary environment variable as a boolean (Accelerate's helper; hasten's own settings use
+    :func:`get_flag`)."""
     value = os.environ.get(key)
     return default if value is None else bool(str_to_bool(value))
 
@@ -397,7 +403,8 @@ def select_device(cpu: bool, local_rank: int):
         if local_rank >= count:
             raise DistributedSetupError(
                 f"This process has local rank {local_rank} but only {count} {kind.upper()} device(s) are visible. "
-                f"Start at most {count} process(es) per machine (--num_processes), or check CUDA_VISIBLE_DEVICES / --gpu_ids."
+                f"Start at most {count} process(es) per machine (--num_processes), or check CUDA_VISIBLE_DEVICES / "
+                "--gpu_ids."
             )
         return torch.device(kind, local_rank)
     return torch.device(kind)

@@ -9,7 +9,10 @@ from __future__ import annotations
 from .compat.unsupported import prepare_pippy
 from .errors import NotSupportedError
 
-_HINT = "Pipeline-parallel inference is not supported by hasten; use load_checkpoint_and_dispatch(model, checkpoint, device_map='auto')."
+_HINT = (
+    "Pipeline-parallel inference is not supported by hasten; use load_checkpoint_and_dispatch(model, checkpoint, "
+    "device_map='auto')."
+)
 
 
 def generate_device_map(model, num_processes=1, no_split_module_classes=None, max_memory=None):

@@ -156,12 +156,13 @@ def check_port_free(host: str, port: int, fix: str) -> None:
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise ConfigError(
-                    f"Port {port} on {host} is already in use (another job, or a previous one still shutting down). {fix}"
+                    f"Port {port} on {host} is already in use (another job, or a previous one still shutting down). "
+                    f"{fix}"
                 ) from None
             if exc.errno == errno.EADDRNOTAVAIL:
                 raise ConfigError(
-                    f"{host} is not an address of this machine, but the rendezvous of machine rank 0 must be hosted here. "
-                    "Start machine rank 0 on the machine that has this address, or name an address of this one."
+                    f"{host} is not an address of this machine, but the rendezvous of machine rank 0 must be hosted "
+                    "here. Start machine rank 0 on the machine that has this address, or name an address of this one."
                 ) from None
             raise
 
@@ -184,8 +185,9 @@ def _check_start_method(method: str, function: Callable, args: tuple) -> None:
         if torch.cuda.is_initialized():
             raise ConfigError(
                 "CUDA was initialised in this process before the launcher could fork it, and a forked process cannot "
-                "use CUDA then. Restart the notebook kernel and make sure no cell touches the GPU (a .cuda()/.to('cuda') "
-                "call, torch.cuda.* queries that create a context) before the launcher; do that inside the function."
+                "use CUDA then. Restart the notebook kernel and make sure no cell touches the GPU (a "
+                ".cuda()/.to('cuda') call, torch.cuda.* queries that create a context) before the launcher; do that "
+                "inside the function."
             )
         return
     name = getattr(function, "__qualname__", repr(function))
@@ -241,7 +243,8 @@ def _launch(
 
 
 class _NamedEntrypoint:
-    """A callable with the ``__name__``/``__qualname__`` torch elastic reads, around one without (``functools.partial``)."""
+    """A callable with the ``__name__``/``__qualname__`` torch elastic reads, around one without
+    (``functools.partial``)."""
 
     def __init__(self, function: Callable, named_after: Callable):
         self.function = function

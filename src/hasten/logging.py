@@ -27,12 +27,14 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         if not PartialState._shared_state.get("initialized"):
             raise DistributedSetupError(
                 "hasten's logger was used before the process state exists. Create the Accelerator (or "
-                "hasten.PartialState()) before logging, e.g. move `accelerator = Accelerator()` above the first log call."
+                "hasten.PartialState()) before logging, e.g. move `accelerator = Accelerator()` above the first log "
+                "call."
             )
         return PartialState()
 
     def log(self, level, msg, *args, **kwargs):
-        """Log ``msg`` on the main process (``main_process_only=True``), or on all processes, in rank order with ``in_order=True``."""
+        """Log ``msg`` on the main process (``main_process_only=True``), or on all processes, in rank order with
+        ``in_order=True``."""
         main_process_only = kwargs.pop("main_process_only", True)
         in_order = kwargs.pop("in_order", False)
         kwargs.setdefault("stacklevel", 2)

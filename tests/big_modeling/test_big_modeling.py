@@ -390,7 +390,8 @@ def test_offload_state_dict_round_trip(tmp_path):
 
 
 def test_offload_folders_use_accelerates_dat_format(tmp_path):
-    """What Accelerate's, diffusers' and peft's readers expect: index.json of {dtype, shape}, raw bytes in <name>.dat."""
+    """What Accelerate's, diffusers' and peft's readers expect: index.json of {dtype, shape}, raw bytes in
+    <name>.dat."""
     weights = {
         "w": torch.randn(3, 5),
         "half": torch.randn(4).to(torch.bfloat16),

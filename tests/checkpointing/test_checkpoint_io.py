@@ -151,7 +151,8 @@ def test_a_model_that_does_not_fit_is_refused_before_anything_changes(tmp_path):
 
 
 def as_format_1(folder):
-    """Rewrite a checkpoint's manifest as hasten's format 1 wrote it (crc32 per file; the files themselves are unchanged)."""
+    """Rewrite a checkpoint's manifest as hasten's format 1 wrote it (crc32 per file; the files themselves are
+    unchanged)."""
     manifest = json.loads((folder / MANIFEST).read_text())
     manifest["format_version"] = 1
     for name, record in manifest["files"].items():
@@ -253,7 +254,10 @@ def test_full_disk_removes_the_partial_folder_and_says_what_is_needed(tmp_path):
             record["size"] for record in json.loads((tmp_path / "roomy" / MANIFEST).read_text())["files"].values()
         )
         assert "\n" not in message
-        expected = rf"Could not save the checkpoint {disk / 'big'}: no space left on the device \(writing .*\)\. It needs {re.escape(format_bytes(needed))}; \d+\.\d+ KB is free there"
+        expected = (
+            rf"Could not save the checkpoint {disk / 'big'}: no space left on the device \(writing .*\)\. It needs "
+            rf"{re.escape(format_bytes(needed))}; \d+\.\d+ KB is free there"
+        )
         assert re.search(expected, message), message
         assert sorted(os.listdir(disk)) == ["small"]
         reset_state()
@@ -267,7 +271,10 @@ def test_read_only_folder_is_one_clear_line(tmp_path):
         subprocess.run(["mount", "-o", "remount,ro", str(folder)], check=True)
         with pytest.raises(
             CheckpointError,
-            match=rf"Could not save the checkpoint {folder / 'c'}: .* is not writable \(Read-only file system\)\. Save to a writable folder",
+            match=(
+                rf"Could not save the checkpoint {folder / 'c'}: .* is not writable \(Read-only file system\)\. Save "
+                r"to a writable folder"
+            ),
         ):
             acc.save_state(folder / "c")
     with pytest.raises(CheckpointError, match=r"Checkpoint folder .*missing does not exist\."):
@@ -404,7 +411,8 @@ def test_a_write_failing_on_one_process_fails_the_save_on_every_process(tmp_path
     found = dict(re.findall(r"rank (\d): failed cleanly: (.*?untouched\.)", out))  # the two ranks' lines may interleave
     assert set(found) == {"0", "1"} and found["0"] == found["1"], out
     assert re.fullmatch(
-        r"Could not save the checkpoint \S*/bad: Is a directory \(writing \S*/\.bad\.partial/random_states_1\.safetensors\)\. .*",
+        r"Could not save the checkpoint \S*/bad: Is a directory \(writing "
+        r"\S*/\.bad\.partial/random_states_1\.safetensors\)\. .*",
         found["0"],
     ), out
     hooked = dict(re.findall(r"rank (\d): hook failure: (.*?untouched\.)", out))

@@ -151,7 +151,8 @@ def test_a_write_failing_midway_in_a_shared_folder_leaves_everything_and_says_on
     monkeypatch.setattr(files, "write_safetensors", real_write)
     message = str(caught.value)
     assert re.fullmatch(
-        rf"Could not save the checkpoint {re.escape(str(shared))}: Input/output error \(writing {re.escape(str(tmp_path))}/\.out\.partial/\S+\)\. "
+        rf"Could not save the checkpoint {re.escape(str(shared))}: Input/output error \(writing "
+        rf"{re.escape(str(tmp_path))}/\.out\.partial/\S+\)\. "
         r"The partial folder was removed; earlier checkpoints and the folder's other files are untouched\.",
         message,
     ), message
@@ -234,7 +235,9 @@ def test_a_folder_in_the_way_of_a_checkpoint_file_is_refused_before_the_folder_c
     (shared / "model.safetensors" / "mine.txt").write_text("keep")
     with pytest.raises(
         CheckpointError,
-        match=r"model.safetensors is in the way .* Nothing in the folder was changed \(the staging folder was removed\)",
+        match=(
+            r"model.safetensors is in the way .* Nothing in the folder was changed \(the staging folder was removed\)"
+        ),
     ):
         build(1.0)[0].save_state(shared)
     assert (shared / "model.safetensors" / "mine.txt").read_text() == "keep"

@@ -1,5 +1,6 @@
 """The `hasten` command line: help speed, the frozen launch flags, argument errors caught before any
-process starts, the settings summary, `hasten config` (dialogue in a real terminal, default, update) and `hasten env`."""
+process starts, the settings summary, `hasten config` (dialogue in a real terminal, default, update) and
+`hasten env`."""
 
 from __future__ import annotations
 
@@ -30,16 +31,17 @@ CPU = Hardware("cpu", 0)
 
 # The launch flags, frozen: adding or removing one must be a deliberate change of this list.
 FROZEN_LAUNCH_FLAGS = """
---config_file --quiet --module --no_python --debug --as_accelerate --cpu --multi_gpu --tpu --mixed_precision --num_processes
---num_machines --num_cpu_threads_per_process --enable_cpu_affinity --dynamo_backend --dynamo_mode
+--config_file --quiet --module --no_python --debug --as_accelerate --cpu --multi_gpu --tpu --mixed_precision
+--num_processes --num_machines --num_cpu_threads_per_process --enable_cpu_affinity --dynamo_backend --dynamo_mode
 --dynamo_use_fullgraph --dynamo_use_dynamic --dynamo_use_regional_compilation --use_deepspeed --use_fsdp
 --use_megatron_lm --gpu_ids --same_network --machine_rank --main_process_ip --main_process_port --tee --log_dir
---role --rdzv_backend --rdzv_conf --max_restarts --requeue_on_preemption --monitor_interval --deepspeed_config_file --zero_stage
---offload_optimizer_device --offload_param_device --offload_optimizer_nvme_path --offload_param_nvme_path
+--role --rdzv_backend --rdzv_conf --max_restarts --requeue_on_preemption --monitor_interval --deepspeed_config_file
+--zero_stage --offload_optimizer_device --offload_param_device --offload_optimizer_nvme_path --offload_param_nvme_path
 --gradient_accumulation_steps --gradient_clipping --zero3_init_flag --zero3_save_16bit_model --deepspeed_hostfile
 --deepspeed_exclusion_filter --deepspeed_inclusion_filter --deepspeed_multinode_launcher
 --deepspeed_moe_layer_cls_names --parallelism_config_dp_replicate_size --parallelism_config_dp_shard_size
---parallelism_config_tp_size --parallelism_config_cp_size --parallelism_config_sp_size --fsdp_version --fsdp_offload_params --fsdp_min_num_params --fsdp_sharding_strategy
+--parallelism_config_tp_size --parallelism_config_cp_size --parallelism_config_sp_size --fsdp_version
+--fsdp_offload_params --fsdp_min_num_params --fsdp_sharding_strategy
 --fsdp_reshard_after_forward --fsdp_auto_wrap_policy --fsdp_transformer_layer_cls_to_wrap --fsdp_backward_prefetch
 --fsdp_state_dict_type --fsdp_forward_prefetch --fsdp_use_orig_params --fsdp_cpu_ram_efficient_loading
 --fsdp_sync_module_states --fsdp_activation_checkpointing --fp8_backend --fp8_use_autocast_during_eval --fp8_margin
@@ -70,7 +72,10 @@ def _args(*argv: str):
 
 def test_help_does_not_import_torch():
     """What keeps ``hasten --help`` fast (bench/bench_import.py times it): torch is never imported."""
-    code = "import sys\nfrom hasten.commands.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\nprint('torch' in sys.modules)"
+    code = (
+        "import sys\nfrom hasten.commands.main import main\ntry:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules)"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().endswith("False")
 
@@ -125,7 +130,8 @@ def script(tmp_path) -> str:
 def test_more_processes_than_gpus(script):
     with pytest.raises(
         ConfigError,
-        match=r"4 process\(es\) per machine \(num_processes=4 from flag --num_processes, 1 machine\(s\)\) but only 2 GPU\(s\) can be used\. Use --num_processes 2 or fewer",
+        match=r"4 process\(es\) per machine \(num_processes=4 from flag --num_processes, 1 machine\(s\)\) "
+        r"but only 2 GPU\(s\) can be used\. Use --num_processes 2 or fewer",
     ):
         launch_cmd.prepare_launch(_args("--multi_gpu", "--num_processes", "4", script), hardware=Hardware("cuda", 2))
     with pytest.raises(ConfigError, match=r"but only 1 GPU\(s\) can be used \(gpu_ids=1\)"):
@@ -150,7 +156,8 @@ def test_port_in_use(script):
         port = busy.getsockname()[1]
         with pytest.raises(
             ConfigError,
-            match=rf"Port {port} on 127\.0\.0\.1 is already in use .* Pick another port with --main_process_port \(now {port}, from flag --main_process_port\), or leave it out",
+            match=rf"Port {port} on 127\.0\.0\.1 is already in use .* Pick another port with --main_process_port "
+            rf"\(now {port}, from flag --main_process_port\), or leave it out",
         ):
             launch_cmd.prepare_launch(
                 _args("--num_processes", "2", "--main_process_port", str(port), script), hardware=CPU
@@ -191,7 +198,8 @@ def test_missing_script_and_programs(tmp_path, script, monkeypatch):
         (
             ["--num_processes", "3", "--num_machines", "2", "--main_process_ip", "127.0.0.1"],
             ConfigError,
-            r"num_processes=3 \(from flag --num_processes\) is the total over all machines and must be a multiple of num_machines=2 \(from flag --num_machines\), e\.g\. --num_processes 2",
+            r"num_processes=3 \(from flag --num_processes\) is the total over all machines and must be a multiple of "
+            r"num_machines=2 \(from flag --num_machines\), e\.g\. --num_processes 2",
         ),
         (
             ["--num_machines", "2", "--machine_rank", "2", "--main_process_ip", "127.0.0.1"],
@@ -212,7 +220,8 @@ def test_missing_script_and_programs(tmp_path, script, monkeypatch):
         (
             ["--use_fsdp", "--use_deepspeed"],
             ConfigError,
-            r"Pass at most one of --cpu/--multi_gpu/--tpu/--use_deepspeed/--use_fsdp/--use_megatron_lm; got --use_deepspeed, --use_fsdp",
+            r"Pass at most one of --cpu/--multi_gpu/--tpu/--use_deepspeed/--use_fsdp/--use_megatron_lm; got "
+            r"--use_deepspeed, --use_fsdp",
         ),
         (
             ["--use_megatron_lm", "--use_fsdp"],
@@ -227,7 +236,8 @@ def test_missing_script_and_programs(tmp_path, script, monkeypatch):
         (
             ["--mixed_precision", "fp8", "--fp8_backend", "msamp"],
             NotSupportedError,
-            r"fp8_config\.backend \(from flag --fp8_backend\) selects the fp8 backend 'MSAMP' \(MS-AMP\), which is not supported by hasten",
+            r"fp8_config\.backend \(from flag --fp8_backend\) selects the fp8 backend 'MSAMP' \(MS-AMP\), which is not "
+            r"supported by hasten",
         ),
         (
             ["--monitor_interval", "0"],
@@ -260,8 +270,8 @@ def test_mistyped_launch_flag_suggests_the_right_one(script, capsys):
     err = capsys.readouterr().err
     assert err.startswith("usage: hasten launch [options] training_script [script arguments]\n")
     assert (
-        "hasten launch: error: unknown option --nmu_processes. Did you mean '--num_processes'? `hasten launch --help` lists the options."
-        in err
+        "hasten launch: error: unknown option --nmu_processes. Did you mean '--num_processes'? `hasten launch --help` "
+        "lists the options." in err
     )
 
 
@@ -282,8 +292,8 @@ def test_launch_without_script_says_one_is_needed(argv, capsys):
     err = capsys.readouterr().err
     assert "training_script_args" not in err
     assert err.endswith(
-        "hasten launch: error: hasten launch needs the training script to run, after the options: hasten launch [options] "
-        "train.py [script arguments], for example `hasten launch --num_processes 2 train.py --lr 1e-3`.\n"
+        "hasten launch: error: hasten launch needs the training script to run, after the options: hasten launch "
+        "[options] train.py [script arguments], for example `hasten launch --num_processes 2 train.py --lr 1e-3`.\n"
     )
 
 
@@ -337,14 +347,16 @@ def test_summary_says_where_each_value_came_from(tmp_path, script, monkeypatch):
 def test_unused_deepspeed_launcher_is_a_warning(tmp_path, script):
     config_file = tmp_path / "ds.yaml"
     config_file.write_text(
-        "distributed_type: DEEPSPEED\nnum_machines: 2\nnum_processes: 2\nmain_process_ip: 127.0.0.1\ndeepspeed_config:\n  deepspeed_multinode_launcher: pdsh\n"
+        "distributed_type: DEEPSPEED\nnum_machines: 2\nnum_processes: 2\nmain_process_ip: 127.0.0.1\n"
+        "deepspeed_config:\n  deepspeed_multinode_launcher: pdsh\n"
     )
     plan = launch_cmd.prepare_launch(
         _args("--config_file", str(config_file), "--machine_rank", "1", script), hardware=CPU
     )
     assert plan.warnings == [
-        f"deepspeed_multinode_launcher='pdsh' (from config file {config_file}) is not used: hasten launch starts the processes of this "
-        "machine only, so run the same command on every machine with its --machine_rank (DeepSpeed's 'standard' launcher)."
+        f"deepspeed_multinode_launcher='pdsh' (from config file {config_file}) is not used: hasten launch starts the "
+        "processes of this machine only, so run the same command on every machine with its --machine_rank (DeepSpeed's "
+        "'standard' launcher)."
     ]
 
 
@@ -407,11 +419,16 @@ def test_a_killed_worker_gets_the_running_engines_advice(script, capsys):
 
 def test_hang_report_summary(tmp_path):
     stack = (
-        '  File "/work/train.py", line 9, in <module>\n    run()\n  File "/work/train.py", line 5, in run\n    gather(x)\n'
+        '  File "/work/train.py", line 9, in <module>\n    run()\n'
+        '  File "/work/train.py", line 5, in run\n    gather(x)\n'
         '  File "/venv/hasten/operations.py", line 238, in wrapper\n    with checked():\n'
-        '  File "/venv/torch/distributed/distributed_c10d.py", line 4287, in all_gather\n    work.wait()\n    ^^^^^^^^^^^\n'
+        '  File "/venv/torch/distributed/distributed_c10d.py", line 4287, in all_gather\n    work.wait()\n'
+        "    ^^^^^^^^^^^\n"
     )
-    peers = "  - rank 0: last entered collective #2 `barrier`, status: waiting\n  - rank 2: has not entered any hasten collective\n"
+    peers = (
+        "  - rank 0: last entered collective #2 `barrier`, status: waiting\n"
+        "  - rank 2: has not entered any hasten collective\n"
+    )
     report = {"rank": 3, "operation": "gather", "collective": 2, "waited_s": 2, "stack": stack, "peers": peers}
     (tmp_path / "hang_rank3.json").write_text(json.dumps(report))
     (tmp_path / "hang_rank1.json").write_text("{not json")
@@ -541,7 +558,10 @@ SIMULATED_GPUS = "import torch; torch.cuda.is_available = lambda: True; torch.cu
 def run_dialogue(tmp_path: Path, answers: list[tuple[str, str]], prelude: str = "") -> dict:
     """Answer `hasten config` in a pseudo-terminal; returns the file it wrote."""
     target = tmp_path / "answers.yaml"
-    code = f"{prelude}from hasten.commands.main import main\nraise SystemExit(main(['config', '--config_file', {str(target)!r}]))"
+    code = (
+        f"{prelude}from hasten.commands.main import main\n"
+        f"raise SystemExit(main(['config', '--config_file', {str(target)!r}]))"
+    )
     env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm-256color"}
     child = pexpect.spawn(sys.executable, ["-c", code], env=env, encoding="utf-8", dimensions=(60, 300), timeout=60)
     for question, answer in answers:
@@ -628,7 +648,10 @@ def test_dialogue_with_simulated_gpus_gives_the_walkthrough_file(tmp_path, scrip
 
 @pytest.mark.slow
 def test_dialogue_asks_for_a_whole_number(tmp_path):
-    code = f"from hasten.commands.main import main\nraise SystemExit(main(['config', '--config_file', {str(tmp_path / 'a.yaml')!r}]))"
+    code = (
+        "from hasten.commands.main import main\n"
+        f"raise SystemExit(main(['config', '--config_file', {str(tmp_path / 'a.yaml')!r}]))"
+    )
     env = {**os.environ, "PROMPT_TOOLKIT_NO_CPR": "1", "TERM": "xterm-256color"}
     child = pexpect.spawn(sys.executable, ["-c", code], env=env, encoding="utf-8", dimensions=(60, 300), timeout=60)
     try:

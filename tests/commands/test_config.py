@@ -128,15 +128,16 @@ def test_unknown_keys_name_file_key_allowed_keys_and_closest(tmp_path):
         in message
     )
     assert (
-        "unknown key 'deepspeed_config.zero_stag'. Did you mean 'zero_stage'? Allowed keys in deepspeed_config: deepspeed_config_file"
-        in message
+        "unknown key 'deepspeed_config.zero_stag'. Did you mean 'zero_stage'? Allowed keys in deepspeed_config: "
+        "deepspeed_config_file" in message
     )
 
 
 def test_bad_values_list_allowed_values_and_closest(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text(
-        "distributed_type: MULTI_CPUS\nmixed_precision: bf-16\nfsdp_config:\n  fsdp_offload_params: maybe\nnum_machines: two\n"
+        "distributed_type: MULTI_CPUS\nmixed_precision: bf-16\nfsdp_config:\n  fsdp_offload_params: maybe\n"
+        "num_machines: two\n"
     )
     with pytest.raises(ConfigError) as info:
         cfg.read_config_file(path)
@@ -389,8 +390,8 @@ def test_binary_file_as_config_says_it_is_not_text(tmp_path):
     with pytest.raises(ConfigError) as info:
         cfg.read_config_file(path)
     assert str(info.value) == (
-        f"Launch config file {path} is not a text file (byte 10 is not UTF-8 text): a launch config is YAML or JSON text. "
-        "Pass the file written by `hasten config`, or check that --config_file names the right file."
+        f"Launch config file {path} is not a text file (byte 10 is not UTF-8 text): a launch config is YAML or JSON "
+        "text. Pass the file written by `hasten config`, or check that --config_file names the right file."
     )
 
 
@@ -399,8 +400,9 @@ def test_folder_as_config_says_it_is_a_folder(tmp_path):
     with pytest.raises(ConfigError) as info:
         cfg.read_config_file(tmp_path)
     assert str(info.value) == (
-        f"--config_file {tmp_path} is a folder, not a file. Pass the config file itself such as {tmp_path / 'default_config.yaml'}, "
-        "or leave --config_file out to use the default file written by `hasten config`."
+        f"--config_file {tmp_path} is a folder, not a file. Pass the config file itself such as "
+        f"{tmp_path / 'default_config.yaml'}, or leave --config_file out to use the default file written by `hasten "
+        "config`."
     )
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -414,7 +416,8 @@ def test_duplicated_yaml_key_names_the_key_and_both_lines(tmp_path):
     with pytest.raises(ConfigError) as info:
         cfg.read_config_file(path)
     assert str(info.value) == (
-        f"Launch config file {path} sets 'num_processes' twice (lines 2 and 4); only one value can be in force. Delete one of them."
+        f"Launch config file {path} sets 'num_processes' twice (lines 2 and 4); only one value can be in force. Delete "
+        "one of them."
     )
 
 

@@ -99,8 +99,8 @@ def test_debug_mode_reports_stuck_ranks(env, tmp_path):
     assert "hasten launch: 1 of 2 process(es) failed (their output is above):" in err
     assert "  rank 1 (local rank 1, pid " in err and "): exit code 3" in err
     assert (
-        "hasten launch: debug mode: rank(s) 1 were stuck in a collective:\n  rank 1 waited for 12.5 s in hasten.runtime.operations.reduce"
-        in err
+        "hasten launch: debug mode: rank(s) 1 were stuck in a collective:\n  rank 1 waited for 12.5 s in "
+        "hasten.runtime.operations.reduce" in err
     )
     assert "    other ranks: rank 0 finished the script" in err
     frames = err[err.index("innermost frames of your code:") :].splitlines()[1:5]

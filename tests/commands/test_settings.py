@@ -46,7 +46,8 @@ SECTION_KEYS = [(table, row) for table, row in KEYED if table.name]
 
 
 def _fp8_recipes():
-    """The fp8 rows fill two recipes: ``backend`` FP8RecipeKwargs', the torchao settings AORecipeKwargs' (needs torchao)."""
+    """The fp8 rows fill two recipes: ``backend`` FP8RecipeKwargs', the torchao settings AORecipeKwargs' (needs
+    torchao)."""
     pytest.importorskip("torchao", reason="AORecipeKwargs needs torchao (pip install 'hasten[fp8]')")
     from hasten.utils import AORecipeKwargs, FP8RecipeKwargs
 

@@ -68,8 +68,10 @@ def generate_batch_size_cases(seed: int, count: int) -> list[dict]:
         start = rng.choice([0, 1, 2, 8, 16, 100, 128, 512])
         cases.append({
             "seed": seed * 100_003 + index, "start": start, "fits_below": rng.choice([0, 1, 4, 8, 50, 10**6]),
-            "oom_at": sorted(rng.sample(range(1, 130), rng.randint(0, 4))), "error_at": rng.choice([[], [], [rng.randint(1, 20)]]),
-            "reduce": rng.choice([None, None, 0, 1, 7]), "calls": rng.choice([1, 1, 2]), "message": rng.choice(OOM_MESSAGES),
+            "oom_at": sorted(rng.sample(range(1, 130), rng.randint(0, 4))),
+            "error_at": rng.choice([[], [], [rng.randint(1, 20)]]),
+            "reduce": rng.choice([None, None, 0, 1, 7]), "calls": rng.choice([1, 1, 2]),
+            "message": rng.choice(OOM_MESSAGES),
         })  # fmt: skip
     return cases
 
@@ -107,15 +109,18 @@ def kwargs_handler(case: dict):
 
 
 _HANDLER_FIELDS = {
-    "GradScalerKwargs": {"init_scale": [65536.0, 1024.0, 2.0], "growth_factor": [2.0, 3.0], "backoff_factor": [0.5, 0.25],
-                         "growth_interval": [2000, 10], "enabled": [True, False]},
+    "GradScalerKwargs": {"init_scale": [65536.0, 1024.0, 2.0], "growth_factor": [2.0, 3.0],
+                         "backoff_factor": [0.5, 0.25], "growth_interval": [2000, 10], "enabled": [True, False]},
     "DistributedDataParallelKwargs": {"dim": [0, 1], "broadcast_buffers": [True, False], "bucket_cap_mb": [25, 50],
                                       "find_unused_parameters": [False, True], "check_reduction": [False, True],
                                       "gradient_as_bucket_view": [False, True], "static_graph": [False, True],
-                                      "comm_hook": ["no", "fp16", "power_sgd"], "comm_state_option": [{}, {"matrix_approximation_rank": 2}]},
-    "InitProcessGroupKwargs": {"backend": ["nccl", "gloo", None], "init_method": [None, "env://"], "timeout": [None, 600, 1800, 60]},
+                                      "comm_hook": ["no", "fp16", "power_sgd"],
+                                      "comm_state_option": [{}, {"matrix_approximation_rank": 2}]},
+    "InitProcessGroupKwargs": {"backend": ["nccl", "gloo", None], "init_method": [None, "env://"],
+                               "timeout": [None, 600, 1800, 60]},
     "AutocastKwargs": {"enabled": [True, False], "cache_enabled": [None, True, False]},
-    "ProfileKwargs": {"activities": [None, ["cpu"], ["cpu", "cuda"]], "schedule_option": [None, {"wait": 1, "active": 2}],
+    "ProfileKwargs": {"activities": [None, ["cpu"], ["cpu", "cuda"]],
+                      "schedule_option": [None, {"wait": 1, "active": 2}],
                       "record_shapes": [False, True], "profile_memory": [False, True], "with_stack": [False, True],
                       "with_flops": [False, True], "with_modules": [False, True], "output_trace_dir": [None, "traces"]},
 }  # fmt: skip
@@ -160,7 +165,8 @@ def seeded_streams(case: dict):
     Accelerator(cpu=True) if case["accelerator"] else PartialState(cpu=True)
     before = torch.are_deterministic_algorithms_enabled()
     set_seed(case["value"], device_specific=case["device_specific"], deterministic=case["deterministic"])
-    draws = {"torch": torch.rand(3), "python": [python_random.random() for _ in range(2)], "numpy": np.random.rand(2).tolist(),
+    draws = {"torch": torch.rand(3), "python": [python_random.random() for _ in range(2)],
+             "numpy": np.random.rand(2).tolist(),
              "deterministic": torch.are_deterministic_algorithms_enabled()}  # fmt: skip
     torch.use_deterministic_algorithms(before)
     return draws
@@ -170,8 +176,8 @@ def generate_seed_cases(seed: int, count: int) -> list[dict]:
     """``count`` seeds with each combination of ``device_specific``, ``deterministic`` and the state created first."""
     rng = random.Random(seed)
     return [
-        {"seed": seed * 100_003 + i, "value": rng.choice([0, 1, 42, 2**31 - 1, rng.randrange(10**6)]), "device_specific": bool(i % 2),
-         "deterministic": bool(i // 2 % 2), "accelerator": bool(i // 4 % 2)}
+        {"seed": seed * 100_003 + i, "value": rng.choice([0, 1, 42, 2**31 - 1, rng.randrange(10**6)]),
+         "device_specific": bool(i % 2), "deterministic": bool(i // 2 % 2), "accelerator": bool(i // 4 % 2)}
         for i in range(count)
     ]  # fmt: skip
 
@@ -246,13 +252,14 @@ def generate_save_cases(seed: int, count: int) -> list[dict]:
         rng = random.Random(seed * 100_003 + index)
         state_dict = rng.random() < 0.7
         if state_dict:
-            template = ["dict", [[f"w{i}", ["T", rng.choice(["float32", "float16", "int64", "bool"]), ["B", rng.randint(1, 3)], rng.randrange(10**6)]]
+            template = ["dict", [[f"w{i}", ["T", rng.choice(["float32", "float16", "int64", "bool"]),
+                                            ["B", rng.randint(1, 3)], rng.randrange(10**6)]]
                                  for i in range(rng.randint(1, 4))]]  # fmt: skip
         else:
             template = random_template(rng, leaves=("tensor",) * 4 + ("value",))
         safe = state_dict and rng.random() < 0.6
-        cases.append({"seed": seed * 100_003 + index, "data": instantiate(template, rng.randint(1, 3)), "state_dict": state_dict,
-                      "tie": rng.random() < 0.5, "safe": safe})  # fmt: skip
+        cases.append({"seed": seed * 100_003 + index, "data": instantiate(template, rng.randint(1, 3)),
+                      "state_dict": state_dict, "tie": rng.random() < 0.5, "safe": safe})  # fmt: skip
     return cases
 
 
@@ -308,5 +315,5 @@ def hooks(case: dict):
     accelerator.wait_for_everyone()
     written = sorted(os.listdir(os.path.join(folder[0], "checkpoint", "pretrained_0")))
     accelerator.load_state(os.path.join(folder[0], "checkpoint"))
-    return {"tracked": tracked, "returned": type(prepared[0] if case["with_optimizer"] else prepared).__name__, "seen": seen,
-            "written": written}  # fmt: skip
+    return {"tracked": tracked, "returned": type(prepared[0] if case["with_optimizer"] else prepared).__name__,
+            "seen": seen, "written": written}  # fmt: skip

@@ -212,7 +212,8 @@ def ops(case: dict):
 
 
 def _structure(rng: random.Random, leaves=None) -> list:
-    """A random structure: mostly a template at a random batch size, sometimes a bare 0-d tensor or an empty container."""
+    """A random structure: mostly a template at a random batch size, sometimes a bare 0-d tensor or an empty
+    container."""
     roll = rng.random()
     if roll < 0.05:
         return zero_dim_tensor(rng)
@@ -264,7 +265,8 @@ def _one_op_case(rng: random.Random, op: str) -> dict:
 
 
 ONE_PROCESS_OPS = [
-    "send_to_device", "recursively_apply", "concatenate", "slice_tensors", "find_batch_size", "ignorant_find_batch_size",
+    "send_to_device", "recursively_apply", "concatenate", "slice_tensors", "find_batch_size",
+    "ignorant_find_batch_size",
     "listify", "convert_to_fp32", "is_namedtuple", "get_data_structure", "initialize_tensors", "honor_type",
     "pad_input_tensors", "pad_across_processes", "gather", "reduce", "broadcast",
 ]  # fmt: skip

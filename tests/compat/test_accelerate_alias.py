@@ -93,7 +93,8 @@ def test_install_maps_every_submodule_to_hasten_and_reports_the_api_version():
         import hasten.utils, hasten.state, hasten.data_loader, hasten.commands.launch
         print(json.dumps({
             "finders": sum(isinstance(f, _AliasFinder) for f in sys.meta_path),
-            "version": accelerate.__version__, "hasten_version": hasten.__version__, "own": accelerate.__hasten_version__,
+            "version": accelerate.__version__, "hasten_version": hasten.__version__,
+            "own": accelerate.__hasten_version__,
             "same": [accelerate.utils is hasten.utils, accelerate.state is hasten.state,
                      accelerate.commands.launch is hasten.commands.launch, Accelerator is hasten.Accelerator,
                      skip_first_batches is hasten.data_loader.skip_first_batches, set_seed is hasten.utils.set_seed],
@@ -159,7 +160,9 @@ def test_an_installed_accelerate_not_yet_imported_is_shadowed(tmp_path):
         import hasten
         hasten.install_as_accelerate()
         import accelerate
-        print(json.dumps([accelerate.__version__, importlib.metadata.version("accelerate"), hasattr(accelerate, "REAL")]))
+        print(json.dumps(
+            [accelerate.__version__, importlib.metadata.version("accelerate"), hasattr(accelerate, "REAL")]
+        ))
         """,
         site,
     )
@@ -265,7 +268,10 @@ def test_the_installed_alias_is_hasten_and_reported_once_and_a_path_first_real_a
     assert result["version"].startswith(f"{ACCELERATE_API_VERSION}+hasten.") and "huggingface" in result["home"]
     # A real Accelerate earlier on the path (the reference copy of tests/differential.py) is what imports, whole.
     real = _fake_accelerate(tmp_path / "real", version="1.15.0")
-    code = "import accelerate, importlib.metadata as m, json; print(json.dumps([accelerate.REAL, m.version('accelerate')]))"
+    code = (
+        "import accelerate, importlib.metadata as m, json; print(json.dumps([accelerate.REAL, "
+        "m.version('accelerate')]))"
+    )
     shadowed = _json(code, real, tmp_path / "site")
     assert shadowed == [True, "1.15.0"]
 

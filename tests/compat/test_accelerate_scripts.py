@@ -28,7 +28,8 @@ def test_accelerates_own_check_script_passes_on_two_processes(script, tmp_path):
     source = SCRIPTS_DIR / script
     if not source.is_file():
         pytest.skip(
-            f"no reference copy of accelerate 1.15 in {SCRIPTS_DIR.parents[2]} (`make reference` installs it; pip was offline?)"
+            f"no reference copy of accelerate 1.15 in {SCRIPTS_DIR.parents[2]} (`make reference` installs it; pip "
+            "was offline?)"
         )
     copy = tmp_path / script  # run from outside the reference package: only the shim answers `import accelerate`
     shutil.copy(source, copy)
@@ -45,7 +46,8 @@ def test_accelerates_data_loop_script_passes_with_a_save_folder_per_process(tmp_
     source = SCRIPTS_DIR / "test_distributed_data_loop.py"
     if not source.is_file():
         pytest.skip(
-            f"no reference copy of accelerate 1.15 in {SCRIPTS_DIR.parents[2]} (`make reference` installs it; pip was offline?)"
+            f"no reference copy of accelerate 1.15 in {SCRIPTS_DIR.parents[2]} (`make reference` installs it; pip "
+            "was offline?)"
         )
     copy = tmp_path / source.name
     shutil.copy(source, copy)

@@ -23,7 +23,9 @@ DUMP = SCRIPTS / "dump_api_surface.py"
 
 # Reference modules that cannot be imported without an optional package, and why hasten need not mirror them.
 REFERENCE_NEEDS_OPTIONAL = {
-    "accelerate.utils.rich": "imports `rich` and installs rich tracebacks; hasten has no such side effect (is_rich_available exists)",
+    "accelerate.utils.rich": (
+        "imports `rich` and installs rich tracebacks; hasten has no such side effect (is_rich_available exists)"
+    ),
 }
 
 # The deliberate differences, by (module, name) or, for a method, (module, "Class.method"); "*" matches any module
@@ -33,12 +35,17 @@ ALLOWED = [
     {
         "names": [("*", "logger")],
         "difference": "missing",
-        "reason": "module-level `logger` objects are not API: hasten's modules log through their own `hasten.*` loggers",
+        "reason": (
+            "module-level `logger` objects are not API: hasten's modules log through their own `hasten.*` loggers"
+        ),
     },
     {
         "names": [("accelerate.commands.config", "default_config_file"), ("accelerate.utils", "write_basic_config")],
         "difference": "differs",
-        "reason": "hasten's config folder is ~/.cache/huggingface/hasten (or $HASTEN_HOME), so the default config path differs",
+        "reason": (
+            "hasten's config folder is ~/.cache/huggingface/hasten (or $HASTEN_HOME), so the default config path "
+            "differs"
+        ),
     },
     {
         "names": [
@@ -57,9 +64,11 @@ ALLOWED = [
             ("accelerate.utils.dataclasses", "AutocastKwargs"),
         ],
         "difference": "extra_params",
-        "reason": "hasten additions after Accelerate's parameters (start_method, strategy, tracking_uri, async_save, "
-        "convert_outputs_to_fp32); "
-        "every call written for Accelerate works unchanged",
+        "reason": (
+            "hasten additions after Accelerate's parameters (start_method, strategy, tracking_uri, async_save, "
+            "convert_outputs_to_fp32); "
+            "every call written for Accelerate works unchanged"
+        ),
     },
     {
         "names": [
@@ -69,8 +78,10 @@ ALLOWED = [
             ("accelerate.data_loader", "SeedableRandomSampler"),
         ],
         "difference": "differs",
-        "reason": "hasten's loader classes are built by prepare_data_loader / Accelerator.prepare / skip_first_batches with "
-        "their own internal parameters; build loaders through those functions",
+        "reason": (
+            "hasten's loader classes are built by prepare_data_loader / Accelerator.prepare / skip_first_batches with "
+            "their own internal parameters; build loaders through those functions"
+        ),
     },
     {
         "names": [
@@ -91,9 +102,13 @@ ALLOWED = [
             for method in methods
         ],
         "difference": "missing",
-        "reason": "hasten's loaders keep their position and sampler themselves (state_dict/load_state_dict on DataLoaderShard "
-        "and DataLoaderDispatcher, set_epoch); Accelerate's internal hooks for StatefulDataLoader prefetch and sampler "
-        "swapping have no counterpart",
+        "reason": (
+            "hasten's loaders keep their position and sampler themselves (state_dict/load_state_dict on "
+            "DataLoaderShard "
+            "and DataLoaderDispatcher, set_epoch); Accelerate's internal hooks for StatefulDataLoader prefetch and "
+            "sampler "
+            "swapping have no counterpart"
+        ),
     },
     {
         "names": [
@@ -106,8 +121,11 @@ ALLOWED = [
     {
         "names": [("*", "Accelerator.init_trackers"), ("*", "Accelerator.log")],
         "difference": "differs",
-        "reason": "Accelerate's main-process decorator hides these signatures (it reports *args, **kwargs); hasten's are "
-        "the documented ones: init_trackers(project_name, config=None, init_kwargs=None), log(values, step=None, log_kwargs=None)",
+        "reason": (
+            "Accelerate's main-process decorator hides these signatures (it reports *args, **kwargs); hasten's are "
+            "the documented ones: init_trackers(project_name, config=None, init_kwargs=None), log(values, step=None, "
+            "log_kwargs=None)"
+        ),
     },
     {
         "names": [
@@ -127,19 +145,25 @@ ALLOWED = [
             )
         ],
         "difference": "missing",
-        "reason": "classes of engines hasten does not drive (Megatron-LM) and internals of Accelerate's DeepSpeed wiring: "
-        "constructing one raises NotSupportedError, so they have no methods",
+        "reason": (
+            "classes of engines hasten does not drive (Megatron-LM) and internals of Accelerate's DeepSpeed wiring: "
+            "constructing one raises NotSupportedError, so they have no methods"
+        ),
     },
     {
         "names": [("accelerate.data_loader", "DataLoaderAdapter")],
         "difference": "missing",
-        "reason": "Accelerate's base wrapper switching between DataLoader and torchdata's StatefulDataLoader; hasten's "
-        "loaders subclass DataLoader directly",
+        "reason": (
+            "Accelerate's base wrapper switching between DataLoader and torchdata's StatefulDataLoader; hasten's "
+            "loaders subclass DataLoader directly"
+        ),
     },
     {
         "names": [("accelerate.utils", "find_tied_parameters"), ("accelerate.utils.modeling", "find_tied_parameters")],
         "difference": "differs",
-        "reason": "no **kwargs: Accelerate accepts and ignores unknown keywords, hasten refuses them instead of ignoring them",
+        "reason": (
+            "no **kwargs: Accelerate accepts and ignores unknown keywords, hasten refuses them instead of ignoring them"
+        ),
     },
     {
         "names": [
@@ -147,8 +171,10 @@ ALLOWED = [
             ("accelerate.test_utils.testing", "DEFAULT_LAUNCH_COMMAND"),
         ],
         "difference": "differs",
-        "reason": "test launch commands run `python -m hasten.commands.main launch --key value` with this interpreter, so "
-        "no `accelerate` (or `hasten`) executable is needed on PATH",
+        "reason": (
+            "test launch commands run `python -m hasten.commands.main launch --key value` with this interpreter, so "
+            "no `accelerate` (or `hasten`) executable is needed on PATH"
+        ),
     },
     {
         "names": [("accelerate.utils.imports", "USE_TORCH_XLA")],

@@ -36,36 +36,46 @@ ALLOWED = [
         "scenario": COLLECTIVES,
         "when": lambda case: case["op"] == "reduce" and case["reduction"] in ("none", "min"),
         "doc": 'reduction="none"',
-        "reason": "reduction='none' leaves each process's values (what Accelerate documents; its code sums them) and "
-        "'min' takes the minimum (Accelerate sums for every name but 'max')",
+        "reason": (
+            "reduction='none' leaves each process's values (what Accelerate documents; its code sums them) and "
+            "'min' takes the minimum (Accelerate sums for every name but 'max')"
+        ),
     },
     {
         "scenario": OPS,
         "when": lambda case: case["op"] == "pad_across_processes" and _has_value_leaf(case["data"]),
         "doc": "pad_across_processes",
-        "reason": "a structure with a leaf that is not a tensor is refused before any collective; Accelerate first pads "
-        "the leaves before it (warning for nested tensors among them), then raises the same TypeError",
+        "reason": (
+            "a structure with a leaf that is not a tensor is refused before any collective; Accelerate first pads "
+            "the leaves before it (warning for nested tensors among them), then raises the same TypeError"
+        ),
     },
     {
         "scenario": SEEDS,
         "when": lambda case: case["device_specific"] and not case["accelerator"],
         "doc": "set_seed(..., device_specific=True)",
-        "reason": "set_seed(device_specific=True) works once a PartialState exists; Accelerate raises ValueError until an "
-        "Accelerator is created",
+        "reason": (
+            "set_seed(device_specific=True) works once a PartialState exists; Accelerate raises ValueError until an "
+            "Accelerator is created"
+        ),
     },
     {
         "scenario": SPLIT,
         "when": lambda case: case["apply_padding"] and (case["kind"] == "tuple" or case["length"] == 0),
         "doc": "split_between_processes(..., apply_padding=True)",
-        "reason": "split_between_processes(apply_padding=True) pads tuples and gives empty inputs back empty; Accelerate "
-        "raises TypeError (tuple + list) and IndexError (nothing to repeat) there",
+        "reason": (
+            "split_between_processes(apply_padding=True) pads tuples and gives empty inputs back empty; Accelerate "
+            "raises TypeError (tuple + list) and IndexError (nothing to repeat) there"
+        ),
     },
     {
         "scenario": SAVE,
         "when": lambda case: case["safe"] and case["tie"],
         "doc": "Removed shared tensor",
-        "reason": "save(state_dict, safe_serialization=True) leaves the caller's dict as it is; Accelerate deletes the "
-        "names of tied tensors from it (both write each shared tensor once and log 'Removed shared tensor')",
+        "reason": (
+            "save(state_dict, safe_serialization=True) leaves the caller's dict as it is; Accelerate deletes the "
+            "names of tied tensors from it (both write each shared tensor once and log 'Removed shared tensor')"
+        ),
     },
 ]
 

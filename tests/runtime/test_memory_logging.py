@@ -16,7 +16,8 @@ def test_oom_recognition():
     assert should_reduce_batch_size(torch.OutOfMemoryError("CUDA out of memory. Tried to allocate"))
     assert should_reduce_batch_size(
         RuntimeError(
-            "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate 1234 bytes"
+            "[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you tried to allocate "
+            "1234 bytes"
         )
     )
     assert should_reduce_batch_size(RuntimeError("MPS backend out of memory (MPS allocated: 1 GB)"))

@@ -24,7 +24,8 @@ pytestmark = pytest.mark.slow
 
 def _launch_cmd(folder: Path, *script_args: str, launch_args: tuple[str, ...] = ()) -> list[str]:
     return [
-        sys.executable, "-m", "hasten.commands.main", "launch", "--num_processes", "2", "--main_process_port", str(free_port()),
+        sys.executable, "-m", "hasten.commands.main", "launch", "--num_processes", "2",
+        "--main_process_port", str(free_port()),
         *launch_args, str(SCRIPT), str(folder), *script_args,
     ]  # fmt: skip
 
@@ -41,8 +42,8 @@ def _interrupt(
     returns (process result, seconds from the signal to the launcher's exit)."""
     folder.mkdir(parents=True, exist_ok=True)
     process = subprocess.Popen(
-        _launch_cmd(folder, *script_args, launch_args=launch_args), cwd=ROOT, env=env or clean_env(), stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True,
+        _launch_cmd(folder, *script_args, launch_args=launch_args), cwd=ROOT, env=env or clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 180
@@ -158,7 +159,10 @@ def test_without_project_folder_the_signal_ends_the_job_with_a_hint(tmp_path):
     result, elapsed = _interrupt(tmp_path / "run", signal.SIGTERM, "--no-project")
     assert result.returncode == 128 + signal.SIGTERM, result.stderr[-4000:]
     assert elapsed < 30
-    hint = "SIGTERM received; the job stops without a checkpoint. To save one and resume after a preemption, give the Accelerator"
+    hint = (
+        "SIGTERM received; the job stops without a checkpoint. To save one and resume after a preemption, give the "
+        "Accelerator"
+    )
     assert result.stderr.count(hint) == 1, result.stderr[-4000:]
     assert "automatic_checkpoint_naming=True" in result.stderr
     assert not (tmp_path / "run" / "checkpoints").exists()

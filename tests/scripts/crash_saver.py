@@ -4,9 +4,9 @@ Usage: crash_saver.py PROJECT_DIR KILLS [--async] [--shared]. With ``--async`` t
 ``save_state(async_save=True)`` and waits for the background writer, so the kills land while the
 background thread writes, fsyncs and publishes. With ``--shared`` every save goes to one folder that also
 holds the user's files (published file by file beside them): after each kill the folder must load the
-previous or the new checkpoint, and the user's files must be as they were. One driver process (one thread of torch, so forking is safe)
-forks a child per attempt that fills the weights with the next checkpoint number and saves; the driver
-kills it after a random delay within the duration of a save (the first save completes), then loads the
+previous or the new checkpoint, and the user's files must be as they were. One driver process (one thread of torch,
+so forking is safe) forks a child per attempt that fills the weights with the next checkpoint number and saves; the
+driver kills it after a random delay within the duration of a save (the first save completes), then loads the
 latest checkpoint and checks that every weight holds that checkpoint's number. Attempts go on until
 KILLS kills have landed while a save was running (the child reports when its save returned). Prints
 one summary line.
@@ -100,7 +100,8 @@ while killed_mid_save < wanted_kills and attempt < 4 * wanted_kills:
     if shared:
         if number not in (attempt, loaded):
             sys.exit(
-                f"attempt {attempt}: {shared} holds checkpoint {number}, neither the previous ({loaded}) nor the new one"
+                f"attempt {attempt}: {shared} holds checkpoint {number}, neither the previous ({loaded}) nor the new "
+                "one"
             )
         loaded = number
         for name, data in USER_FILES.items():
@@ -115,5 +116,7 @@ while killed_mid_save < wanted_kills and attempt < 4 * wanted_kills:
             f"attempt {attempt}: more than {limit} checkpoints kept with total_limit=2: {complete_checkpoints(project)}"
         )
 print(
-    f"crash test ({'async' if asynchronous else 'sync'}{', shared folder' if shared else ''}): one save takes {save_seconds:.2f} s; {attempt} attempts, {killed_mid_save} killed during the save, {completed} completed, every load whole"
+    f"crash test ({'async' if asynchronous else 'sync'}{', shared folder' if shared else ''}): one save takes "
+    f"{save_seconds:.2f} s; {attempt} attempts, {killed_mid_save} killed during the save, {completed} completed, "
+    "every load whole"
 )

@@ -1,7 +1,8 @@
 """DeepSpeed on 2 processes: ZeRO 1/2/3 train like DDP (fp32, with and without accumulation), ZeRO-2
 with the optimizer offloaded to the CPU, the guide's all-"auto" ZeRO-3 config, and ZeRO-1/2 merged weights.
 
-Usage: deepspeed_training.py TMP_DIR AUTO_CONFIG_JSON. Run by tests/strategies/test_deepspeed.py; exits non-zero at the first failure.
+Usage: deepspeed_training.py TMP_DIR AUTO_CONFIG_JSON. Run by tests/strategies/test_deepspeed.py; exits non-zero at
+the first failure.
 """
 
 import sys

@@ -2,9 +2,10 @@
 
 ``python dump_api_surface.py accelerate`` walks the installed ``accelerate`` package (the reference copy), reads
 each module's source to find the names it defines (and, for packages, the names it re-exports), and prints
-``{module: {name: description}}`` (a class's description holds its public methods' signatures). ``python dump_api_surface.py hasten < reference.json`` describes, for every
-``(module, name)`` of a reference dump, the object ``hasten`` has at the same path (``accelerate`` replaced by
-``hasten``), or says that it is missing. The test that compares the two lives in tests/compat/test_accelerate_surface.py.
+``{module: {name: description}}`` (a class's description holds its public methods' signatures).
+``python dump_api_surface.py hasten < reference.json`` describes, for every ``(module, name)`` of a reference dump,
+the object ``hasten`` has at the same path (``accelerate`` replaced by ``hasten``), or says that it is missing. The
+test that compares the two lives in tests/compat/test_accelerate_surface.py.
 """
 
 from __future__ import annotations
@@ -22,9 +23,15 @@ import warnings
 
 # Parts of the reference package that are not compared, each with why.
 SKIPPED_MODULES = {
-    "accelerate.test_utils.scripts": "Accelerate's own multi-process test scripts (hasten's self-check is hasten.test_utils.scripts.test_script)",
-    "accelerate.test_utils.examples": "compares Accelerate's example scripts with their feature variants; hasten's examples are its own",
-    "accelerate.commands": "CLI internals; the command line is `hasten`, with Accelerate's flags (see INCLUDED_COMMANDS)",
+    "accelerate.test_utils.scripts": (
+        "Accelerate's own multi-process test scripts (hasten's self-check is hasten.test_utils.scripts.test_script)"
+    ),
+    "accelerate.test_utils.examples": (
+        "compares Accelerate's example scripts with their feature variants; hasten's examples are its own"
+    ),
+    "accelerate.commands": (
+        "CLI internals; the command line is `hasten`, with Accelerate's flags (see INCLUDED_COMMANDS)"
+    ),
 }
 # The command modules whose helpers libraries do import (transformers, trl), compared name by name.
 INCLUDED_COMMANDS = {

@@ -9,7 +9,10 @@ import sys
 import accelerate
 from accelerate import Accelerator
 
-CHILD = "import accelerate, importlib.metadata as m, json; print(json.dumps([accelerate.__version__, m.version('accelerate'), accelerate.Accelerator.__module__]))"
+CHILD = (
+    "import accelerate, importlib.metadata as m, json; print(json.dumps([accelerate.__version__, "
+    "m.version('accelerate'), accelerate.Accelerator.__module__]))"
+)
 
 accelerator = Accelerator()
 child = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, check=True)

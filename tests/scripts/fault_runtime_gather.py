@@ -1,7 +1,8 @@
 """gather_for_metrics after the loop, on batches collected during it, across 2 processes.
 
-For every dataset size x batch size x even_batches (and, for some, split_batches or dispatch_batches), both ways users collect (a list of batches, and
-one concatenated tensor), every rank must get the dataset exactly, in order. Usage: fault_runtime_gather.py
+For every dataset size x batch size x even_batches (and, for some, split_batches or dispatch_batches), both ways
+users collect (a list of batches, and one concatenated tensor), every rank must get the dataset exactly, in order.
+Usage: fault_runtime_gather.py
 """
 
 import itertools

@@ -1,4 +1,5 @@
-"""Print the FSDP plugin that ``hasten launch`` settings produce in each process (run by tests/strategies/test_fsdp.py)."""
+"""Print the FSDP plugin that ``hasten launch`` settings produce in each process (run by
+tests/strategies/test_fsdp.py)."""
 
 import json
 

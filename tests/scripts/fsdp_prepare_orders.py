@@ -56,5 +56,6 @@ for order in (optimizer_from_prepared_model, optimizer_built_before):
     assert other == reference, f"{order.__name__} trains differently from one prepare call:\n{other}\n{reference}"
 assert reference[-1] < reference[0] - 0.1, f"the model learns: {reference[0]:.4f} -> {reference[-1]:.4f}"
 print(
-    f"rank {dist.get_rank()}: fsdp prepare orders give identical losses over {STEPS} steps ({reference[0]:.4f} -> {reference[-1]:.4f})"
+    f"rank {dist.get_rank()}: fsdp prepare orders give identical losses over {STEPS} steps ({reference[0]:.4f} -> "
+    f"{reference[-1]:.4f})"
 )

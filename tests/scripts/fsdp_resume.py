@@ -4,7 +4,8 @@ must reproduce those losses; it then merges the sharded checkpoint with ``merge_
 
 ``reshard`` (one process) loads the sharded checkpoint written by two.
 
-Usage: fsdp_resume.py save|resume|reshard FOLDER. Run by tests/strategies/test_fsdp.py; exits non-zero at the first failure.
+Usage: fsdp_resume.py save|resume|reshard FOLDER. Run by tests/strategies/test_fsdp.py; exits non-zero at the first
+failure.
 """
 
 import json

@@ -1,9 +1,10 @@
 """N-D parallelism on real processes: ``parallelism_training.py LAYOUT [save FOLDER | resume FOLDER]``.
 
 LAYOUT is ``fsdp_tp`` (dp_shard=2 x tp=2, 4 processes), ``hsdp`` (dp_replicate=2 x dp_shard=2, 4 processes),
-``tp`` (tp=2, 2 processes) or ``launch`` (no ParallelismConfig argument: the ``hasten launch`` flags lay it out). A small MLP with a ``_tp_plan`` and a tiny transformers LlamaForCausalLM
-train 8 steps on batches from a prepared DataLoader; the losses, clipping norms and gathered state dicts
-must equal a plain one-process model trained on the same global batches. Run by tests/strategies/test_parallelism.py.
+``tp`` (tp=2, 2 processes) or ``launch`` (no ParallelismConfig argument: the ``hasten launch`` flags lay it out).
+A small MLP with a ``_tp_plan`` and a tiny transformers LlamaForCausalLM train 8 steps on batches from a prepared
+DataLoader; the losses, clipping norms and gathered state dicts must equal a plain one-process model trained on the
+same global batches. Run by tests/strategies/test_parallelism.py.
 """
 
 import sys
@@ -106,7 +107,8 @@ def train(acc, model, opt, loader, loss_fn, steps):
 
 
 def check_gather_for_metrics(acc, model, ref_model, inputs):
-    """13 evaluation samples over the data-parallel ranks (the last round padded): exactly the 13 predictions come back."""
+    """13 evaluation samples over the data-parallel ranks (the last round padded): exactly the 13 predictions come
+    back."""
     evaluation = acc.prepare(DataLoader(TensorDataset(inputs), batch_size=LOCAL_BATCH))
     with torch.no_grad():
         predictions = torch.cat([acc.gather_for_metrics(model(x)) for (x,) in evaluation])
@@ -144,21 +146,25 @@ def check(layout, name, case):
     worst_loss = max(abs(a - b) for a, b in zip(losses, ref_losses))
     worst_norm = max(abs(a - b) / max(1.0, b) for a, b in zip(norms, ref_norms))
     assert worst_loss < 1e-5 and worst_norm < 1e-5, (
-        f"{name}: losses/norms differ from the reference by {worst_loss:.2g}/{worst_norm:.2g}\n{losses}\n{ref_losses}\n{norms}\n{ref_norms}"
+        f"{name}: losses/norms differ from the reference by "
+        f"{worst_loss:.2g}/{worst_norm:.2g}\n{losses}\n{ref_losses}\n{norms}\n{ref_norms}"
     )
     if acc.is_main_process:
         assert state.keys() == ref_state.keys(), (sorted(state), sorted(ref_state))
         worst_param = max((state[k] - ref_state[k]).abs().max().item() for k in ref_state)
         assert worst_param < 1e-5, f"{name}: parameters differ from the reference by {worst_param:.2g}"
         print(
-            f"RESULT {layout} {name}: mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}, max loss diff {worst_loss:.2g}, "
-            f"max norm diff {worst_norm:.2g}, max parameter diff {worst_param:.2g}, rank 0 holds {mine}/{full} parameter bytes ({mine / full:.4f}) |"
+            f"RESULT {layout} {name}: mesh {dict(zip(mesh.mesh_dim_names, mesh.shape))}, max loss diff "
+            f"{worst_loss:.2g}, "
+            f"max norm diff {worst_norm:.2g}, max parameter diff {worst_param:.2g}, rank 0 holds {mine}/{full} "
+            f"parameter bytes ({mine / full:.4f}) |"
         )
     reset_state()
 
 
 def check_prepare_orders(layout):
-    """Optimizer and model in one call, the optimizer built from the prepared model, or built before: identical losses."""
+    """Optimizer and model in one call, the optimizer built from the prepared model, or built before: identical
+    losses."""
     make, data, loss_fn = mlp_case()
     config = ParallelismConfig(**LAYOUTS[layout]) if layout in LAYOUTS else None
 
@@ -185,7 +191,8 @@ def check_prepare_orders(layout):
     assert runs[0] == runs[1] == runs[2], f"the prepare orders train differently under {layout}: {runs}"
     if dist.get_rank() == 0:
         print(
-            f"RESULT {layout} orders: three prepare orders, identical losses over {STEPS} steps ({runs[0][0]:.4f} -> {runs[0][-1]:.4f}) |"
+            f"RESULT {layout} orders: three prepare orders, identical losses over {STEPS} steps ({runs[0][0]:.4f} -> "
+            f"{runs[0][-1]:.4f}) |"
         )
 
 

@@ -231,7 +231,10 @@ def test_clipping_is_the_engines():
     assert strategy.clip_grad_norm_([], 1.0).item() == 2.5
     with pytest.warns(
         UserWarning,
-        match=r"clip_grad_norm_\(max_norm=0.5\) under DeepSpeed: the engine clips with gradient_clipping from the DeepSpeed config, which is 1.0",
+        match=(
+            r"clip_grad_norm_\(max_norm=0.5\) under DeepSpeed: the engine clips with gradient_clipping from the "
+            r"DeepSpeed config, which is 1.0"
+        ),
     ):
         strategy.clip_grad_norm_([], 0.5)
     with pytest.raises(NotSupportedError, match="DeepSpeed clips gradients by norm only"):
@@ -285,5 +288,9 @@ def test_merge_weights_detects_the_format(tmp_path, monkeypatch, capsys):
 def test_importing_the_deepspeed_modules_does_not_import_deepspeed():
     import subprocess
 
-    code = "import sys, hasten.commands.merge_weights, hasten.commands.estimate_memory, hasten.strategies.deepspeed.plugin, hasten.strategies.deepspeed.strategy; assert 'deepspeed' not in sys.modules"
+    code = (
+        "import sys, hasten.commands.merge_weights, hasten.commands.estimate_memory, "
+        "hasten.strategies.deepspeed.plugin, hasten.strategies.deepspeed.strategy; assert 'deepspeed' not in "
+        "sys.modules"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

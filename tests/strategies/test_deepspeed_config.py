@@ -62,7 +62,10 @@ def test_misspelled_key_names_the_closest_valid_key():
     config = {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weight_on_model_save": True}}
     with pytest.raises(
         ConfigError,
-        match=r"zero_optimization\.stage3_gather_16bit_weight_on_model_save \(did you mean 'zero_optimization\.stage3_gather_16bit_weights_on_model_save'\?\)",
+        match=(
+            r"zero_optimization\.stage3_gather_16bit_weight_on_model_save \(did you mean "
+            r"'zero_optimization\.stage3_gather_16bit_weights_on_model_save'\?\)"
+        ),
     ):
         DeepSpeedPlugin(hf_ds_config=config)
 
@@ -133,7 +136,8 @@ def test_static_schema_covers_the_installed_deepspeed():
         ),
         (
             {"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}},
-            r"offloads parameters \(zero_optimization.offload_param\) with ZeRO stage 2; parameter offload needs stage 3",
+            r"offloads parameters \(zero_optimization.offload_param\) with ZeRO stage 2; parameter offload needs "
+            r"stage 3",
         ),
         ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, r"enables both fp16 and bf16"),
     ],
@@ -246,8 +250,8 @@ def test_auto_values_the_script_cannot_give_are_listed(initialize):
         error.value
     )
     assert (
-        "zero_optimization.reduce_bucket_size: the model has no config.hidden_size; write a number (DeepSpeed's default is 5e8)"
-        in str(error.value)
+        "zero_optimization.reduce_bucket_size: the model has no config.hidden_size; write a number (DeepSpeed's "
+        "default is 5e8)" in str(error.value)
     )
 
 
@@ -272,7 +276,10 @@ def test_plugin_defaults_train_like_ddp(initialize):
 def test_accumulation_in_the_file_and_in_the_script_must_agree():
     with pytest.raises(
         ConfigError,
-        match=r"gradient_accumulation_steps: 4 in the DeepSpeed config dict, but 2 from Accelerator\(gradient_accumulation_steps=2\)",
+        match=(
+            r"gradient_accumulation_steps: 4 in the DeepSpeed config dict, but 2 from "
+            r"Accelerator\(gradient_accumulation_steps=2\)"
+        ),
     ):
         Accelerator(
             gradient_accumulation_steps=2,
@@ -316,7 +323,8 @@ def test_file_precision_wins_over_no_with_a_warning():
 
 
 def _record_state_writes(monkeypatch) -> list:
-    """Every attribute written on an ``AcceleratorState`` and every plugin a ``GradientState`` is built with, in order."""
+    """Every attribute written on an ``AcceleratorState`` and every plugin a ``GradientState`` is built with, in
+    order."""
     from hasten.state import AcceleratorState, GradientState
 
     writes = []

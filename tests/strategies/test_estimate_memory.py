@@ -156,7 +156,10 @@ def test_config_json_without_transformers_says_what_to_install(tmp_path, monkeyp
 def test_unknown_models_and_bad_arguments(capsys):
     with pytest.raises(
         ConfigError,
-        match=r"Unknown model 't0-3b': hasten estimate-memory does not download models. Did you mean 'bigscience/T0_3B'\?",
+        match=(
+            r"Unknown model 't0-3b': hasten estimate-memory does not download models. Did you mean "
+            r"'bigscience/T0_3B'\?"
+        ),
     ):
         model_size("t0-3b")
     assert estimate_memory.main([]) == 1
@@ -175,7 +178,8 @@ def test_the_memory_table_imports_no_strategy():
 
     code = (
         "import sys, hasten.strategies.deepspeed.memory_estimate\n"
-        "loaded = [m for m in ('hasten.state', 'hasten.strategies.base', 'hasten.strategies.deepspeed.strategy', 'hasten.strategies.deepspeed.plugin', 'deepspeed') if m in sys.modules]\n"
+        "loaded = [m for m in ('hasten.state', 'hasten.strategies.base', 'hasten.strategies.deepspeed.strategy', "
+        "'hasten.strategies.deepspeed.plugin', 'deepspeed') if m in sys.modules]\n"
         "assert not loaded, loaded"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,4 +1,5 @@
-"""Experiment trackers: TensorBoard and JSON-lines files read back, config conversion, errors, custom trackers, 2 processes."""
+"""Experiment trackers: TensorBoard and JSON-lines files read back, config conversion, errors, custom trackers,
+2 processes."""
 
 from __future__ import annotations
 
@@ -485,7 +486,10 @@ def test_hub_misuse_is_reported(tmp_path):
         hub.init("run", init_kwargs={"jsonl": {"colour": 1}})
     with pytest.warns(
         UserWarning,
-        match=r"init_trackers\(init_kwargs=...\) has an entry for 'jsnl', which is not a tracker; it is ignored\..* Did you mean 'jsonl'\?",
+        match=(
+            r"init_trackers\(init_kwargs=...\) has an entry for 'jsnl', which is not a tracker; it is ignored\..* "
+            r"Did you mean 'jsonl'\?"
+        ),
     ):
         hub.init("run", init_kwargs={"jsnl": {}, "wandb": {"entity": "unused here"}})
     with pytest.raises(ConfigError, match=r"init_trackers\(\) was already called for this run; call end_training\(\)"):
@@ -517,7 +521,10 @@ def test_hub_finishes_every_tracker_even_if_one_fails(tmp_path):
 
 
 def test_import_does_not_load_tracker_packages():
-    code = "import sys, hasten.tracking; print(sorted(m for m in ('tensorboard', 'wandb', 'mlflow', 'torch.utils.tensorboard') if m in sys.modules))"
+    code = (
+        "import sys, hasten.tracking; print(sorted(m for m in ('tensorboard', 'wandb', 'mlflow', "
+        "'torch.utils.tensorboard') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip() == "[]"
 

@@ -128,8 +128,9 @@ def _guard_moves(model: nn.Module) -> None:
                 return _method(*args, **kwargs)
             if any(param.device.type == "meta" for param in model.parameters()):
                 raise NotSupportedError(
-                    f"model.{_name}() cannot move a dispatched model with offloaded weights. Remove the hooks first with "
-                    "hasten.hooks.remove_hook_from_module(model, recurse=True), or dispatch it again with another device_map."
+                    f"model.{_name}() cannot move a dispatched model with offloaded weights. Remove the hooks first "
+                    "with hasten.hooks.remove_hook_from_module(model, recurse=True), or dispatch it again with another "
+                    "device_map."
                 )
             warnings.warn(
                 f"model.{_name}() moves a model dispatched with a device_map; its hooks still expect the old devices.",
@@ -161,8 +162,9 @@ def _disk_weights(model, device_map, offload_dir, offload_index, offload_buffers
         return
     if offload_dir is None and offload_index is None:
         raise ConfigError(
-            f"The device_map offloads {', '.join(name or 'the whole model' for name in disk[:5])}{' ...' if len(disk) > 5 else ''} to disk: pass offload_dir=<a folder> "
-            "(or the offload_index of weights already offloaded)."
+            "The device_map offloads "
+            f"{', '.join(name or 'the whole model' for name in disk[:5])}{' ...' if len(disk) > 5 else ''} to disk: "
+            "pass offload_dir=<a folder> (or the offload_index of weights already offloaded)."
         )
     if offload_index is not None:
         return

@@ -237,7 +237,8 @@ def _load_distributed(
             )
         if missing or unexpected:
             logger.warning(
-                "The checkpoint %s does not match %s: missing keys (left as they were): %s; unexpected keys (ignored): %s",
+                "The checkpoint %s does not match %s: missing keys (left as they were): %s; unexpected keys (ignored): "
+                "%s",
                 resolved.source,
                 type(model).__name__,
                 ", ".join(missing),
@@ -307,8 +308,9 @@ def load_checkpoint_in_model(
     if broadcast_from_rank0 or _has_dtensors(model):
         if device_map is not None or dtype is not None:
             raise ConfigError(
-                "device_map and dtype cannot be combined with sharded (DTensor) parameters or broadcast_from_rank0: the "
-                "checkpoint is copied into the model's own parameters. Cast the model (model.to(dtype)) before loading."
+                "device_map and dtype cannot be combined with sharded (DTensor) parameters or broadcast_from_rank0: "
+                "the checkpoint is copied into the model's own parameters. Cast the model (model.to(dtype)) before "
+                "loading."
             )
         _load_distributed(model, checkpoint, full_state_dict, broadcast_from_rank0, strict)
         return

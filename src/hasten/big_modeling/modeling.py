@@ -1,8 +1,8 @@
 """Sizes and ties of models whose weights live on several devices: dtypes, module sizes, tied parameters.
 
 Names and results follow ``accelerate.utils.modeling`` (``compute_module_sizes``, ``dtype_byte_size``,
-``find_tied_parameters``, ...); finding tied parameters is the weight-file layer's
-(:mod:`hasten.runtime.weights.tied`, re-exported here), which checkpoints use too. Moving tensors is in :mod:`hasten.big_modeling.tensors`; device maps
+``find_tied_parameters``, ...); finding tied parameters is the weight-file layer's (:mod:`hasten.runtime.weights.tied`,
+re-exported here), which checkpoints use too. Moving tensors is in :mod:`hasten.big_modeling.tensors`; device maps
 (``infer_auto_device_map`` and friends) are in :mod:`hasten.big_modeling.device_map`.
 """
 
@@ -42,7 +42,8 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
         return candidate
     known = [name for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)]
     raise ConfigError(
-        f"Unknown dtype {dtype!r}: expected a torch dtype such as 'float16', 'bfloat16' or 'float32'.{did_you_mean(text, known)}"
+        f"Unknown dtype {dtype!r}: expected a torch dtype such as 'float16', 'bfloat16' or "
+        f"'float32'.{did_you_mean(text, known)}"
     )
 
 

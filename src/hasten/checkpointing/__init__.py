@@ -28,7 +28,8 @@ def save_accelerator_state(
     from ..errors import NotSupportedError
 
     raise NotSupportedError(
-        "save_accelerator_state is internal to Accelerate; call accelerator.save_state(output_dir) instead (same contents, atomic, no pickle)."
+        "save_accelerator_state is internal to Accelerate; call accelerator.save_state(output_dir) instead (same "
+        "contents, atomic, no pickle)."
     )
 
 

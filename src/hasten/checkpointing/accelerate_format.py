@@ -80,9 +80,9 @@ def load_pickle(path: str | os.PathLike) -> Any:
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as error:
         raise CheckpointError(
-            f"Refused to load {path}: its pickle refers to {_refused_name(error)}, which is not a tensor, number or plain "
-            "container, and unpickling it could run code. Only load checkpoints you trust; if you trust this one, "
-            "resave the object from the program that wrote it."
+            f"Refused to load {path}: its pickle refers to {_refused_name(error)}, which is not a tensor, number or "
+            "plain container, and unpickling it could run code. Only load checkpoints you trust; if you trust this "
+            "one, resave the object from the program that wrote it."
         ) from None
     except (RuntimeError, EOFError, OSError, ValueError) as error:
         raise CheckpointError(
@@ -102,7 +102,8 @@ def is_accelerate_checkpoint(directory: str | os.PathLike) -> bool:
 
 
 def open_checkpoint(directory: str | os.PathLike, process_index: int = 0, models: list | None = None):
-    """A reader for ``directory``: :class:`AccelerateCheckpointReader` for Accelerate's folders, else ``CheckpointReader``."""
+    """A reader for ``directory``: :class:`AccelerateCheckpointReader` for Accelerate's folders, else
+    ``CheckpointReader``."""
     if is_accelerate_checkpoint(directory):
         return AccelerateCheckpointReader(directory, process_index, models or [])
     return CheckpointReader(directory)
@@ -165,8 +166,9 @@ class AccelerateCheckpointReader:
         unread = sorted(name for name in self.files if re.fullmatch(r"(sampler|dl_state_dict)(_\d+)?\.bin", name))
         if unread:
             warnings.warn(
-                f"{self.directory} holds Accelerate's data loader states ({', '.join(unread)}); hasten does not read them, "
-                "so the data loaders start from their beginning (skip the consumed batches with accelerator.skip_first_batches).",
+                f"{self.directory} holds Accelerate's data loader states ({', '.join(unread)}); hasten does not read "
+                "them, so the data loaders start from their beginning (skip the consumed batches with "
+                "accelerator.skip_first_batches).",
                 stacklevel=4,
             )
 
@@ -175,8 +177,9 @@ class AccelerateCheckpointReader:
             if name in self.files:
                 return self.directory / name
         raise CheckpointError(
-            f"Accelerate checkpoint {self.directory} has no {' or '.join(candidates)} (it holds: {', '.join(sorted(self.files)[:12])}). "
-            "Prepare (and register_for_checkpointing) the same objects, in the same order, as the run that saved it."
+            f"Accelerate checkpoint {self.directory} has no {' or '.join(candidates)} (it holds: "
+            f"{', '.join(sorted(self.files)[:12])}). Prepare (and register_for_checkpointing) the same objects, in the "
+            "same order, as the run that saved it."
         )
 
     def _accelerate_names(self, name: str) -> list[str]:
@@ -199,9 +202,9 @@ class AccelerateCheckpointReader:
         return [name]
 
     def find_corrupt(self, names: list[str] | None = None, share: tuple[int, int] = (0, 1)) -> list[str]:
-        """The files among ``names`` that cannot be read (``share`` ``(i, n)``: every n-th file from the i-th). Accelerate
-        records no checksums, so verifying a file means reading it whole (pickles through the restricted unpickler);
-        what was read is kept for the load."""
+        """The files among ``names`` that cannot be read (``share`` ``(i, n)``: every n-th file from the i-th).
+        Accelerate records no checksums, so verifying a file means reading it whole (pickles through the restricted
+        unpickler); what was read is kept for the load."""
         bad = []
         for name in (sorted(self.files) if names is None else names)[share[0] :: share[1]]:
             if name in self._verified:
@@ -265,7 +268,8 @@ class AccelerateCheckpointReader:
         raise CheckpointError(f"Accelerate checkpoint {self.directory} has no {name!r}.")
 
     def load_state(self, name: str, into: Any = None) -> Any:
-        """The state hasten calls ``name`` (``optimizer``, ``scheduler_1``, ``random_states_0``...), read from Accelerate's file."""
+        """The state hasten calls ``name`` (``optimizer``, ``scheduler_1``, ``random_states_0``...), read from
+        Accelerate's file."""
         if name not in self._states:
             path = self._path(*self._accelerate_names(f"{name}.json"))
             state = load_pickle(path)

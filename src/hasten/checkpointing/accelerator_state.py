@@ -64,8 +64,8 @@ def check_checkpointable(objects) -> None:
     ]
     if bad:
         raise ConfigError(
-            f"register_for_checkpointing needs objects with state_dict() and load_state_dict(); these have not: {'; '.join(bad)}. "
-            "Wrap the object in a class that defines both."
+            "register_for_checkpointing needs objects with state_dict() and load_state_dict(); these have not: "
+            f"{'; '.join(bad)}. Wrap the object in a class that defines both."
         )
 
 
@@ -78,11 +78,13 @@ def _target(project, output_dir, check_free: bool = True) -> Path:
         return resolve_target(output_dir)
     if not project.automatic_checkpoint_naming:
         raise ConfigError(
-            "save_state() needs an output_dir, or Accelerator(project_config=ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True))."
+            "save_state() needs an output_dir, or Accelerator(project_config=ProjectConfiguration(project_dir=..., "
+            "automatic_checkpoint_naming=True))."
         )
     if project.project_dir is None:
         raise ConfigError(
-            "automatic_checkpoint_naming needs a project_dir: Accelerator(project_dir=...) or ProjectConfiguration(project_dir=...)."
+            "automatic_checkpoint_naming needs a project_dir: Accelerator(project_dir=...) or "
+            "ProjectConfiguration(project_dir=...)."
         )
     path = checkpoint_path(project.project_dir, project.iteration)
     if check_free and path.exists():
@@ -114,7 +116,8 @@ def save_state(
     if not safe_serialization:
         warn_once(
             "unsafe-serialization",
-            "save_state(safe_serialization=False) is ignored: hasten checkpoints always store tensors in safetensors and structure in JSON (no pickle).",
+            "save_state(safe_serialization=False) is ignored: hasten checkpoints always store tensors in safetensors "
+            "and structure in JSON (no pickle).",
         )
     asynchronous = _asynchronous(contents, project, async_save)
     on_each_node = project.save_on_each_node
@@ -343,7 +346,10 @@ def _one_line(error: BaseException, final: Path, where: str = "the main process"
     """The message every process raises for a save that failed on one of them."""
     if isinstance(error, CheckpointError):
         return str(error)
-    return f"Could not save the checkpoint {final}: {where} failed ({type(error).__name__}: {error}). Earlier checkpoints are untouched."
+    return (
+        f"Could not save the checkpoint {final}: {where} failed ({type(error).__name__}: {error}). Earlier "
+        "checkpoints are untouched."
+    )
 
 
 def _collect_other_rng_states(
@@ -364,9 +370,9 @@ def _collect_other_rng_states(
         warn_once(
             "main-only-save",
             f"save_state({str(writer.final)!r}) ran on process {state.process_index} without process(es) {missing} "
-            f"(they did not call it within {participants.JOIN_GRACE_S:.0f} s): the checkpoint holds the models, optimizers "
-            f"and every shared state, but not the random number generator states of process(es) {missing}, which keep "
-            "their current states on load_state. Call save_state on every process to include them.",
+            f"(they did not call it within {participants.JOIN_GRACE_S:.0f} s): the checkpoint holds the models, "
+            f"optimizers and every shared state, but not the random number generator states of process(es) {missing}, "
+            "which keep their current states on load_state. Call save_state on every process to include them.",
         )
     return sorted(states)
 
@@ -409,7 +415,8 @@ def _source(project, input_dir) -> Path:
         return Path(input_dir)
     if not project.automatic_checkpoint_naming or project.project_dir is None:
         raise ConfigError(
-            "load_state() needs an input_dir, unless automatic checkpoint naming is on (ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True))."
+            "load_state() needs an input_dir, unless automatic checkpoint naming is on "
+            "(ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True))."
         )
     latest = latest_checkpoint(project.project_dir)
     if latest is None:
@@ -501,14 +508,15 @@ def _read_small_states(reader: CheckpointReader, contents: CheckpointContents, s
     """Read (not apply) schedulers, scaler, dataloader positions, custom objects and RNG states."""
     if contents.scaler is not None and not reader.exists("scaler.json"):
         raise CheckpointError(
-            f"Checkpoint {reader.directory} has no fp16 scaler state, but this run uses fp16: it was saved with another mixed precision setting."
+            f"Checkpoint {reader.directory} has no fp16 scaler state, but this run uses fp16: it was saved with "
+            "another mixed precision setting."
         )
     rng = random_state_for(reader, state.process_index, state.num_processes)
     if rng is None:
         warnings.warn(
-            f"Checkpoint {reader.directory} was saved by {reader.manifest.get('world_size')} process(es) and has no random "
-            f"state for rank {state.process_index} of this run's {state.num_processes}: this rank's random number "
-            "generators are not restored, so dropout and shuffling may differ from the saved run.",
+            f"Checkpoint {reader.directory} was saved by {reader.manifest.get('world_size')} process(es) and has no "
+            f"random state for rank {state.process_index} of this run's {state.num_processes}: this rank's random "
+            "number generators are not restored, so dropout and shuffling may differ from the saved run.",
             stacklevel=5,
         )
     return {

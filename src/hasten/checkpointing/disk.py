@@ -175,4 +175,7 @@ def failure_message(
             "(save_state(output_dir) or ProjectConfiguration(project_dir=...)); earlier checkpoints are untouched"
             + ("." if leftover is None else f" ({removed}).")
         )
-    return f"Could not save the checkpoint {final}: {reason} (writing {path}). {removed.capitalize()}; earlier checkpoints and the folder's other files are untouched."
+    return (
+        f"Could not save the checkpoint {final}: {reason} (writing {path}). {removed.capitalize()}; earlier "
+        "checkpoints and the folder's other files are untouched."
+    )

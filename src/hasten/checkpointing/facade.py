@@ -51,7 +51,8 @@ class CheckpointingMethods:
         async_save: bool | None = None,
         **save_model_func_kwargs,
     ) -> str:
-        """Save models, optimizers, schedulers, the fp16 scaler, dataloader positions, RNG states and registered objects.
+        """Save models, optimizers, schedulers, the fp16 scaler, dataloader positions, RNG states and registered
+        objects.
 
         The folder appears complete or not at all (written under a temporary name, fsynced, manifest last,
         renamed). With ``ProjectConfiguration(automatic_checkpoint_naming=True)``, ``output_dir`` defaults to
@@ -113,7 +114,8 @@ class CheckpointingMethods:
         return handle
 
     def register_load_state_pre_hook(self, hook: Callable):
-        """Call ``hook(models, input_dir)`` before :meth:`load_state`; models it removes from the list are not loaded."""
+        """Call ``hook(models, input_dir)`` before :meth:`load_state`; models it removes from the list are not
+        loaded."""
         from torch.utils.hooks import RemovableHandle
 
         handle = RemovableHandle(self._load_hooks)

@@ -175,7 +175,10 @@ def file_digest(path: Path, key: str = HASH_KEY, piece: int | None = None) -> st
 
 def corrupt_message(path: Path) -> str:
     """The one line that names a file whose checksum does not match."""
-    return f"{path} is corrupt: its checksum does not match the checkpoint's manifest. Restore it from a backup or use another checkpoint."
+    return (
+        f"{path} is corrupt: its checksum does not match the checkpoint's manifest. Restore it from a backup or "
+        "use another checkpoint."
+    )
 
 
 def _jobs(files: dict[str, dict[str, Any]], names: list[str], piece: int | None) -> list[tuple[str, int | None]]:

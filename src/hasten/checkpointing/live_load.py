@@ -47,8 +47,8 @@ def check_model(reader, name: str, module: torch.nn.Module) -> None:
             if keys
         ]
         raise CheckpointError(
-            f"{reader.directory / name} does not fit {type(module).__name__} ({'; '.join(parts)}): prepare the same model "
-            "as the run that saved it. Nothing was loaded."
+            f"{reader.directory / name} does not fit {type(module).__name__} ({'; '.join(parts)}): prepare the same "
+            "model as the run that saved it. Nothing was loaded."
         )
 
 

@@ -178,9 +178,9 @@ def _wait_for(store, key: str, target, step: int, rank: int, writer: int, until_
             return says
         if waited > limit:
             raise CheckpointError(
-                f"save_state({str(target)!r}) on process {rank} waited {limit:.0f} s for process {writer} (which writes "
-                "the checkpoint) to save at the same step, in vain: call save_state on every process at the same "
-                "points, or on the main process alone."
+                f"save_state({str(target)!r}) on process {rank} waited {limit:.0f} s for process {writer} (which "
+                "writes the checkpoint) to save at the same step, in vain: call save_state on every process at the "
+                "same points, or on the main process alone."
             )
         time.sleep(_POLL_S)
 

@@ -144,8 +144,8 @@ def _drop_swapped_out(old: Path, final: Path) -> None:
         shutil.rmtree(old)
     except OSError as error:
         warnings.warn(
-            f"The checkpoint {final} was saved, but the previous checkpoint of that folder, moved to {old}, could not be "
-            f"deleted ({error}); delete it yourself.",
+            f"The checkpoint {final} was saved, but the previous checkpoint of that folder, moved to {old}, could not "
+            f"be deleted ({error}); delete it yourself.",
             stacklevel=2,
         )
 

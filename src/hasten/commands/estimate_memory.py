@@ -38,8 +38,8 @@ def _add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "model_name",
         nargs="?",
-        help="A known model (e.g. bigscience/T0_3B), a local Transformers config.json or its folder, or 'module:factory' "
-        "(a function building the model; it is built on the meta device). Optional with --num_params.",
+        help="A known model (e.g. bigscience/T0_3B), a local Transformers config.json or its folder, or "
+        "'module:factory' (a function building the model; it is built on the meta device). Optional with --num_params.",
     )
     parser.add_argument(
         "--num_params",
@@ -110,7 +110,8 @@ def report(args: argparse.Namespace) -> str:
 
     size = _model(args)
     lines = [
-        f"Memory for {size.name}: {size.total_params // 10**6}M total parameters, {size.largest_layer_params // 10**6}M largest layer parameters.",
+        f"Memory for {size.name}: {size.total_params // 10**6}M total parameters, "
+        f"{size.largest_layer_params // 10**6}M largest layer parameters.",
         "",
     ]
     rows = [("dtype", "Largest layer or block", "Total size", "Training with Adam")]

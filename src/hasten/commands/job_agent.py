@@ -193,8 +193,8 @@ class JobAgent(LocalElasticAgent):
             return
         if count < world:
             print(
-                f"hasten launch: {world - count} machine(s) still running {self._exit_barrier_timeout:.0f} s after this "
-                "machine's processes finished; not waiting longer.",
+                f"hasten launch: {world - count} machine(s) still running {self._exit_barrier_timeout:.0f} s after "
+                "this machine's processes finished; not waiting longer.",
                 file=sys.stderr,
                 flush=True,
             )
@@ -233,7 +233,8 @@ class JobAgent(LocalElasticAgent):
 
 
 def _wait_for_count(store, key: str, target: int, seconds: float = ACK_SECONDS, add: int = 1) -> None:
-    """Add ``add`` to the counter ``key``, then wait (at most ``seconds``) until it reaches ``target``; a lost store ends the wait."""
+    """Add ``add`` to the counter ``key``, then wait (at most ``seconds``) until it reaches ``target``; a lost store
+    ends the wait."""
     deadline = time.monotonic() + seconds
     try:
         count = store.add(key, add)
@@ -339,10 +340,10 @@ def report_failure_before_join(
     """Tell the launchers waiting for this machine to join that it will not, and why (``cause``).
 
     Machine 0 hosts the store for the others (with a closed rendezvous for the dynamic backend) and
-    keeps it up until they read the record. Any other machine connects to machine 0's store (waiting up to :data:`REPORT_CONNECT_SECONDS`
-    for it to be up), writes the record and lets machine 0's rendezvous end: the static one completes
-    (this connection counts as the missing machine) and machine 0 then reads the record at once; the
-    dynamic one is closed. Returns whether the record was written.
+    keeps it up until they read the record. Any other machine connects to machine 0's store (waiting up to
+    :data:`REPORT_CONNECT_SECONDS` for it to be up), writes the record and lets machine 0's rendezvous end: the
+    static one completes (this connection counts as the missing machine) and machine 0 then reads the record at
+    once; the dynamic one is closed. Returns whether the record was written.
     """
     timeout = datetime.timedelta(seconds=REPORT_CONNECT_SECONDS)
     record = json.dumps(

@@ -132,7 +132,8 @@ def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -
         _prepare_hang_reports(plan)
     if loaded is not None and loaded.notes:
         plan.notes.append(
-            f"{loaded.path} uses older keys ({'; '.join(loaded.notes)}); `hasten config update --config_file {loaded.path}` rewrites it."
+            f"{loaded.path} uses older keys ({'; '.join(loaded.notes)}); `hasten config update --config_file "
+            f"{loaded.path}` rewrites it."
         )
     return plan
 
@@ -165,8 +166,8 @@ def _tell_other_machines(args: argparse.Namespace, exc: HastenError) -> None:
     from .job_agent import REPORT_CONNECT_SECONDS, report_failure_before_join
 
     print(
-        f"hasten launch: machine {rank}: telling the other machines at {host}:{port or 29500} that this one cannot start "
-        f"(waiting up to {REPORT_CONNECT_SECONDS:.0f} s for them)",
+        f"hasten launch: machine {rank}: telling the other machines at {host}:{port or 29500} that this one cannot "
+        f"start (waiting up to {REPORT_CONNECT_SECONDS:.0f} s for them)",
         file=sys.stderr,
         flush=True,
     )
@@ -191,8 +192,8 @@ def _check_supported(settings: ResolvedSettings) -> None:
     if _running_engine(settings) is None:
         supported = sorted(t for e in environment.ENGINES for t in e.distributed_types)
         raise NotSupportedError(
-            f"distributed_type {kind} (from {settings.sources['distributed_type']}) is not supported by hasten; it runs "
-            f"{', '.join(supported)}. Pick one of those with `hasten config` or a flag (--multi_gpu, --cpu, ...)."
+            f"distributed_type {kind} (from {settings.sources['distributed_type']}) is not supported by hasten; it "
+            f"runs {', '.join(supported)}. Pick one of those with `hasten config` or a flag (--multi_gpu, --cpu, ...)."
         )
 
 
@@ -206,8 +207,8 @@ def _check_machines(settings: ResolvedSettings) -> int:
         )
     if config.num_processes % config.num_machines:
         raise ConfigError(
-            f"num_processes={config.num_processes} (from {sources['num_processes']}) is the total over all machines and "
-            f"must be a multiple of num_machines={config.num_machines} (from {sources['num_machines']}), e.g. "
+            f"num_processes={config.num_processes} (from {sources['num_processes']}) is the total over all machines "
+            f"and must be a multiple of num_machines={config.num_machines} (from {sources['num_machines']}), e.g. "
             f"--num_processes {config.num_machines * max(config.num_processes // config.num_machines, 1)}."
         )
     if not 0 <= config.machine_rank < config.num_machines:
@@ -236,8 +237,8 @@ def _gpu_ids(settings: ResolvedSettings, available: int) -> list[int] | None:
     bad = [i for i in ids if not 0 <= i < available]
     if bad or len(set(ids)) != len(ids):
         raise ConfigError(
-            f"gpu_ids={text!r} (from {settings.sources['gpu_ids']}) names GPU(s) {bad or ids} but this machine has GPUs "
-            f"0..{available - 1}; each id may appear once."
+            f"gpu_ids={text!r} (from {settings.sources['gpu_ids']}) names GPU(s) {bad or ids} but this machine has "
+            f"GPUs 0..{available - 1}; each id may appear once."
         )
     return ids
 
@@ -262,8 +263,8 @@ def _check_devices(settings: ResolvedSettings, nproc: int, hardware) -> None:
     if found.gpus == 0:
         if gpu_kind or chosen_gpus:
             raise ConfigError(
-                f"distributed_type {kind} (from {sources['distributed_type']}) needs GPUs but none was found on this machine. "
-                "Pass --cpu to run on the CPU, or check the drivers and CUDA_VISIBLE_DEVICES."
+                f"distributed_type {kind} (from {sources['distributed_type']}) needs GPUs but none was found on this "
+                "machine. Pass --cpu to run on the CPU, or check the drivers and CUDA_VISIBLE_DEVICES."
             )
         return
     ids = _gpu_ids(settings, found.gpus)
@@ -272,7 +273,8 @@ def _check_devices(settings: ResolvedSettings, nproc: int, hardware) -> None:
         raise ConfigError(
             f"{nproc} process(es) per machine (num_processes={config.num_processes} from {sources['num_processes']}, "
             f"{config.num_machines} machine(s)) but only {usable} GPU(s) can be used"
-            f"{' (gpu_ids=' + str(config.gpu_ids) + ')' if ids is not None else ''}. Use --num_processes {usable * config.num_machines} or fewer."
+            f"{' (gpu_ids=' + str(config.gpu_ids) + ')' if ids is not None else ''}. Use --num_processes "
+            f"{usable * config.num_machines} or fewer."
         )
 
 
@@ -283,7 +285,8 @@ def _check_script(args: argparse.Namespace) -> None:
     if args.module:
         if importlib.util.find_spec(script.split(".")[0]) is None:
             raise ConfigError(
-                f"Module {script!r} (-m) cannot be found by this Python ({sys.executable}); check its name and PYTHONPATH."
+                f"Module {script!r} (-m) cannot be found by this Python ({sys.executable}); check its name and "
+                "PYTHONPATH."
             )
         return
     if args.no_python:
@@ -308,7 +311,8 @@ def _check_launch_options(args: argparse.Namespace) -> None:
         raise ConfigError(f"--num_cpu_threads_per_process must be at least 1, got {args.num_cpu_threads_per_process}.")
     if args.tee is not None and not all(part.split(":")[-1] in "0123" for part in args.tee.split(",")):
         raise ConfigError(
-            f"--tee {args.tee!r} must be 0, 1, 2 or 3 (none, stdout, stderr, both), or local_rank:value pairs such as 0:3,1:1."
+            f"--tee {args.tee!r} must be 0, 1, 2 or 3 (none, stdout, stderr, both), or local_rank:value pairs such as "
+            "0:3,1:1."
         )
     parse_rdzv_conf(args.rdzv_conf)
 
@@ -395,7 +399,8 @@ def format_summary(plan: LaunchPlan) -> str:
     target = " ".join(["python", *plan.command[2:]] if plan.command[0] == sys.executable else plan.command)
     machines = f"{config.num_machines} machines" if config.num_machines > 1 else "1 machine"
     lines = [
-        f"hasten launch: {config.num_processes} process(es) on {machines} ({plan.nproc_per_node} here), {config.distributed_type}",
+        f"hasten launch: {config.num_processes} process(es) on {machines} ({plan.nproc_per_node} here), "
+        f"{config.distributed_type}",
         f"  command     : {target}",
         f"  config file : {_describe_config_file(plan)}",
     ]
@@ -421,8 +426,8 @@ def _show(config, path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``launch`` with ``argv`` (default: this process's arguments): the ``accelerate-launch`` console script, ``python -m hasten.commands.launch``
-    and ``python -m accelerate.commands.launch``."""
+    """Run ``launch`` with ``argv`` (default: this process's arguments): the ``accelerate-launch`` console script,
+    ``python -m hasten.commands.launch`` and ``python -m accelerate.commands.launch``."""
     from .main import run_subcommand
 
     return run_subcommand("launch", argv)

@@ -39,7 +39,8 @@ class ModelSize:
     Attributes:
         name: how the model was named (for the report).
         total_params: all parameters (shared ones counted once).
-        largest_layer_params: parameters of the module holding the most parameters of its own (DeepSpeed's "largest layer").
+        largest_layer_params: parameters of the module holding the most parameters of its own (DeepSpeed's "largest
+            layer").
         largest_group_params: parameters of the largest block kept whole on one device (a layer, or a
             transformer block listed in ``_no_split_modules``); defaults to ``largest_layer_params``.
     """

@@ -55,8 +55,9 @@ def conclude(plan: LaunchPlan, code: int, signalled: bool) -> int:
     record = saved_record(plan) if code != 0 else None  # a restarted group may have finished the job since
     if record is not None:
         print(
-            f"hasten launch: preempted by {record['signal']}: all {record['processes']} process(es) saved {record['checkpoint']} "
-            f"after optimizer step {record['step']}; exit code {PREEMPTED_EXIT_CODE}. Run the same command to resume.",
+            f"hasten launch: preempted by {record['signal']}: all {record['processes']} process(es) saved "
+            f"{record['checkpoint']} after optimizer step {record['step']}; exit code {PREEMPTED_EXIT_CODE}. Run the "
+            "same command to resume.",
             file=sys.stderr,
             flush=True,
         )

@@ -148,8 +148,9 @@ def run_elastic(plan: LaunchPlan) -> int:
         return first if first > 0 else 1
     except RendezvousError as exc:
         print(
-            f"hasten launch: the rendezvous at {endpoint} failed: {exc}\nCheck that every machine runs the same command "
-            "with its own --machine_rank, and that machine rank 0 is reachable at --main_process_ip/--main_process_port.",
+            f"hasten launch: the rendezvous at {endpoint} failed: {exc}\nCheck that every machine runs the same "
+            "command with its own --machine_rank, and that machine rank 0 is reachable at "
+            "--main_process_ip/--main_process_port.",
             file=sys.stderr,
         )
         return 1

@@ -17,7 +17,8 @@ def refuse_unsupported_plugins(torch_tp_plugin=None, megatron_lm_plugin=None, pa
     """Raise ``NotSupportedError`` for ``Accelerator`` arguments naming engines hasten does not support."""
     if torch_tp_plugin is not None:
         raise NotSupportedError(
-            "torch_tp_plugin is not supported by hasten; use parallelism_config=ParallelismConfig(tp_size=N) with a model that carries a _tp_plan."
+            "torch_tp_plugin is not supported by hasten; use parallelism_config=ParallelismConfig(tp_size=N) with a "
+            "model that carries a _tp_plan."
         )
     if megatron_lm_plugin is not None:
         raise NotSupportedError("megatron_lm_plugin is not supported by hasten; use FSDP2 or DeepSpeed ZeRO.")
@@ -112,7 +113,8 @@ class AcceleratorCompatibility:
     def lomo_backward(self, loss, learning_rate: float) -> None:
         """LOMO/AdaLomo fused backward: not supported by hasten."""
         raise NotSupportedError(
-            "lomo_backward (LOMO optimizers) is not supported by hasten; use accelerator.backward(loss) with a regular optimizer."
+            "lomo_backward (LOMO optimizers) is not supported by hasten; use accelerator.backward(loss) with a regular "
+            "optimizer."
         )
 
     def deepspeed_ulysses_dl_adapter(self, dl, model):

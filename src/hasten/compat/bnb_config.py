@@ -45,8 +45,10 @@ class BnbQuantizationConfig:
     def __post_init__(self):
         for name in ("load_in_8bit", "load_in_4bit", "bnb_4bit_use_double_quant"):
             _expect(isinstance(getattr(self, name), bool), f"{name} must be a boolean, got {getattr(self, name)!r}.")
-        _expect(self.load_in_8bit != self.load_in_4bit, "Set exactly one of load_in_8bit and load_in_4bit to True (they can't be both "
-                f"{self.load_in_8bit}).")  # fmt: skip
+        _expect(
+            self.load_in_8bit != self.load_in_4bit,
+            f"Set exactly one of load_in_8bit and load_in_4bit to True (they can't be both {self.load_in_8bit}).",
+        )
         _expect(isinstance(self.llm_int8_threshold, (int, float)), "llm_int8_threshold must be a float or an int.")
         _expect(
             self.bnb_4bit_quant_type in ("fp4", "nf4"),

@@ -57,8 +57,8 @@ STR_OPERATION_TO_FUNC = {
 }
 TORCH_LAUNCH_PARAMS = [
     "nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "standalone", "max_restarts",
-    "monitor_interval", "start_method", "role", "module", "m", "no_python", "run_path", "log_dir", "r", "redirects", "t",
-    "tee", "node_rank", "master_addr", "master_port",
+    "monitor_interval", "start_method", "role", "module", "m", "no_python", "run_path", "log_dir", "r", "redirects",
+    "t", "tee", "node_rank", "master_addr", "master_port",
 ]  # fmt: skip
 CUDA_DISTRIBUTED_TYPES = ["DEEPSPEED", "MULTI_GPU", "FSDP", "MEGATRON_LM", "TP"]
 TORCH_DISTRIBUTED_OPERATION_TYPES = CUDA_DISTRIBUTED_TYPES + [

@@ -68,10 +68,12 @@ def fsdp2_switch_optimizer_parameters(optimizer, mapping):
 
 
 def fallback_allocate(modules, module_sizes, size_limit, no_split_module_classes=None, tied_parameters=None):
-    """Accelerate internal; hasten's device-map planner lives in hasten.big_modeling.device_map (raises NotSupportedError)."""
+    """Accelerate internal; hasten's device-map planner lives in hasten.big_modeling.device_map (raises
+    NotSupportedError)."""
     raise _refuse("fallback_allocate", _DEVICE_MAP)
 
 
 def get_module_size_with_ties(tied_params, module_size, module_sizes, modules_to_treat):
-    """Accelerate internal; hasten's device-map planner lives in hasten.big_modeling.device_map (raises NotSupportedError)."""
+    """Accelerate internal; hasten's device-map planner lives in hasten.big_modeling.device_map (raises
+    NotSupportedError)."""
     raise _refuse("get_module_size_with_ties", _DEVICE_MAP)

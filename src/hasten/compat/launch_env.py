@@ -133,7 +133,8 @@ def prepare_tpu(args: argparse.Namespace, current_env: dict[str, str], pod: bool
 def prepare_sagemager_args_inputs(sagemaker_config, args: argparse.Namespace):
     """Amazon SageMaker launches are not supported by hasten."""
     raise NotSupportedError(
-        "prepare_sagemager_args_inputs: hasten does not launch on Amazon SageMaker; run `hasten launch` on the instances."
+        "prepare_sagemager_args_inputs: hasten does not launch on Amazon SageMaker; run `hasten launch` on the "
+        "instances."
     )
 
 

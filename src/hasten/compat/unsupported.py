@@ -36,7 +36,8 @@ def is_rich_available() -> bool:
 
 @dataclass
 class TorchTensorParallelPlugin:
-    """Accelerate's older TorchTensorParallelPlugin; creating one raises NotSupportedError pointing to ``ParallelismConfig(tp_size=...)``."""
+    """Accelerate's older TorchTensorParallelPlugin; creating one raises NotSupportedError pointing to
+    ``ParallelismConfig(tp_size=...)``."""
 
     tp_size: Any = 1
     torch_device_mesh: Any = None

@@ -10,7 +10,8 @@ from .loaders import DataLoaderShard, even_batches_overridden
 
 
 class DataLoaderSettings:
-    """``split_batches``, ``even_batches`` and the other :class:`~hasten.DataLoaderConfiguration` values of :class:`~hasten.Accelerator`."""
+    """``split_batches``, ``even_batches`` and the other :class:`~hasten.DataLoaderConfiguration` values of
+    :class:`~hasten.Accelerator`."""
 
     @contextlib.contextmanager
     def join_uneven_inputs(self, joinables, even_batches: bool | None = None):
@@ -38,8 +39,8 @@ class DataLoaderSettings:
             not isinstance(dl, DataLoaderShard) or dl.even_batches is None for dl in self._dataloaders
         ):
             warnings.warn(
-                "Overriding even_batches is only supported for map-style datasets, yet some prepared dataloaders are iterable: "
-                "their setting stays as it is.",
+                "Overriding even_batches is only supported for map-style datasets, yet some prepared dataloaders are "
+                "iterable: their setting stays as it is.",
                 stacklevel=3,
             )
         uneven = not (self.even_batches if even_batches is None else even_batches)

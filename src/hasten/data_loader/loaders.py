@@ -108,7 +108,8 @@ class DataLoaderStateMixin:
         self.gradient_state._remove_dataloader(self)
 
     def set_epoch(self, epoch: int) -> None:
-        """Start the next iteration at epoch ``epoch``; tells the batch sampler, sampler and dataset that have ``set_epoch``.
+        """Start the next iteration at epoch ``epoch``; tells the batch sampler, sampler and dataset that have
+        ``set_epoch``.
 
         A position restored by ``load_state_dict`` for another epoch is dropped: the loop has moved on.
         """
@@ -199,9 +200,9 @@ class DataLoaderStateMixin:
             warn_once(
                 "unmappable-position",
                 f"A dataloader was saved on {saved_world} processes at batch {batches} of epoch {state['epoch']} and "
-                f"is resumed on {world}; it is sharded by its own sampler or dataset, so its position cannot be mapped to "
-                "the new number of processes: it restarts that epoch from its first batch (samples already trained on "
-                "are seen again).",
+                f"is resumed on {world}; it is sharded by its own sampler or dataset, so its position cannot be mapped "
+                "to the new number of processes: it restarts that epoch from its first batch (samples already trained "
+                "on are seen again).",
             )
             self._resume = None
 
@@ -372,7 +373,8 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
 
     @property
     def even_batches(self) -> bool | None:
-        """Whether the last round is completed with samples from the start of the epoch (None when the loader is not sharded)."""
+        """Whether the last round is completed with samples from the start of the epoch (None when the loader is not
+        sharded)."""
         return getattr(self._sharder, "even_batches", None)
 
     @even_batches.setter

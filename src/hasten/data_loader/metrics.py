@@ -74,9 +74,9 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
     if final is None or any(r != (size,) * len(r) for r, size in zip(rows, final.sizes)):
         warn_once(
             "metrics-layout",
-            f"gather_for_metrics got {[r[0] if r else None for r in rows]} rows per process on the last batch where the dataloader "
-            f"gave {list(final.sizes) if final is not None else 'an unknown layout'}; the gathered result is returned "
-            "without dropping padded samples.",
+            f"gather_for_metrics got {[r[0] if r else None for r in rows]} rows per process on the last batch where "
+            f"the dataloader gave {list(final.sizes) if final is not None else 'an unknown layout'}; the gathered "
+            "result is returned without dropping padded samples.",
         )
         return _gather_leaves(input_data, rows, None)
     gathered = gather_with_sizes(input_data, list(final.sizes))
@@ -121,8 +121,8 @@ def _exchange_rows(data) -> list[tuple[int, ...]] | None:
     everyone = [tuple(r) for r in everyone]
     if len({len(r) for r in everyone}) > 1:
         raise DistributedOperationException(
-            f"gather_for_metrics: the processes passed structures with different numbers of tensors ({[len(r) for r in everyone]}); "
-            "every process must pass the same structure."
+            "gather_for_metrics: the processes passed structures with different numbers of tensors "
+            f"({[len(r) for r in everyone]}); every process must pass the same structure."
         )
     return everyone
 

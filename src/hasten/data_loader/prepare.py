@@ -296,8 +296,8 @@ def _check_split_batches(dataloader: DataLoader, world: int) -> None:
         )
     if size > 1 and size % world != 0:
         raise ConfigError(
-            f"split_batches=True cuts each batch of {size} into {world} pieces, so the batch size must be a multiple of "
-            f"the number of processes ({world}). Use a batch size of {world * max(size // world, 1)} or "
+            f"split_batches=True cuts each batch of {size} into {world} pieces, so the batch size must be a multiple "
+            f"of the number of processes ({world}). Use a batch size of {world * max(size // world, 1)} or "
             f"{world * (size // world + 1)}, or split_batches=False (each process then loads whole batches of {size})."
         )
 

@@ -113,7 +113,8 @@ class BatchSamplerShard(BatchSampler):
             raise ConfigError(
                 f"split_batches=True cuts each batch into {num_processes} pieces, so it needs a batch sampler with a "
                 f"batch_size divisible by {num_processes}; got batch_size={self.batch_size} from "
-                f"{type(batch_sampler).__name__}. Use a batch size that is a multiple of {num_processes}, or split_batches=False."
+                f"{type(batch_sampler).__name__}. Use a batch size that is a multiple of {num_processes}, or "
+                "split_batches=False."
             )
         self.final_round: FinalRound | None = None
         self._skip = 0
@@ -400,8 +401,9 @@ class IterableDatasetShard(IterableDataset):
     ):
         if split_batches and (batch_size is None or batch_size % num_processes != 0):
             raise ConfigError(
-                f"split_batches=True cuts each batch into {num_processes} pieces, so IterableDatasetShard needs a batch_size "
-                f"divisible by {num_processes}; got {batch_size}. Use a multiple of {num_processes}, or split_batches=False."
+                f"split_batches=True cuts each batch into {num_processes} pieces, so IterableDatasetShard needs a "
+                f"batch_size divisible by {num_processes}; got {batch_size}. Use a multiple of {num_processes}, or "
+                "split_batches=False."
             )
         self.dataset = dataset
         self.batch_size = batch_size

@@ -60,12 +60,13 @@ class TorchDynamoPlugin(KwargsHandler):
         self.backend = _backend(self.backend)
         if self.mode not in DYNAMO_MODES:
             raise ConfigError(
-                f"TorchDynamoPlugin: mode={self.mode!r} is not a torch.compile mode; choose one of {list(DYNAMO_MODES)}.{did_you_mean(str(self.mode), DYNAMO_MODES)}"
+                f"TorchDynamoPlugin: mode={self.mode!r} is not a torch.compile mode; choose one of "
+                f"{list(DYNAMO_MODES)}.{did_you_mean(str(self.mode), DYNAMO_MODES)}"
             )
         if self.options is not None and self.mode != "default":
             raise ConfigError(
-                f"TorchDynamoPlugin: torch.compile takes either a mode or options, got mode={self.mode!r} and options={self.options!r}. "
-                "Drop one of them (mode='default' with options is fine)."
+                f"TorchDynamoPlugin: torch.compile takes either a mode or options, got mode={self.mode!r} and "
+                f"options={self.options!r}. Drop one of them (mode='default' with options is fine)."
             )
 
     @property
@@ -84,7 +85,8 @@ class TorchDynamoPlugin(KwargsHandler):
         return {k: v for k, v in self.to_dict().items() if _DEFAULTS[k] != v}
 
     def compile_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments of ``torch.compile`` (``backend``, ``fullgraph``, ``dynamic``, and ``mode`` or ``options``)."""
+        """The keyword arguments of ``torch.compile`` (``backend``, ``fullgraph``, ``dynamic``, and ``mode`` or
+        ``options``)."""
         kwargs: dict[str, Any] = {
             "backend": self.backend.value.lower(),
             "fullgraph": bool(self.fullgraph),
@@ -104,7 +106,8 @@ def _backend(value) -> DynamoBackend:
     if text not in DynamoBackend.list():
         names = [name.lower() for name in DynamoBackend.list()]
         raise ConfigError(
-            f"TorchDynamoPlugin: backend={value!r} is not a known torch.compile backend; choose one of {names}.{did_you_mean(str(value).lower(), names)}"
+            f"TorchDynamoPlugin: backend={value!r} is not a known torch.compile backend; choose one of "
+            f"{names}.{did_you_mean(str(value).lower(), names)}"
         )
     return DynamoBackend(text)
 
@@ -118,7 +121,8 @@ def build_dynamo_plugin(dynamo_backend=None, dynamo_plugin: TorchDynamoPlugin | 
     """
     if dynamo_plugin is not None and dynamo_backend is not None:
         raise ConfigError(
-            "Accelerator: pass either dynamo_backend or dynamo_plugin, not both (set the backend in TorchDynamoPlugin(backend=...))."
+            "Accelerator: pass either dynamo_backend or dynamo_plugin, not both (set the backend in "
+            "TorchDynamoPlugin(backend=...))."
         )
     if dynamo_plugin is not None:
         if not isinstance(dynamo_plugin, TorchDynamoPlugin):

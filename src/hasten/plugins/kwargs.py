@@ -43,7 +43,8 @@ class DistributedDataParallelKwargs(KwargsHandler):
     comm_state_option: dict = field(default_factory=dict)
 
     def to_dict(self, ignore_keys=("comm_hook", "comm_wrapper", "comm_state_option")) -> dict[str, Any]:
-        """The fields as a dict, without ``ignore_keys`` (by default the hook settings, which DDP itself does not take)."""
+        """The fields as a dict, without ``ignore_keys`` (by default the hook settings, which DDP itself does not
+        take)."""
         return {k: v for k, v in super().to_dict().items() if k not in ignore_keys}
 
     def ddp_kwargs(self) -> dict[str, Any]:

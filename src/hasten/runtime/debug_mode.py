@@ -17,7 +17,8 @@ _enabled: bool | None = None  # set by the process state when it starts (configu
 
 
 def configure(enabled: bool | None) -> None:
-    """Turn debug mode on or off for this process (the state does it when it starts; None: follow ``HASTEN_DEBUG_MODE``)."""
+    """Turn debug mode on or off for this process (the state does it when it starts; None: follow
+    ``HASTEN_DEBUG_MODE``)."""
     global _enabled
     _enabled = enabled
 

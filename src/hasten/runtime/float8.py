@@ -132,8 +132,8 @@ def float8_training(mixed_precision: str, recipe, device: torch.device) -> Float
     if mixed_precision != "fp8":
         if recipe is not None:
             raise ConfigError(
-                f"{type(recipe).__name__} was passed in kwargs_handlers but mixed_precision is {mixed_precision!r}: "
-                "an fp8 recipe needs mixed_precision='fp8' (Accelerator(mixed_precision='fp8') or --mixed_precision fp8)."
+                f"{type(recipe).__name__} was passed in kwargs_handlers but mixed_precision is {mixed_precision!r}: an "
+                "fp8 recipe needs mixed_precision='fp8' (Accelerator(mixed_precision='fp8') or --mixed_precision fp8)."
             )
         return None
     if recipe is None:

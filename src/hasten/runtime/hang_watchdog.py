@@ -232,8 +232,9 @@ class _Watchdog:
     def _notice(self, current, waited: float) -> None:
         seq, name = current[0], current[1]
         print(
-            f"[hasten] rank {self.rank} has waited {waited:.0f} s in `hasten.runtime.operations.{name}` (collective #{seq}); "
-            f"the job ends if it waits {self.timeout:g} s (HASTEN_HANG_TIMEOUT). Where the other ranks are:\n{self.peers()}",
+            f"[hasten] rank {self.rank} has waited {waited:.0f} s in `hasten.runtime.operations.{name}` (collective "
+            f"#{seq}); the job ends if it waits {self.timeout:g} s (HASTEN_HANG_TIMEOUT). Where the other ranks "
+            f"are:\n{self.peers()}",
             file=sys.stderr,
             flush=True,
         )
@@ -279,9 +280,9 @@ class _Watchdog:
         others = self._peer_stacks()
         message = (
             f"\n[hasten] rank {self.rank} has waited {waited:.1f} s (HASTEN_HANG_TIMEOUT={self.timeout:g}) in "
-            f"`hasten.runtime.operations.{name}` (collective #{seq}).\nWhere the other ranks are:\n{peers}\n"
-            f"A rank that never entered collective #{seq} skipped it or is stuck elsewhere; every rank must call the "
-            f"same collectives in the same order. Raise HASTEN_HANG_TIMEOUT if a rank legitimately works alone this long.\n"
+            f"`hasten.runtime.operations.{name}` (collective #{seq}).\nWhere the other ranks are:\n{peers}\nA rank "
+            f"that never entered collective #{seq} skipped it or is stuck elsewhere; every rank must call the same "
+            "collectives in the same order. Raise HASTEN_HANG_TIMEOUT if a rank legitimately works alone this long.\n"
             f"Stack of rank {self.rank}:\n{stack}\n{others}"
         )
         print(message, file=sys.stderr, flush=True)

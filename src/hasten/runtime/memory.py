@@ -93,8 +93,8 @@ def _run_attempt(function, batch_size: int, args, kwargs):
     agreed = attempt.finish("ok")
     if agreed == "error":
         raise oom_recovery.PeerFailedError(
-            f"find_executable_batch_size: rank(s) {attempt.failed_ranks} failed with an error that is not an out-of-memory "
-            f"error at batch size {batch_size}; this rank stops too. See that rank's traceback."
+            f"find_executable_batch_size: rank(s) {attempt.failed_ranks} failed with an error that is not an "
+            f"out-of-memory error at batch size {batch_size}; this rank stops too. See that rank's traceback."
         )
     return agreed, result, None
 
@@ -147,8 +147,8 @@ def find_executable_batch_size(
                 raise BatchSizeExhaustedError(
                     "No executable batch size found, reached zero. "
                     + (
-                        f"Every batch size from {starting_batch_size} down ran out of memory: the model does not fit. Reduce "
-                        "its size, use mixed precision, or shard it (FSDP/DeepSpeed)."
+                        f"Every batch size from {starting_batch_size} down ran out of memory: the model does not fit. "
+                        "Reduce its size, use mixed precision, or shard it (FSDP/DeepSpeed)."
                         if starting_batch_size > 0
                         else "find_executable_batch_size(starting_batch_size=...) must be at least 1."
                     )

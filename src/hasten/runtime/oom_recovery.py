@@ -1,4 +1,5 @@
-"""Rank agreement for :func:`~hasten.runtime.memory.find_executable_batch_size` that survives an OOM inside a collective.
+"""Rank agreement for :func:`~hasten.runtime.memory.find_executable_batch_size` that survives an OOM inside a
+collective.
 
 When one rank runs out of memory, the others may already wait in a collective of the same attempt
 (DDP's gradient all-reduce): an agreement *collective* would meet the wrong peer and fail. So the ranks

@@ -36,7 +36,8 @@ _SIZES = tuple(f"{axis}_size" for axis in MESH_ORDER)
 
 
 def data_parallel_mesh(mesh):
-    """The flattened ``dp`` (``dp_replicate`` x ``dp_shard``) sub-mesh of a mesh built by :meth:`ParallelismConfig.build_device_mesh`.
+    """The flattened ``dp`` (``dp_replicate`` x ``dp_shard``) sub-mesh of a mesh built by
+    :meth:`ParallelismConfig.build_device_mesh`.
 
     None when the mesh (or ``mesh`` itself) is None or has no data-parallel dimension: every rank then reads the
     same batches. Flattening again returns the same mesh; reading it this way avoids torch's deprecation of
@@ -114,9 +115,9 @@ class ParallelismConfig:
     def _check_pure_replication(self) -> None:
         if (self.tp_enabled or self.cp_enabled) and self.dp_replicate_enabled and self.dp_shard_size == 1:
             raise ConfigError(
-                f"ParallelismConfig(dp_replicate_size={self.dp_replicate_size}, dp_shard_size=1) with tensor or context "
-                "parallelism: replicas of a tensor-parallel model need a shard dimension. Set dp_shard_size > 1 "
-                "(FSDP x TP, or HSDP x TP with dp_replicate_size > 1)."
+                f"ParallelismConfig(dp_replicate_size={self.dp_replicate_size}, dp_shard_size=1) with tensor or "
+                "context parallelism: replicas of a tensor-parallel model need a shard dimension. Set dp_shard_size > "
+                "1 (FSDP x TP, or HSDP x TP with dp_replicate_size > 1)."
             )
 
     @classmethod
@@ -128,7 +129,8 @@ class ParallelismConfig:
 
     def sizes(self, world_size: int) -> dict[str, int]:
         """The size of each axis (``dp_replicate``, ``dp_shard``, ``cp``, ``sp``, ``tp``) for ``world_size`` processes,
-        an unset ``dp_shard_size`` taking the processes the others leave; a :class:`ConfigError` when they do not fit."""
+        an unset ``dp_shard_size`` taking the processes the others leave; a :class:`ConfigError` when they do not
+        fit."""
         others = self.dp_replicate_size * self.cp_size * self.sp_size * self.tp_size
         shard = self.dp_shard_size if self.dp_shard_size is not None else max(world_size // others, 1)
         sizes = {axis: shard if axis == "dp_shard" else getattr(self, f"{axis}_size") for axis in MESH_ORDER}
@@ -136,9 +138,9 @@ class ParallelismConfig:
         if product != world_size:
             layout = ", ".join(f"{axis}_size={size}" for axis, size in sizes.items() if size > 1 or axis == "dp_shard")
             raise ConfigError(
-                f"ParallelismConfig({layout}) lays out {product} processes, but {world_size} run. Make the product of the "
-                "sizes equal the number of processes (--num_processes), or leave dp_shard_size unset to take the processes "
-                "the other sizes leave."
+                f"ParallelismConfig({layout}) lays out {product} processes, but {world_size} run. Make the product of "
+                "the sizes equal the number of processes (--num_processes), or leave dp_shard_size unset to take the "
+                "processes the other sizes leave."
             )
         return sizes
 
@@ -149,13 +151,15 @@ class ParallelismConfig:
         }
         if unsupported:
             raise NotSupportedError(
-                f"ParallelismConfig({', '.join(f'{k}={v}' for k, v in unsupported.items())}): context and sequence parallelism "
-                "are not supported by hasten (torch's context_parallel needs CUDA scaled-dot-product attention kernels). "
-                "Use dp_shard_size and tp_size to fit long sequences, or activation checkpointing; see docs/parallelism.md."
+                f"ParallelismConfig({', '.join(f'{k}={v}' for k, v in unsupported.items())}): context and sequence "
+                "parallelism are not supported by hasten (torch's context_parallel needs CUDA scaled-dot-product "
+                "attention kernels). Use dp_shard_size and tp_size to fit long sequences, or activation checkpointing; "
+                "see docs/parallelism.md."
             )
 
     def _get_mesh(self) -> tuple:
-        """``(dimension names, shape)`` of the mesh: the axes of size above 1 in mesh order; ``()`` when there is none."""
+        """``(dimension names, shape)`` of the mesh: the axes of size above 1 in mesh order; ``()`` when there is
+        none."""
         active = set(self.active_mesh_dims)
         axes = [
             (axis, self.dp_shard_size if axis == "dp_shard" else getattr(self, f"{axis}_size"))
@@ -201,7 +205,8 @@ class ParallelismConfig:
             self.device_mesh = self.build_device_mesh(device_type)
         elif device_type is not None and self.device_mesh.device_type != device_type:
             raise ConfigError(
-                f"ParallelismConfig: the device mesh was built for {self.device_mesh.device_type!r}, not {device_type!r}."
+                f"ParallelismConfig: the device mesh was built for {self.device_mesh.device_type!r}, not "
+                f"{device_type!r}."
             )
         return self.device_mesh
 

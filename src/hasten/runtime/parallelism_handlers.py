@@ -19,7 +19,8 @@ SP_ATTENTION_BUILT_IN = ("flash_attention_2", "flash_attention_3", "sdpa")
 
 
 def launch_option(name: str, default: Any = None) -> Any:
-    """The ``parallelism_config_<name>`` launch setting (``HASTEN_``/``ACCELERATE_``/bare variable), else ``default``."""
+    """The ``parallelism_config_<name>`` launch setting (``HASTEN_``/``ACCELERATE_``/bare variable), else
+    ``default``."""
     value = environment.read_setting(PARALLELISM.by_key(f"parallelism_config_{name}"))
     return default if value is None else value
 
@@ -37,14 +38,15 @@ class TorchTensorParallelConfig:
     def __post_init__(self):
         if self.enable_async_tp:
             raise NotSupportedError(
-                "TorchTensorParallelConfig(enable_async_tp=True): asynchronous tensor parallelism is not supported by hasten; "
-                "leave it False (tensor parallelism itself works: ParallelismConfig(tp_size=N))."
+                "TorchTensorParallelConfig(enable_async_tp=True): asynchronous tensor parallelism is not supported by "
+                "hasten; leave it False (tensor parallelism itself works: ParallelismConfig(tp_size=N))."
             )
 
 
 @dataclass
 class TorchContextParallelConfig:
-    """Context-parallel options (Accelerate's ``cp_handler``): ``cp_comm_strategy`` is ``"allgather"`` or ``"alltoall"``.
+    """Context-parallel options (Accelerate's ``cp_handler``): ``cp_comm_strategy`` is ``"allgather"`` or
+    ``"alltoall"``.
 
     Left unset it comes from the ``parallelism_config_cp_comm_strategy`` launch setting, else ``"allgather"``.
     It builds; hasten refuses a layout with ``cp_size > 1`` when an ``Accelerator`` takes it.
@@ -97,11 +99,11 @@ class DeepSpeedSequenceParallelConfig:
             return
         if name in ("eager", "flex_attention"):
             raise ConfigError(
-                f"Invalid sp_attn_implementation: {name}. Sequence parallelism cannot split 'eager' or 'flex_attention' "
-                f"attention; use one of {', '.join(SP_ATTENTION_BUILT_IN)}."
+                f"Invalid sp_attn_implementation: {name}. Sequence parallelism cannot split 'eager' or "
+                f"'flex_attention' attention; use one of {', '.join(SP_ATTENTION_BUILT_IN)}."
             )
         if "/" not in name or "flash-attn" not in name:
             raise ConfigError(
-                f"Invalid sp_attn_implementation: {name}. Use one of {', '.join(SP_ATTENTION_BUILT_IN)} or a hub-hosted "
-                "flash attention kernel such as 'kernels-community/flash-attn2'."
+                f"Invalid sp_attn_implementation: {name}. Use one of {', '.join(SP_ATTENTION_BUILT_IN)} or a "
+                "hub-hosted flash attention kernel such as 'kernels-community/flash-attn2'."
             )

@@ -90,7 +90,8 @@ def _on_signal(signum: int, frame) -> None:
         return
     if not _requested:
         _write_stderr(
-            f"hasten: rank {accelerator.process_index}: {_signal_name} received; finishing the step, then saving a checkpoint."
+            f"hasten: rank {accelerator.process_index}: {_signal_name} received; finishing the step, then saving a "
+            "checkpoint."
         )
     _requested = True
 
@@ -161,7 +162,8 @@ def _stop_watcher() -> None:
 
 
 def after_optimizer_step() -> None:
-    """Called by ``AcceleratedOptimizer.step`` after each real step: counts it, and agrees on the save step once signalled."""
+    """Called by ``AcceleratedOptimizer.step`` after each real step: counts it, and agrees on the save step once
+    signalled."""
     global _steps
     _steps += 1
     if _requested:
@@ -179,8 +181,9 @@ def _agree() -> None:
         _target = _propose(accelerator)
     if _steps > _target:
         raise HastenError(
-            f"Preemption: rank {accelerator.process_index} is at optimizer step {_steps}, past the agreed save step {_target}; "
-            "the ranks do not step together (does every rank call optimizer.step() the same number of times?)."
+            f"Preemption: rank {accelerator.process_index} is at optimizer step {_steps}, past the agreed save step "
+            f"{_target}; the ranks do not step together (does every rank call optimizer.step() the same number of "
+            "times?)."
         )
     save_due = _steps == _target
     if save_due:
@@ -201,8 +204,8 @@ def _propose(accelerator) -> int:
             store.wait(acks, timedelta(seconds=_ACK_TIMEOUT_SECONDS))
         except Exception as exc:
             raise HastenError(
-                f"Preemption: not every rank acknowledged the save step {target} within {_ACK_TIMEOUT_SECONDS:.0f} s ({exc}); "
-                "a rank may have died. The job stops without a preemption checkpoint."
+                f"Preemption: not every rank acknowledged the save step {target} within {_ACK_TIMEOUT_SECONDS:.0f} s "
+                f"({exc}); a rank may have died. The job stops without a preemption checkpoint."
             ) from None
     return target
 

@@ -105,8 +105,8 @@ def _apply(func, data, test_type, error_on_other_type, args, kwargs):
             getattr(test_type, "__name__", type(test_type).__name__),
         )
         raise StructureTypeError(
-            f"Unsupported types ({type(data)}) passed to `{name}`. Only nested list/tuple/dicts of objects that are valid "
-            f"for `{test}` should be passed."
+            f"Unsupported types ({type(data)}) passed to `{name}`. Only nested list/tuple/dicts of objects that are "
+            f"valid for `{test}` should be passed."
         )
     return data
 
@@ -148,7 +148,8 @@ def _leaves(data, test_type=is_torch_tensor):
 
 
 def _require_tensors(data, operation: str = "this operation") -> None:
-    """Raise a ``TypeError`` naming the path of the first leaf of ``data`` that is not a tensor (hasten's collectives)."""
+    """Raise a ``TypeError`` naming the path of the first leaf of ``data`` that is not a tensor (hasten's
+    collectives)."""
     if isinstance(data, torch.Tensor) or (
         type(data) in (tuple, list) and all(isinstance(t, torch.Tensor) for t in data)
     ):
@@ -157,8 +158,8 @@ def _require_tensors(data, operation: str = "this operation") -> None:
     if found is not None:
         path, leaf = found
         raise StructureTypeError(
-            f"{path} is a {type(leaf).__name__} ({leaf!r:.60}), but {operation} needs tensors at every leaf of the structure "
-            "(nested lists, tuples, namedtuples and dicts of torch.Tensor). Convert it with torch.as_tensor, "
+            f"{path} is a {type(leaf).__name__} ({leaf!r:.60}), but {operation} needs tensors at every leaf of the "
+            "structure (nested lists, tuples, namedtuples and dicts of torch.Tensor). Convert it with torch.as_tensor, "
             "or move it out of the structure."
         )
 
@@ -215,7 +216,8 @@ def find_batch_size(data) -> int:
     while isinstance(data, (tuple, list, Mapping)):
         if len(data) == 0:
             raise EmptyStructureError(
-                f"Cannot find the batch size: {path} is an empty {type(data).__name__}; give a structure whose first item holds a tensor."
+                f"Cannot find the batch size: {path} is an empty {type(data).__name__}; give a structure whose first "
+                "item holds a tensor."
             )
         key = 0 if isinstance(data, (tuple, list)) else next(iter(data.keys()))
         path, data = path + _path_key(key), data[key]
@@ -326,7 +328,8 @@ def concatenate(data: list, dim: int = 0):
     if isinstance(data, (tuple, list)) and len(data) == 1:
         return first
     raise StructureTypeError(
-        f"concatenate can only join tensors, but got {len(data)} values of type {type(first).__name__} at the same place."
+        f"concatenate can only join tensors, but got {len(data)} values of type {type(first).__name__} at the same "
+        "place."
     )
 
 

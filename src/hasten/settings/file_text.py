@@ -25,7 +25,8 @@ def read_config_data(path: Path) -> dict:
     except _DuplicateKey as exc:
         where = f" (lines {exc.lines[0]} and {exc.lines[1]})" if exc.lines else ""
         raise ConfigError(
-            f"Launch config file {path} sets {exc.key!r} twice{where}; only one value can be in force. Delete one of them."
+            f"Launch config file {path} sets {exc.key!r} twice{where}; only one value can be in force. Delete one of "
+            "them."
         ) from None
     except ValueError as exc:  # json.JSONDecodeError and yaml.YAMLError's parser errors
         raise ConfigError(
@@ -55,8 +56,9 @@ def _read_text(path: Path) -> str:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(
-            f"Launch config file {path} is not a text file (byte {exc.start} is not UTF-8 text): a launch config is YAML "
-            "or JSON text. Pass the file written by `hasten config`, or check that --config_file names the right file."
+            f"Launch config file {path} is not a text file (byte {exc.start} is not UTF-8 text): a launch config is "
+            "YAML or JSON text. Pass the file written by `hasten config`, or check that --config_file names the right "
+            "file."
         ) from None
 
 

@@ -100,8 +100,8 @@ FSDP = Section(
             flag_help="Comma-separated layer class names to shard one by one.",
             field="transformer_cls_names_to_wrap",
             question=Question(
-                "Specify the comma-separated list of transformer layer class names (case-sensitive) to wrap, e.g. BertLayer,T5Block "
-                "(empty: the model's _no_split_modules)",
+                "Specify the comma-separated list of transformer layer class names (case-sensitive) to wrap, e.g. "
+                "BertLayer,T5Block (empty: the model's _no_split_modules)",
                 "",
                 step=4,
                 when=(_WRAP, ("TRANSFORMER_BASED_WRAP",)),

@@ -12,7 +12,10 @@ _NOT_ABOVE_1 = "size (not supported above 1)"
 PARALLELISM = Section(
     name="parallelism_config",
     class_name="ParallelismSection",
-    doc="``parallelism_config``: N-D parallelism sizes (``ParallelismConfig``; hasten runs dp_replicate, dp_shard and tp).",
+    doc=(
+        "``parallelism_config``: N-D parallelism sizes (``ParallelismConfig``; hasten runs dp_replicate, dp_shard "
+        "and tp)."
+    ),
     group="N-D parallelism arguments (ParallelismConfig)",
     rows=(
         Setting(

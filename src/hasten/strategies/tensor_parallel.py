@@ -49,7 +49,8 @@ def _style(name: str):
 
 
 def tp_plan(model: torch.nn.Module) -> dict[str, str]:
-    """The tensor-parallel plan ``model`` carries (``_tp_plan``, else ``config.base_model_tp_plan``); ``{}`` without one."""
+    """The tensor-parallel plan ``model`` carries (``_tp_plan``, else ``config.base_model_tp_plan``); ``{}`` without
+    one."""
     plan = getattr(model, "_tp_plan", None)
     if not plan:
         config = getattr(model, "config", None)
@@ -82,22 +83,25 @@ def resolve_plan(model: torch.nn.Module, plan: dict[str, str], tp_size: int) -> 
         if style not in _SPLIT_DIM and style not in _REPLICATED:
             known = ", ".join(sorted((*_SPLIT_DIM, *_REPLICATED)))
             raise ConfigError(
-                f"The tensor-parallel plan gives {key!r} the style {style!r}, which hasten does not apply. Use one of: {known}."
+                f"The tensor-parallel plan gives {key!r} the style {style!r}, which hasten does not apply. Use one of: "
+                f"{known}."
             )
         pattern = _pattern(key)
         matched = [name for name in names if pattern.match(name)]
         if not matched:
             raise ConfigError(
                 f"The tensor-parallel plan entry {key!r} -> {style!r} names no module of {type(model).__name__}. "
-                f"Module names look like {names[:4]}; fix the pattern (``*`` stands for a layer number) or remove the entry."
+                f"Module names look like {names[:4]}; fix the pattern (``*`` stands for a layer number) or remove the "
+                "entry."
             )
         for name in matched:
             dim = _SPLIT_DIM.get(style)
             size = None if dim is None else _weight_dim(model.get_submodule(name), dim)
             if size is not None and size % tp_size:
                 raise ConfigError(
-                    f"tp_size={tp_size} does not divide dimension {dim} (size {size}) of {name}.weight, which the plan entry "
-                    f"{key!r} -> {style!r} splits. Choose a tp_size that divides {size}, or leave {name} out of the plan."
+                    f"tp_size={tp_size} does not divide dimension {dim} (size {size}) of {name}.weight, which the plan "
+                    f"entry {key!r} -> {style!r} splits. Choose a tp_size that divides {size}, or leave {name} out of "
+                    "the plan."
                 )
             resolved[name] = style
     return resolved
@@ -114,8 +118,9 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh) -> int:
     plan = tp_plan(model)
     if not plan:
         raise ConfigError(
-            f"tp_size={tp_mesh.size()} but {type(model).__name__} has no tensor-parallel plan. Give the model a ``_tp_plan`` "
-            "dict (module-name pattern -> 'colwise' / 'rowwise' / ...), as transformers models have, or set tp_size=1."
+            f"tp_size={tp_mesh.size()} but {type(model).__name__} has no tensor-parallel plan. Give the model a "
+            "``_tp_plan`` dict (module-name pattern -> 'colwise' / 'rowwise' / ...), as transformers models have, or "
+            "set tp_size=1."
         )
     resolved = resolve_plan(model, plan, tp_mesh.size())
     split = {

@@ -48,8 +48,9 @@ class RegressionModel(torch.nn.Module):
 
 def _needs_the_hub(name: str) -> NotSupportedError:
     return NotSupportedError(
-        f"{name} builds GLUE/MRPC loaders with a tokenizer downloaded from the Hugging Face Hub and Accelerate's sample "
-        "files; hasten's test helpers work offline. Use RegressionDataset/RegressionModel, or build the loaders yourself."
+        f"{name} builds GLUE/MRPC loaders with a tokenizer downloaded from the Hugging Face Hub and Accelerate's "
+        "sample files; hasten's test helpers work offline. Use RegressionDataset/RegressionModel, or build the loaders "
+        "yourself."
     )
 
 

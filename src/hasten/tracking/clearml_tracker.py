@@ -69,7 +69,8 @@ class ClearMLTracker(GeneralTracker):
 
     @on_main_process
     def log(self, values: dict, step: int | None = None, **kwargs) -> None:
-        """Report numbers: as scalars of the ``eval``/``test``/``train`` series at ``step``, or as single values without one.
+        """Report numbers: as scalars of the ``eval``/``test``/``train`` series at ``step``, or as single values
+        without one.
 
         Other values are skipped with a warning (once per name).
         """

@@ -10,7 +10,8 @@ from .values import tensors_to_numbers
 class CometMLTracker(GeneralTracker):
     """Logs to a Comet experiment made with ``comet_ml.start(project_name=run_name, **kwargs)``.
 
-    comet_ml releases without ``comet_ml.start`` (before 3.41) get ``comet_ml.Experiment(project_name=run_name, **kwargs)``.
+    comet_ml releases without ``comet_ml.start`` (before 3.41) get
+    ``comet_ml.Experiment(project_name=run_name, **kwargs)``.
 
     Args:
         run_name: the project name given to ``init_trackers``.

@@ -1,4 +1,5 @@
-"""The ``Accelerator``'s tracking methods, mixed into the facade: they drive its :class:`~hasten.tracking.TrackerHub`."""
+"""The ``Accelerator``'s tracking methods, mixed into the facade: they drive its
+:class:`~hasten.tracking.TrackerHub`."""
 
 from __future__ import annotations
 

@@ -133,8 +133,9 @@ class TrackerHub:
         if not self._initialized:
             if self.is_main_process and self.log_with:
                 raise ConfigError(
-                    f"log() was called before init_trackers(), so nothing would be recorded for {', '.join(self.names)}. "
-                    "Call accelerator.init_trackers(project_name, config=...) once before logging."
+                    "log() was called before init_trackers(), so nothing would be recorded for "
+                    f"{', '.join(self.names)}. Call accelerator.init_trackers(project_name, config=...) once before "
+                    "logging."
                 )
             return
         if not self._trackers:

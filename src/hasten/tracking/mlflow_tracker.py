@@ -93,7 +93,8 @@ class MLflowTracker(GeneralTracker):
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
-        """Log the configuration as run parameters (flattened with ``/``; too-long values are left out with a warning)."""
+        """Log the configuration as run parameters (flattened with ``/``; too-long values are left out with a
+        warning)."""
         import mlflow
         from mlflow.utils import validation
 

@@ -46,7 +46,8 @@ def _installed(tracker_class: type[GeneralTracker]) -> bool:
 
 
 def get_available_trackers() -> list[LoggerType]:
-    """Accelerate's trackers that can run here (their package is installed), as :class:`~hasten.enums.LoggerType` members.
+    """Accelerate's trackers that can run here (their package is installed), as :class:`~hasten.enums.LoggerType`
+    members.
 
     ``log_with="all"`` means this list, as in Accelerate: it does not add hasten's ``jsonl`` tracker nor
     registered custom trackers (name those explicitly).
@@ -124,8 +125,8 @@ def _check_usable(name: str, logging_dir, requested_as: str) -> None:
         require(tracker_class._package, f"The {name!r} tracker ({requested_as})", tracker_class._extra)
     if tracker_class.requires_logging_directory and logging_dir is None:
         raise ConfigError(
-            f"Logging with `{name}` requires a `logging_dir` to be passed in ({requested_as}): the tracker writes files, "
-            "and no logging directory is set. Pass Accelerator(project_dir=...) or "
+            f"Logging with `{name}` requires a `logging_dir` to be passed in ({requested_as}): the tracker writes "
+            "files, and no logging directory is set. Pass Accelerator(project_dir=...) or "
             "Accelerator(project_config=ProjectConfiguration(logging_dir=...))."
         )
 

@@ -1,4 +1,5 @@
-"""TensorBoard through ``torch.utils.tensorboard`` (needs the ``tensorboard`` package: ``pip install 'hasten[tracking]'``)."""
+"""TensorBoard through ``torch.utils.tensorboard`` (needs the ``tensorboard`` package: ``pip install
+'hasten[tracking]'``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Trackio (needs ``pip install trackio``): a local-first tracker with the wandb-like ``init``/``log``/``finish`` API."""
+"""Trackio (needs ``pip install trackio``): a local-first tracker with the wandb-like ``init``/``log``/``finish``
+API."""
 
 from __future__ import annotations
 

@@ -152,7 +152,8 @@ def sanitize_config(config: Any, warn: bool = True) -> dict:
     )
     if not is_record:
         raise ConfigError(
-            f"init_trackers(config=...) must be a dict (or a dataclass / argparse.Namespace), got {type(config).__name__}. "
+            "init_trackers(config=...) must be a dict (or a dataclass / argparse.Namespace), got "
+            f"{type(config).__name__}. "
             "Pass e.g. config={'lr': 1e-3, 'batch_size': 32}."
         )
     converted, dropped = to_json_compatible(config)

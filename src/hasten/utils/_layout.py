@@ -24,26 +24,29 @@ _CHECKPOINT_NAMES = _names(
 LAYOUT: dict[str, dict[str, str]] = {
     "ao": _names(
         "compat.quantization",
-        "convert_model_to_fp8_ao filter_first_and_last_linear_layers filter_linear_layers find_first_last_linear_layers has_ao_layers",
+        "convert_model_to_fp8_ao filter_first_and_last_linear_layers filter_linear_layers "
+        "find_first_last_linear_layers has_ao_layers",
     ),
     "bnb": _names(
         "compat.quantization",
-        "get_keys_to_not_convert get_parameter_device get_quantized_model_device_map has_4bit_bnb_layers load_and_quantize_model "
-        "quantize_and_offload_8bit replace_with_bnb_layers",
+        "get_keys_to_not_convert get_parameter_device get_quantized_model_device_map has_4bit_bnb_layers "
+        "load_and_quantize_model quantize_and_offload_8bit replace_with_bnb_layers",
     ),
     "constants": {
         **_CHECKPOINT_NAMES,
         "SUPPORTED_PYTORCH_LAYERS_FOR_UPCASTING": "big_modeling.hooks",
         **_names(
             "compat.constants",
-            "OPTIMIZER_NAME SCHEDULER_NAME SAMPLER_NAME SCALER_NAME RNG_STATE_NAME FSDP_MODEL_NAME PROFILE_PATTERN_NAME "
-            "FSDP_SHARDING_STRATEGY FSDP_AUTO_WRAP_POLICY FSDP_BACKWARD_PREFETCH FSDP_STATE_DICT_TYPE FSDP2_STATE_DICT_TYPE "
-            "DEEPSPEED_MULTINODE_LAUNCHERS TORCH_DYNAMO_MODES STR_OPERATION_TO_FUNC TORCH_LAUNCH_PARAMS CUDA_DISTRIBUTED_TYPES "
-            "TORCH_DISTRIBUTED_OPERATION_TYPES FSDP_PYTORCH_VERSION FSDP2_PYTORCH_VERSION "
-            "DTENSOR_PYTORCH_VERSION ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION MITA_PROFILING_AVAILABLE_PYTORCH_VERSION "
-            "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION BETA_TP_AVAILABLE_PYTORCH_VERSION BETA_TP_AVAILABLE_TRANSFORMERS_VERSION "
-            "BETA_CP_AVAILABLE_PYTORCH_VERSION BETA_SP_AVAILABLE_DEEPSPEED_VERSION SAGEMAKER_PYTORCH_VERSION "
-            "SAGEMAKER_PYTHON_VERSION SAGEMAKER_TRANSFORMERS_VERSION SAGEMAKER_PARALLEL_EC2_INSTANCES",
+            "OPTIMIZER_NAME SCHEDULER_NAME SAMPLER_NAME SCALER_NAME RNG_STATE_NAME FSDP_MODEL_NAME "
+            "PROFILE_PATTERN_NAME FSDP_SHARDING_STRATEGY FSDP_AUTO_WRAP_POLICY FSDP_BACKWARD_PREFETCH "
+            "FSDP_STATE_DICT_TYPE FSDP2_STATE_DICT_TYPE DEEPSPEED_MULTINODE_LAUNCHERS TORCH_DYNAMO_MODES "
+            "STR_OPERATION_TO_FUNC TORCH_LAUNCH_PARAMS CUDA_DISTRIBUTED_TYPES TORCH_DISTRIBUTED_OPERATION_TYPES "
+            "FSDP_PYTORCH_VERSION FSDP2_PYTORCH_VERSION DTENSOR_PYTORCH_VERSION "
+            "ELASTIC_LOG_LINE_PREFIX_TEMPLATE_PYTORCH_VERSION MITA_PROFILING_AVAILABLE_PYTORCH_VERSION "
+            "XPU_PROFILING_AVAILABLE_PYTORCH_VERSION BETA_TP_AVAILABLE_PYTORCH_VERSION "
+            "BETA_TP_AVAILABLE_TRANSFORMERS_VERSION BETA_CP_AVAILABLE_PYTORCH_VERSION "
+            "BETA_SP_AVAILABLE_DEEPSPEED_VERSION SAGEMAKER_PYTORCH_VERSION SAGEMAKER_PYTHON_VERSION "
+            "SAGEMAKER_TRANSFORMERS_VERSION SAGEMAKER_PARALLEL_EC2_INSTANCES",
         ),
     },
     "dataclasses": {
@@ -55,9 +58,9 @@ LAYOUT: dict[str, dict[str, str]] = {
         ),
         **_names(
             "enums",
-            "BaseEnum ComputeEnvironment CustomDtype DDPCommunicationHookType DistributedType DynamoBackend FP8BackendType "
-            "LoggerType PrecisionType RNGType SageMakerDistributedType AmaxComputeAlgorithm Backend EnumWithContains FP8Format "
-            "OptLevel ProfilerActivity",
+            "BaseEnum ComputeEnvironment CustomDtype DDPCommunicationHookType DistributedType DynamoBackend "
+            "FP8BackendType LoggerType PrecisionType RNGType SageMakerDistributedType AmaxComputeAlgorithm Backend "
+            "EnumWithContains FP8Format OptLevel ProfilerActivity",
         ),
         "DeepSpeedPlugin": "strategies.deepspeed.plugin",
         "FullyShardedDataParallelPlugin": "strategies.fsdp.plugin",
@@ -89,8 +92,8 @@ LAYOUT: dict[str, dict[str, str]] = {
     "environment": {
         **_names(
             "environment",
-            "clear_environment get_int_from_env parse_choice_from_env parse_flag_from_env patch_environment str_to_bool "
-            "purge_accelerate_environment convert_dict_to_env_variables",
+            "clear_environment get_int_from_env parse_choice_from_env parse_flag_from_env patch_environment "
+            "str_to_bool purge_accelerate_environment convert_dict_to_env_variables",
         ),
         **_names(
             "compat.machine_info",
@@ -106,32 +109,33 @@ LAYOUT: dict[str, dict[str, str]] = {
         ),
         **_names(
             "compat.fsdp_helpers",
-            "get_parameters_from_modules enable_fsdp_ram_efficient_loading disable_fsdp_ram_efficient_loading fsdp2_canonicalize_names "
-            "get_fsdp2_grad_scaler",
+            "get_parameters_from_modules enable_fsdp_ram_efficient_loading disable_fsdp_ram_efficient_loading "
+            "fsdp2_canonicalize_names get_fsdp2_grad_scaler",
         ),
         **_names(
             "compat.internals",
-            "ensure_weights_retied fsdp2_apply_ac fsdp2_load_full_state_dict fsdp2_prepare_auto_wrap_policy fsdp2_prepare_model "
-            "fsdp2_switch_optimizer_parameters",
+            "ensure_weights_retied fsdp2_apply_ac fsdp2_load_full_state_dict fsdp2_prepare_auto_wrap_policy "
+            "fsdp2_prepare_model fsdp2_switch_optimizer_parameters",
         ),
     },
     "imports": {
         "is_rich_available": "compat.unsupported",
         **_names(
             "runtime.availability",
-            "USE_TORCH_XLA deepspeed_required torchao_required is_4bit_bnb_available is_8bit_bnb_available is_aim_available "
-            "is_amdsmi_available is_bf16_available is_bitsandbytes_multi_backend_available is_bnb_available is_boto3_available "
-            "is_clearml_available is_comet_ml_available is_cuda_available is_datasets_available is_deepspeed_available "
-            "is_dvclive_available is_fp16_available is_fp8_available is_habana_gaudi1 is_hpu_available is_import_timer_available "
-            "is_lomo_available is_matplotlib_available is_megatron_lm_available is_mlflow_available is_mlu_available "
-            "is_mps_available is_msamp_available is_musa_available is_neuron_available is_npu_available is_numpy_available "
-            "is_pandas_available is_peft_available is_pippy_available is_pynvml_available is_pytest_available "
-            "is_rocm_available is_sagemaker_available is_schedulefree_available is_sdaa_available "
-            "is_tensorboard_available is_timm_available is_torch_distributed_available is_torch_xla_available "
-            "is_torchao_available is_torchdata_available is_torchdata_stateful_dataloader_available is_torchvision_available "
+            "USE_TORCH_XLA deepspeed_required torchao_required is_4bit_bnb_available is_8bit_bnb_available "
+            "is_aim_available is_amdsmi_available is_bf16_available is_bitsandbytes_multi_backend_available "
+            "is_bnb_available is_boto3_available is_clearml_available is_comet_ml_available is_cuda_available "
+            "is_datasets_available is_deepspeed_available is_dvclive_available is_fp16_available is_fp8_available "
+            "is_habana_gaudi1 is_hpu_available is_import_timer_available is_lomo_available is_matplotlib_available "
+            "is_megatron_lm_available is_mlflow_available is_mlu_available is_mps_available is_msamp_available "
+            "is_musa_available is_neuron_available is_npu_available is_numpy_available is_pandas_available "
+            "is_peft_available is_pippy_available is_pynvml_available is_pytest_available is_rocm_available "
+            "is_sagemaker_available is_schedulefree_available is_sdaa_available is_tensorboard_available "
+            "is_timm_available is_torch_distributed_available is_torch_xla_available is_torchao_available "
+            "is_torchdata_available is_torchdata_stateful_dataloader_available is_torchvision_available "
             "is_tqdm_available is_transformer_engine_available is_transformer_engine_mxfp8_available "
-            "is_transformers_available is_triton_available is_wandb_available is_weights_only_available is_xccl_available "
-            "is_xpu_available is_safetensors_available is_swanlab_available is_trackio_available",
+            "is_transformers_available is_triton_available is_wandb_available is_weights_only_available "
+            "is_xccl_available is_xpu_available is_safetensors_available is_swanlab_available is_trackio_available",
         ),
     },
     "launch": _names(
@@ -141,10 +145,10 @@ LAYOUT: dict[str, dict[str, str]] = {
     ),
     "megatron_lm": _names(
         "compat.megatron_lm",
-        "AbstractTrainStep BertTrainStep GPTTrainStep MegatronEngine MegatronLMDummyDataLoader MegatronLMDummyScheduler "
-        "MegatronLMOptimizerWrapper MegatronLMSchedulerWrapper T5TrainStep avg_losses_across_data_parallel_group "
-        "finish_mpu_init gather_across_data_parallel_groups initialize model_provider_func prepare_data_loader "
-        "prepare_model_optimizer_scheduler prepare_optimizer prepare_scheduler",
+        "AbstractTrainStep BertTrainStep GPTTrainStep MegatronEngine MegatronLMDummyDataLoader "
+        "MegatronLMDummyScheduler MegatronLMOptimizerWrapper MegatronLMSchedulerWrapper T5TrainStep "
+        "avg_losses_across_data_parallel_group finish_mpu_init gather_across_data_parallel_groups initialize "
+        "model_provider_func prepare_data_loader prepare_model_optimizer_scheduler prepare_optimizer prepare_scheduler",
     ),
     "memory": _names(
         "runtime.memory", "clear_device_cache find_executable_batch_size release_memory should_reduce_batch_size"
@@ -171,8 +175,9 @@ LAYOUT: dict[str, dict[str, str]] = {
         **_names("big_modeling.tensors", "get_non_persistent_buffers named_module_tensors set_module_tensor_to_device"),
         **_names(
             "compat.modeling",
-            "calculate_maximum_sizes check_device_same check_tied_parameters_in_config check_tied_parameters_on_same_device "
-            "get_module_leaves get_state_dict_from_offload id_tensor_storage get_grad_scaler get_mixed_precision_context_manager",
+            "calculate_maximum_sizes check_device_same check_tied_parameters_in_config "
+            "check_tied_parameters_on_same_device get_module_leaves get_state_dict_from_offload id_tensor_storage "
+            "get_grad_scaler get_mixed_precision_context_manager",
         ),
         **_names("compat.internals", "fallback_allocate get_module_size_with_ties"),
     },
@@ -195,8 +200,8 @@ LAYOUT: dict[str, dict[str, str]] = {
         ),
         **_names(
             "compat.operations",
-            "TENSOR_INT_TO_DTYPE TENSOR_TYPE_TO_INT verify_operation chained_operation gather_tensor_shape copy_tensor_to_devices "
-            "is_torch_xpu_tensor GatheredParameters",
+            "TENSOR_INT_TO_DTYPE TENSOR_TYPE_TO_INT verify_operation chained_operation gather_tensor_shape "
+            "copy_tensor_to_devices is_torch_xpu_tensor GatheredParameters",
         ),
     },
     "other": {

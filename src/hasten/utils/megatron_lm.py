@@ -1,4 +1,5 @@
-"""``accelerate.utils.megatron_lm``'s public names, re-exported lazily from where hasten defines them (see ``_layout``)."""
+"""``accelerate.utils.megatron_lm``'s public names, re-exported lazily from where hasten defines them (see
+``_layout``)."""
 
 from ._layout import LAYOUT, reexport
 

@@ -342,8 +342,8 @@ def _port(value: int) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run ``config`` with ``argv`` (default: this process's arguments): the ``accelerate-config`` console script, ``python -m hasten.commands.config``
-    and ``python -m accelerate.commands.config``."""
+    """Run ``config`` with ``argv`` (default: this process's arguments): the ``accelerate-config`` console script,
+    ``python -m hasten.commands.config`` and ``python -m accelerate.commands.config``."""
     from ..main import run_subcommand
 
     return run_subcommand("config", argv)

@@ -1,4 +1,5 @@
-"""``accelerate.commands.config.default``: ``write_basic_config`` (``hasten config default``'s file, written from code)."""
+"""``accelerate.commands.config.default``: ``write_basic_config`` (``hasten config default``'s file, written from
+code)."""
 
 from ...config import write_basic_config
 from . import default_config_file

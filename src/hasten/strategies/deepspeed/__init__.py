@@ -5,7 +5,8 @@
   that resolves ``"auto"`` values;
 - :mod:`.schema`: every key DeepSpeed reads (the key check's table);
 - :mod:`.strategy`: ``DeepSpeedStrategy``, the engine behind the Strategy interface;
-- :mod:`.dummies`: ``DummyOptim``/``DummyScheduler`` (the config's optimizer and scheduler) and the CPU optimizers of offload;
+- :mod:`.dummies`: ``DummyOptim``/``DummyScheduler`` (the config's optimizer and scheduler) and the CPU optimizers of
+  offload;
 - :mod:`.zero3`: ZeRO-3 model construction (``HfDeepSpeedConfig`` for Transformers, ``zero.Init``, MoE leaf modules);
 - :mod:`.checkpoint`: reading engine checkpoints safely and merging them into one model file;
 - :mod:`.memory_estimate`: the ZeRO memory table of ``hasten estimate-memory``, and the advice ``hasten launch``

@@ -74,7 +74,8 @@ def safe_torch_load(source, name, map_location=None, classes=None):
             return torch.load(source, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as error:
         raise CheckpointError(
-            f"{name} holds a Python object hasten does not load, because loading it could run code from the file:\n{error}\n"
+            f"{name} holds a Python object hasten does not load, because loading it could run code from the file:\n"
+            f"{error}\n"
             "If you trust the file, allow the class with torch.serialization.add_safe_globals([...]) and load again."
         ) from None
 
@@ -154,8 +155,8 @@ def load_fp32_state_dict(
     folder = find_deepspeed_checkpoint(checkpoint_dir)
     if folder is None:
         raise CheckpointError(
-            f"{checkpoint_dir} holds no DeepSpeed checkpoint: expected a folder with *_model_states.pt files, a folder with a "
-            "'latest' file naming one, or a hasten checkpoint with a deepspeed/ folder."
+            f"{checkpoint_dir} holds no DeepSpeed checkpoint: expected a folder with *_model_states.pt files, a folder "
+            "with a 'latest' file naming one, or a hasten checkpoint with a deepspeed/ folder."
         )
     models = [safe_torch_load(path, path) for path in _files(folder, "*_model_states.pt")]
     optimizer_files = _files(folder, "*_optim_states.pt")
@@ -165,7 +166,8 @@ def load_fp32_state_dict(
     world = max(world) if isinstance(world, list) else int(world)
     if world != len(optimizer_files):
         raise CheckpointError(
-            f"{folder} should hold {world} *_optim_states.pt files (one per rank) but holds {len(optimizer_files)}: the checkpoint is incomplete."
+            f"{folder} should hold {world} *_optim_states.pt files (one per rank) but holds {len(optimizer_files)}: "
+            "the checkpoint is incomplete."
         )
     state = {
         name: (t.float() if t.is_floating_point() else t)
@@ -202,7 +204,8 @@ def _merge_zero12(param_shapes: list, flats: list, paddings, folder: Path) -> di
             offset += count + (paddings[index][position] if paddings else 0)
         if offset > full.numel():
             raise CheckpointError(
-                f"{folder}: parameter group {index} needs {offset} values but the optimizer files hold {full.numel()}; the checkpoint is corrupt."
+                f"{folder}: parameter group {index} needs {offset} values but the optimizer files hold {full.numel()}; "
+                "the checkpoint is corrupt."
             )
     return state
 
@@ -240,7 +243,8 @@ def merge_deepspeed_weights(
     safe_serialization: bool = True,
     max_shard_size: str | int = "10GB",
 ) -> list[Path]:
-    """Merge a ZeRO checkpoint into one fp32 model in ``output_path`` (``model.safetensors``, sharded with an index when large).
+    """Merge a ZeRO checkpoint into one fp32 model in ``output_path`` (``model.safetensors``, sharded with an index when
+    large).
 
     Returns:
         The files written.

@@ -97,14 +97,16 @@ def _validate_values(config: dict, name: str) -> None:
             )
         if device == "nvme" and get_value(config, f"zero_optimization.{section}.nvme_path") in (None, "none", AUTO):
             raise ConfigError(
-                f"zero_optimization.{section}.device is 'nvme' in {name} but no nvme_path is set; add the folder on the NVMe drive as zero_optimization.{section}.nvme_path."
+                f"zero_optimization.{section}.device is 'nvme' in {name} but no nvme_path is set; add the folder on "
+                f"the NVMe drive as zero_optimization.{section}.nvme_path."
             )
     if get_value(config, "zero_optimization.offload_param.device") not in (None, "none", AUTO) and stage not in (
         3,
         AUTO,
     ):
         raise ConfigError(
-            f"{name} offloads parameters (zero_optimization.offload_param) with ZeRO stage {stage}; parameter offload needs stage 3."
+            f"{name} offloads parameters (zero_optimization.offload_param) with ZeRO stage {stage}; parameter offload "
+            "needs stage 3."
         )
     if get_value(config, "fp16.enabled") is True and get_value(config, "bf16.enabled") is True:
         raise ConfigError(f'{name} enables both fp16 and bf16; enable one of them (or set both to "auto").')
@@ -195,7 +197,8 @@ def fill(
     must_match: tuple[str, ...] = (),
     add_missing: tuple[str, ...] = (),
 ) -> list[str]:
-    """Fill ``"auto"`` values of ``config`` from ``settings`` (dotted path -> :class:`Setting`): the only place that does.
+    """Fill ``"auto"`` values of ``config`` from ``settings`` (dotted path -> :class:`Setting`): the only place that
+    does.
 
     A path in ``must_match`` whose value is set in the file and differs from the script's is a
     conflict: all conflicts are reported together in one :class:`ConfigError` naming both values.
@@ -219,7 +222,8 @@ def fill(
         raise ConfigError(
             "The DeepSpeed config and the training script disagree:\n"
             + "\n".join(f"  - {line}" for line in conflicts)
-            + '\nMake them agree: change one of the two, or set the value to "auto" in the DeepSpeed config so that it follows the script.'
+            + '\nMake them agree: change one of the two, or set the value to "auto" in the DeepSpeed config so that it '
+            "follows the script."
         )
     return notes
 
@@ -255,7 +259,8 @@ def _precision_settings(mixed_precision: str) -> dict[str, Setting]:
 
 
 def apply_mixed_precision(config: dict, mixed_precision: str, name: str) -> None:
-    """Make ``config`` train in ``mixed_precision``: enable its section, fill ``fp16``/``bf16`` ``"auto"``; a contradiction is an error."""
+    """Make ``config`` train in ``mixed_precision``: enable its section, fill ``fp16``/``bf16`` ``"auto"``; a
+    contradiction is an error."""
     if mixed_precision == "fp8":
         raise NotSupportedError("mixed_precision='fp8' with DeepSpeed is not supported by hasten; use 'bf16'.")
     for kind, other in (("fp16", "bf16"), ("bf16", "fp16")):
@@ -340,12 +345,23 @@ def auto_values(script: ScriptValues) -> dict[str, Setting]:
 
 
 _AUTO_HINTS = {
-    "train_micro_batch_size_per_gpu": "prepare a DataLoader in the same prepare() call as the model, or write the per-process batch size in the config",
+    "train_micro_batch_size_per_gpu": (
+        "prepare a DataLoader in the same prepare() call as the model, or write the per-process batch size in the "
+        "config"
+    ),
     "train_batch_size": "prepare a DataLoader with the model, or write the global batch size in the config",
-    "zero_optimization.reduce_bucket_size": "the model has no config.hidden_size; write a number (DeepSpeed's default is 5e8)",
-    "zero_optimization.stage3_prefetch_bucket_size": "the model has no config.hidden_size; write a number (DeepSpeed's default is 5e7)",
-    "zero_optimization.stage3_param_persistence_threshold": "the model has no config.hidden_size; write a number (DeepSpeed's default is 1e5)",
-    "scheduler.params.total_num_steps": "pass DummyScheduler(optimizer, total_num_steps=...) or write the number in the config",
+    "zero_optimization.reduce_bucket_size": (
+        "the model has no config.hidden_size; write a number (DeepSpeed's default is 5e8)"
+    ),
+    "zero_optimization.stage3_prefetch_bucket_size": (
+        "the model has no config.hidden_size; write a number (DeepSpeed's default is 5e7)"
+    ),
+    "zero_optimization.stage3_param_persistence_threshold": (
+        "the model has no config.hidden_size; write a number (DeepSpeed's default is 1e5)"
+    ),
+    "scheduler.params.total_num_steps": (
+        "pass DummyScheduler(optimizer, total_num_steps=...) or write the number in the config"
+    ),
 }
 _DEFAULT_HINT = 'replace "auto" with a value'
 

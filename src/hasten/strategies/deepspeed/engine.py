@@ -63,7 +63,8 @@ def _holds(folder) -> bool:
 
 
 def _merge(folder, output, safe_serialization: bool, max_shard_size: str) -> list:
-    """The fp32 weights of a ZeRO checkpoint, as DeepSpeed's ``zero_to_fp32.py`` rebuilds them, written to ``output``."""
+    """The fp32 weights of a ZeRO checkpoint, as DeepSpeed's ``zero_to_fp32.py`` rebuilds them, written to
+    ``output``."""
     from .checkpoint import merge_deepspeed_weights
 
     return merge_deepspeed_weights(folder, output, safe_serialization=safe_serialization, max_shard_size=max_shard_size)

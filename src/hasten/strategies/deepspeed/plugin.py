@@ -59,7 +59,8 @@ class DeepSpeedPlugin:
             ``from_pretrained`` does so by itself; other models are built inside
             :meth:`zero3_init_context_manager`.
         zero3_save_16bit_model: gather full 16-bit weights when saving a ZeRO-3 model.
-        transformer_moe_cls_names: comma-separated mixture-of-experts layer class names, kept whole (ZeRO-3 leaf modules).
+        transformer_moe_cls_names: comma-separated mixture-of-experts layer class names, kept whole (ZeRO-3 leaf
+            modules).
         enable_msamp, msamp_opt_level: MS-AMP fp8; not supported by hasten.
     """
 
@@ -83,7 +84,8 @@ class DeepSpeedPlugin:
         require("deepspeed", "DeepSpeedPlugin (the DeepSpeed engine)", "deepspeed")
         if self.enable_msamp:
             raise NotSupportedError(
-                "DeepSpeedPlugin(enable_msamp=True): MS-AMP fp8 is not supported by hasten; train with mixed_precision='bf16'."
+                "DeepSpeedPlugin(enable_msamp=True): MS-AMP fp8 is not supported by hasten; train with "
+                "mixed_precision='bf16'."
             )
         explicit = self._read_settings()
         source = self.hf_ds_config if self.hf_ds_config is not None else environment.get_str("DEEPSPEED_CONFIG_FILE")
@@ -112,7 +114,8 @@ class DeepSpeedPlugin:
         self.selected = False
         if self.zero3_init_flag and self.zero_stage != 3:
             raise ConfigError(
-                f"zero3_init_flag is set but the ZeRO stage is {self.zero_stage}; building models partitioned needs stage 3. Set zero_stage=3 or drop zero3_init_flag."
+                f"zero3_init_flag is set but the ZeRO stage is {self.zero_stage}; building models partitioned needs "
+                "stage 3. Set zero_stage=3 or drop zero3_init_flag."
             )
         self._set_transformers_view(self.is_zero3_init_enabled())
 
@@ -305,6 +308,7 @@ def get_active_deepspeed_plugin(state) -> DeepSpeedPlugin:
     plugin = getattr(state, "deepspeed_plugin", None)
     if plugin is None:
         raise ConfigError(
-            "DeepSpeed is not in use: pass Accelerator(deepspeed_plugin=DeepSpeedPlugin(...)) or launch with --use_deepspeed."
+            "DeepSpeed is not in use: pass Accelerator(deepspeed_plugin=DeepSpeedPlugin(...)) or launch with "
+            "--use_deepspeed."
         )
     return plugin

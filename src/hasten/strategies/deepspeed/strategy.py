@@ -73,14 +73,15 @@ class _OverflowMonitor:
             warn_once(
                 "deepspeed-nan-loss",
                 "The loss is NaN/inf under fp16. This usually happens with a model pretrained in bf16 (e.g. on TPUs) "
-                "whose activations overflow fp16's range: train in bf16 (Ampere GPUs or newer, TPUs) or in fp32 instead.",
+                "whose activations overflow fp16's range: train in bf16 (Ampere GPUs or newer, TPUs) or in fp32 "
+                "instead.",
             )
         if self.skipped == 1 or self.skipped % self.every == 0:
             scale = f"; the loss scale is now {loss_scale:g}" if isinstance(loss_scale, (int, float)) else ""
             get_logger("hasten.deepspeed").warning(
-                f"fp16 overflow: the optimizer step was skipped ({self.skipped} of {self.steps} steps skipped so far{scale}). "
-                "A few skips while the loss scale settles are normal. If they keep coming, raise fp16.initial_scale_power "
-                "in the DeepSpeed config (32 usually works), or train in bf16 or fp32."
+                f"fp16 overflow: the optimizer step was skipped ({self.skipped} of {self.steps} steps skipped so "
+                f"far{scale}). A few skips while the loss scale settles are normal. If they keep coming, raise "
+                "fp16.initial_scale_power in the DeepSpeed config (32 usually works), or train in bf16 or fp32."
             )
 
 
@@ -141,7 +142,8 @@ class DeepSpeedStrategy(Strategy):
         if not models:
             if optimizers or schedulers:
                 raise ConfigError(
-                    "Under DeepSpeed, prepare the model with its optimizer and scheduler in one call: accelerator.prepare(model, optimizer, dataloader, scheduler)."
+                    "Under DeepSpeed, prepare the model with its optimizer and scheduler in one call: "
+                    "accelerator.prepare(model, optimizer, dataloader, scheduler)."
                 )
             return models, optimizers, schedulers
         if self.engine is not None or len(models) > 1 or len(optimizers) > 1 or len(schedulers) > 1:
@@ -178,13 +180,15 @@ class DeepSpeedStrategy(Strategy):
         if isinstance(optimizer, DummyOptim):
             if "optimizer" not in config:
                 raise ConfigError(
-                    f'DummyOptim stands for the optimizer of the DeepSpeed config, but {name} has no "optimizer" section. Add one, or pass a torch optimizer.'
+                    f'DummyOptim stands for the optimizer of the DeepSpeed config, but {name} has no "optimizer" '
+                    "section. Add one, or pass a torch optimizer."
                 )
             kwargs["model_parameters"] = optimizer.params
         elif optimizer is not None:
             if "optimizer" in config:
                 raise ConfigError(
-                    f'{name} defines an optimizer and the script passes {type(optimizer).__name__} too. Pass DummyOptim(params, lr=...) to use the config\'s, or remove its "optimizer" section.'
+                    f"{name} defines an optimizer and the script passes {type(optimizer).__name__} too. Pass "
+                    'DummyOptim(params, lr=...) to use the config\'s, or remove its "optimizer" section.'
                 )
             if dsc.get_value(config, "zero_optimization.offload_optimizer.device", "none") in ("cpu", "nvme"):
                 replacement = map_pytorch_optim_to_deepspeed(optimizer)
@@ -196,13 +200,15 @@ class DeepSpeedStrategy(Strategy):
         if isinstance(scheduler, DummyScheduler) and "scheduler" not in config:
             if scheduler.lr_scheduler_callable is None:
                 raise ConfigError(
-                    f'DummyScheduler stands for the scheduler of the DeepSpeed config, but {name} has no "scheduler" section. Add one, or pass DummyScheduler(..., lr_scheduler_callable=...).'
+                    f'DummyScheduler stands for the scheduler of the DeepSpeed config, but {name} has no "scheduler" '
+                    "section. Add one, or pass DummyScheduler(..., lr_scheduler_callable=...)."
                 )
             kwargs["lr_scheduler"] = scheduler.lr_scheduler_callable
         elif scheduler is not None and not isinstance(scheduler, DummyScheduler):
             if "scheduler" in config:
                 raise ConfigError(
-                    f'{name} defines a scheduler and the script passes {type(scheduler).__name__} too. Pass DummyScheduler(optimizer, ...) to use the config\'s, or remove its "scheduler" section.'
+                    f"{name} defines a scheduler and the script passes {type(scheduler).__name__} too. Pass "
+                    'DummyScheduler(optimizer, ...) to use the config\'s, or remove its "scheduler" section.'
                 )
             kwargs["lr_scheduler"] = scheduler
         self._dummy_optimizer = optimizer if isinstance(optimizer, DummyOptim) else None
@@ -256,7 +262,8 @@ class DeepSpeedStrategy(Strategy):
         if not evaluation_mode and any(p.requires_grad for p in model.parameters()):
             raise NotSupportedError(
                 "Under DeepSpeed, a model to train is prepared together with its optimizer: "
-                "accelerator.prepare(model, optimizer, dataloader, scheduler). Use prepare_model(model, evaluation_mode=True) for inference-only models."
+                "accelerator.prepare(model, optimizer, dataloader, scheduler). Use prepare_model(model, "
+                "evaluation_mode=True) for inference-only models."
             )
         return model.to(self.device) if device_placement else model
 
@@ -291,21 +298,24 @@ class DeepSpeedStrategy(Strategy):
         if steps > 1 and self._syncs_in_a_row > steps:
             warn_once(
                 "deepspeed-no-accumulate",
-                f"gradient_accumulation_steps={steps}, but every backward is a synchronisation step: the engine steps on every "
-                "micro-batch with a loss divided by the accumulation steps. Run each step inside `with accelerator.accumulate(model):`.",
+                f"gradient_accumulation_steps={steps}, but every backward is a synchronisation step: the engine steps "
+                "on every micro-batch with a loss divided by the accumulation steps. Run each step inside `with "
+                "accelerator.accumulate(model):`.",
             )
 
     def clip_grad_norm_(
         self, parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
     ) -> torch.Tensor | None:
-        """The engine clips with the config's ``gradient_clipping``; returns the global gradient norm of the last step."""
+        """The engine clips with the config's ``gradient_clipping``; returns the global gradient norm of the last
+        step."""
         engine = self._require_engine()
         configured = engine.gradient_clipping()
         if not configured or not math.isclose(configured, float(max_norm)):
             warn_once(
                 "deepspeed-clip",
-                f"clip_grad_norm_(max_norm={max_norm}) under DeepSpeed: the engine clips with gradient_clipping from the "
-                f"DeepSpeed config, which is {configured or 'not set (no clipping)'}. Set DeepSpeedPlugin(gradient_clipping={max_norm}) "
+                f"clip_grad_norm_(max_norm={max_norm}) under DeepSpeed: the engine clips with gradient_clipping from "
+                f"the DeepSpeed config, which is {configured or 'not set (no clipping)'}. Set "
+                f"DeepSpeedPlugin(gradient_clipping={max_norm}) "
                 'or "gradient_clipping" in the config to clip at this value.',
             )
         norm = engine.get_global_grad_norm()
@@ -314,7 +324,8 @@ class DeepSpeedStrategy(Strategy):
     def clip_grad_value_(self, parameters, clip_value: float) -> None:
         """Not available: DeepSpeed clips by norm only."""
         raise NotSupportedError(
-            "DeepSpeed clips gradients by norm only: use accelerator.clip_grad_norm_ and set gradient_clipping in the DeepSpeed config."
+            "DeepSpeed clips gradients by norm only: use accelerator.clip_grad_norm_ and set gradient_clipping in the "
+            "DeepSpeed config."
         )
 
     @property
@@ -361,7 +372,8 @@ class DeepSpeedStrategy(Strategy):
             if not engine.zero_gather_16bit_weights_on_model_save():
                 raise ConfigError(
                     "The model is partitioned (ZeRO-3) and the config does not gather it for saving. Set "
-                    '"stage3_gather_16bit_weights_on_model_save": true under zero_optimization (or DeepSpeedPlugin(zero3_save_16bit_model=True)), '
+                    '"stage3_gather_16bit_weights_on_model_save": true under zero_optimization (or '
+                    "DeepSpeedPlugin(zero3_save_16bit_model=True)), "
                     "or save the training state with accelerator.save_state(dir) and turn it into one model file with "
                     "`hasten merge-weights dir OUTPUT_DIR`."
                 )
@@ -391,7 +403,8 @@ class DeepSpeedStrategy(Strategy):
                 continue
             if not any(name.startswith(f"{_CHECKPOINT_FOLDER}/") for name in reader.files):
                 raise CheckpointError(
-                    f"Checkpoint {reader.directory} holds no DeepSpeed engine state ({_CHECKPOINT_FOLDER}/): it was not saved under DeepSpeed."
+                    f"Checkpoint {reader.directory} holds no DeepSpeed engine state ({_CHECKPOINT_FOLDER}/): it was "
+                    "not saved under DeepSpeed."
                 )
             self._reader = reader
             try:
@@ -412,7 +425,8 @@ class DeepSpeedStrategy(Strategy):
             record = reader.files.get(name)
             if record is None:
                 raise CheckpointError(
-                    f"{path} is not listed in the manifest of {reader.directory}: the checkpoint was changed after it was saved."
+                    f"{path} is not listed in the manifest of {reader.directory}: the checkpoint was changed after it "
+                    "was saved."
                 )
             reader.check_bytes(name, data)
         return safe_torch_load(io.BytesIO(data), path, map_location, classes=deepspeed_classes())

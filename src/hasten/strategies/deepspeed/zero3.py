@@ -111,7 +111,8 @@ def partitioned_construction(config: dict, mixed_precision: str):
 
 
 def set_moe_leaf_modules(model, class_names: str | None) -> None:
-    """Mark the classes of ``model`` named in ``class_names`` (comma-separated) as ZeRO-3 leaf modules (gathered whole)."""
+    """Mark the classes of ``model`` named in ``class_names`` (comma-separated) as ZeRO-3 leaf modules (gathered
+    whole)."""
     if not class_names:
         return
     names = {n.strip() for n in str(class_names).split(",") if n.strip()}

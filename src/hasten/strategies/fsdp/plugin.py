@@ -52,7 +52,8 @@ def _name(value, choices: tuple[str, ...], setting: str) -> str:
         return choices[int(text) - 1]
     if text not in choices:
         raise ConfigError(
-            f"FullyShardedDataParallelPlugin: {setting}={value!r} is not one of {list(choices)}.{did_you_mean(text, choices)}"
+            f"FullyShardedDataParallelPlugin: {setting}={value!r} is not one of "
+            f"{list(choices)}.{did_you_mean(text, choices)}"
         )
     return text
 
@@ -70,14 +71,16 @@ def _dtype(value, setting: str) -> torch.dtype | None:
     text = str(value).lower().removeprefix("torch.")
     if text not in _DTYPES:
         raise ConfigError(
-            f"FullyShardedDataParallelPlugin: mixed_precision_policy {setting}={value!r} is not a dtype; use one of {sorted(_DTYPES)} or a torch.dtype."
+            f"FullyShardedDataParallelPlugin: mixed_precision_policy {setting}={value!r} is not a dtype; use one of "
+            f"{sorted(_DTYPES)} or a torch.dtype."
         )
     return _DTYPES[text]
 
 
 def _fsdp1_only(setting: str, value, why: str) -> ConfigError:
     return ConfigError(
-        f"FullyShardedDataParallelPlugin: {setting}={value!r} is an FSDP1 setting that FSDP2 (the only FSDP hasten runs) cannot honour: {why}"
+        f"FullyShardedDataParallelPlugin: {setting}={value!r} is an FSDP1 setting that FSDP2 (the only FSDP hasten "
+        f"runs) cannot honour: {why}"
     )
 
 
@@ -169,8 +172,9 @@ class FullyShardedDataParallelPlugin:
     def _resolve_version(self) -> None:
         if str(self.fsdp_version) != "2":
             raise ConfigError(
-                f"FullyShardedDataParallelPlugin: fsdp_version={self.fsdp_version!r}; hasten runs FSDP2 (torch.distributed.fsdp.fully_shard) only. "
-                "Set fsdp_version: 2 (launch flag --fsdp_version 2); FSDP1 settings are translated or refused one by one (see docs/fsdp.md)."
+                f"FullyShardedDataParallelPlugin: fsdp_version={self.fsdp_version!r}; hasten runs FSDP2 "
+                "(torch.distributed.fsdp.fully_shard) only. Set fsdp_version: 2 (launch flag --fsdp_version 2); FSDP1 "
+                "settings are translated or refused one by one (see docs/fsdp.md)."
             )
         self.fsdp_version = 2
 
@@ -187,13 +191,15 @@ class FullyShardedDataParallelPlugin:
             named = _name(reshard, SHARDING_STRATEGIES, "reshard_after_forward")
             if strategy is not None and strategy != named:
                 raise ConfigError(
-                    f"FullyShardedDataParallelPlugin: sharding_strategy={strategy!r} and reshard_after_forward={reshard!r} disagree; set one of them."
+                    f"FullyShardedDataParallelPlugin: sharding_strategy={strategy!r} and "
+                    f"reshard_after_forward={reshard!r} disagree; set one of them."
                 )
             strategy, reshard = named, None
         if strategy is not None and reshard is not None and _RESHARD[strategy] != reshard:
             raise ConfigError(
-                f"FullyShardedDataParallelPlugin: sharding_strategy={strategy!r} means reshard_after_forward={_RESHARD[strategy]}, "
-                f"but reshard_after_forward={reshard!r} was given; set only one of them."
+                f"FullyShardedDataParallelPlugin: sharding_strategy={strategy!r} means "
+                f"reshard_after_forward={_RESHARD[strategy]}, but reshard_after_forward={reshard!r} was given; set "
+                "only one of them."
             )
         if isinstance(reshard, bool) or reshard is None:
             self.reshard_after_forward = (
@@ -203,7 +209,8 @@ class FullyShardedDataParallelPlugin:
             self.reshard_after_forward = reshard
         else:
             raise ConfigError(
-                f"FullyShardedDataParallelPlugin: reshard_after_forward={reshard!r}; give True, False, a positive int or a sharding strategy name."
+                f"FullyShardedDataParallelPlugin: reshard_after_forward={reshard!r}; give True, False, a positive int "
+                "or a sharding strategy name."
             )
         self.sharding_strategy = strategy or (
             "FULL_SHARD" if self.reshard_after_forward is not False else "SHARD_GRAD_OP"
@@ -217,14 +224,16 @@ class FullyShardedDataParallelPlugin:
                 raise _fsdp1_only(
                     "backward_prefetch",
                     prefetch,
-                    "FSDP2 always gathers the next module's parameters before its backward (BACKWARD_PRE). Remove the setting or set it to BACKWARD_PRE.",
+                    "FSDP2 always gathers the next module's parameters before its backward (BACKWARD_PRE). Remove the "
+                    "setting or set it to BACKWARD_PRE.",
                 )
         self.backward_prefetch = prefetch
         if self.use_orig_params is False:
             raise _fsdp1_only(
                 "use_orig_params",
                 False,
-                "FSDP2 has no flat parameters and always trains the original ones. Remove the setting or set it to True.",
+                "FSDP2 has no flat parameters and always trains the original ones. Remove the setting or set it to "
+                "True.",
             )
         if not self.limit_all_gathers:
             raise _fsdp1_only(
@@ -242,7 +251,8 @@ class FullyShardedDataParallelPlugin:
         if self.activation_checkpointing_offload:
             raise ConfigError(
                 "FullyShardedDataParallelPlugin: activation_checkpointing_offload=True is not supported by hasten. "
-                "Use activation_checkpointing=True (recomputation without offload), or cpu_offload=True to offload parameters."
+                "Use activation_checkpointing=True (recomputation without offload), or cpu_offload=True to offload "
+                "parameters."
             )
 
     def _resolve_wrapping(self) -> None:
@@ -290,7 +300,8 @@ class FullyShardedDataParallelPlugin:
         if self.cpu_ram_efficient_loading and not self.sync_module_states:
             raise ConfigError(
                 "FullyShardedDataParallelPlugin: cpu_ram_efficient_loading=True needs sync_module_states=True "
-                "(the weights only exist on process 0 and must be broadcast). Set sync_module_states=True or leave it unset."
+                "(the weights only exist on process 0 and must be broadcast). Set sync_module_states=True or leave it "
+                "unset."
             )
 
     # ------------------------------------------------------------------------------- public API
@@ -304,7 +315,8 @@ class FullyShardedDataParallelPlugin:
             self.cpu_offload = bool(self.cpu_offload.offload_params)
         if not isinstance(self.cpu_offload, (bool, OffloadPolicy)):
             raise ConfigError(
-                f"FullyShardedDataParallelPlugin: cpu_offload={self.cpu_offload!r}; give True/False or a torch.distributed.fsdp.CPUOffloadPolicy."
+                f"FullyShardedDataParallelPlugin: cpu_offload={self.cpu_offload!r}; give True/False or a "
+                "torch.distributed.fsdp.CPUOffloadPolicy."
             )
 
     def set_cpu_offload(self) -> None:
@@ -328,7 +340,8 @@ class FullyShardedDataParallelPlugin:
             policy = {"param_dtype": policy.param_dtype, "reduce_dtype": policy.reduce_dtype}
         if not isinstance(policy, dict):
             raise ConfigError(
-                f"FullyShardedDataParallelPlugin: mixed_precision_policy={policy!r}; give a MixedPrecisionPolicy or a dict of its fields."
+                f"FullyShardedDataParallelPlugin: mixed_precision_policy={policy!r}; give a MixedPrecisionPolicy or a "
+                "dict of its fields."
             )
         if "buffer_dtype" in policy and policy["buffer_dtype"] is not None:
             raise _fsdp1_only(
@@ -340,7 +353,8 @@ class FullyShardedDataParallelPlugin:
         unknown = [k for k in policy if k not in (*allowed, "buffer_dtype")]
         if unknown:
             raise ConfigError(
-                f"FullyShardedDataParallelPlugin: mixed_precision_policy has unknown key {unknown[0]!r}; allowed: {list(allowed)}.{did_you_mean(unknown[0], allowed)}"
+                f"FullyShardedDataParallelPlugin: mixed_precision_policy has unknown key {unknown[0]!r}; allowed: "
+                f"{list(allowed)}.{did_you_mean(unknown[0], allowed)}"
             )
         kwargs = {k: (_dtype(v, k) if k.endswith("dtype") else bool(v)) for k, v in policy.items() if k in allowed}
         self.mixed_precision_policy = MixedPrecisionPolicy(**kwargs)
@@ -389,15 +403,17 @@ class FullyShardedDataParallelPlugin:
         names = self.transformer_cls_names_to_wrap or list(getattr(model, "_no_split_modules", None) or [])
         if not names:
             raise ConfigError(
-                "FullyShardedDataParallelPlugin: auto_wrap_policy='TRANSFORMER_BASED_WRAP' needs the layer classes to wrap; "
-                "set transformer_cls_names_to_wrap (launch flag --fsdp_transformer_layer_cls_to_wrap), e.g. ['LlamaDecoderLayer']."
+                "FullyShardedDataParallelPlugin: auto_wrap_policy='TRANSFORMER_BASED_WRAP' needs the layer classes to "
+                "wrap; set transformer_cls_names_to_wrap (launch flag --fsdp_transformer_layer_cls_to_wrap), e.g. "
+                "['LlamaDecoderLayer']."
             )
         present = {type(m).__name__ for m in model.modules()}
         for name in names:
             if name not in present:
                 raise ConfigError(
-                    f"FullyShardedDataParallelPlugin: transformer_cls_names_to_wrap names {name!r}, which is not a module class of this model."
-                    f"{did_you_mean(name, present)} Classes in the model: {sorted(present)[:20]}."
+                    f"FullyShardedDataParallelPlugin: transformer_cls_names_to_wrap names {name!r}, which is not a "
+                    f"module class of this model.{did_you_mean(name, present)} Classes in the model: "
+                    f"{sorted(present)[:20]}."
                 )
         self.transformer_cls_names_to_wrap = list(names)
 

@@ -122,7 +122,8 @@ class FSDPStrategy(Strategy):
         return (1, 0) if dp is None else (dp.size(), dp.get_local_rank())
 
     def gather_for_metrics(self, input_data, use_gather_object: bool = False):
-        """As the base strategy; with tensor parallelism, one copy of each sample (tensor-parallel peers share batches)."""
+        """As the base strategy; with tensor parallelism, one copy of each sample (tensor-parallel peers share
+        batches)."""
         if self.parallelism_config is None or not self.parallelism_config.tp_enabled:
             return super().gather_for_metrics(input_data, use_gather_object)
         from ..tensor_parallel import gather_for_metrics_over_dp
@@ -145,7 +146,8 @@ class FSDPStrategy(Strategy):
             machines = max(self.state.num_machines, 1)
             if world % machines:
                 raise ConfigError(
-                    f"sharding_strategy={strategy!r} needs the same number of processes on each machine; got {world} processes on {machines} machines."
+                    f"sharding_strategy={strategy!r} needs the same number of processes on each machine; got {world} "
+                    f"processes on {machines} machines."
                 )
             return init_device_mesh(
                 device_type, (machines, world // machines), mesh_dim_names=("dp_replicate", "dp_shard")
@@ -158,9 +160,9 @@ class FSDPStrategy(Strategy):
         sizes = config.sizes(world)
         if sizes["dp_replicate"] > 1 and sizes["dp_shard"] == 1:
             raise ConfigError(
-                f"ParallelismConfig(dp_replicate_size={sizes['dp_replicate']}, dp_shard_size=1): FSDP has no dimension to "
-                "shard over. Set dp_shard_size > 1 (HSDP), or train without a ParallelismConfig and FSDP plugin (DDP) "
-                "to replicate the whole model."
+                f"ParallelismConfig(dp_replicate_size={sizes['dp_replicate']}, dp_shard_size=1): FSDP has no dimension "
+                "to shard over. Set dp_shard_size > 1 (HSDP), or train without a ParallelismConfig and FSDP plugin "
+                "(DDP) to replicate the whole model."
             )
 
     # ---------------------------------------------------------------------------------- preparing
@@ -206,8 +208,9 @@ class FSDPStrategy(Strategy):
             return {}
         if _on_meta(model):
             raise ConfigError(
-                "cpu_ram_efficient_loading / sync_module_states broadcasts process 0's weights, but process 0's model has "
-                "parameters on the meta device. Load the real weights on process 0 (other processes may use the meta device)."
+                "cpu_ram_efficient_loading / sync_module_states broadcasts process 0's weights, but process 0's model "
+                "has parameters on the meta device. Load the real weights on process 0 (other processes may use the "
+                "meta device)."
             )
         return model.state_dict()
 
@@ -219,8 +222,9 @@ class FSDPStrategy(Strategy):
         if plugin.activation_checkpointing:
             if not targets:
                 raise ConfigError(
-                    "activation_checkpointing=True checkpoints the modules the auto wrap policy selects, and it selects none. "
-                    "Set auto_wrap_policy='TRANSFORMER_BASED_WRAP' with transformer_cls_names_to_wrap (or SIZE_BASED_WRAP)."
+                    "activation_checkpointing=True checkpoints the modules the auto wrap policy selects, and it "
+                    "selects none. Set auto_wrap_policy='TRANSFORMER_BASED_WRAP' with transformer_cls_names_to_wrap "
+                    "(or SIZE_BASED_WRAP)."
                 )
             from torch.distributed._composable import checkpoint
 
@@ -253,8 +257,9 @@ class FSDPStrategy(Strategy):
         if _on_meta(model):
             if source is None:
                 raise ConfigError(
-                    "The model has parameters on the meta device and nothing fills them. Set cpu_ram_efficient_loading=True "
-                    "(FSDP_CPU_RAM_EFFICIENT_LOADING=1) with the real weights loaded on process 0, or load the weights before prepare()."
+                    "The model has parameters on the meta device and nothing fills them. Set "
+                    "cpu_ram_efficient_loading=True (FSDP_CPU_RAM_EFFICIENT_LOADING=1) with the real weights loaded on "
+                    "process 0, or load the weights before prepare()."
                 )
             model.to_empty(device=self.device)
         if source is None:
@@ -292,14 +297,15 @@ class FSDPStrategy(Strategy):
         origin = self._origins.get(parameter)
         if origin is None:
             raise ConfigError(
-                f"The optimizer's parameter {index} of group {group_index} (shape {tuple(parameter.shape)}) belongs to no model "
-                "prepared with FSDP. Build the optimizer from model.parameters() of the model you pass to prepare(), and "
-                "prepare that model in the same call or before the optimizer."
+                f"The optimizer's parameter {index} of group {group_index} (shape {tuple(parameter.shape)}) belongs to "
+                "no model prepared with FSDP. Build the optimizer from model.parameters() of the model you pass to "
+                "prepare(), and prepare that model in the same call or before the optimizer."
             )
         if optimizer.state.get(parameter):
             raise ConfigError(
-                "The optimizer already holds state (it has stepped) for parameters of the unsharded model, which FSDP cannot "
-                "shard. Create the optimizer fresh and pass it to prepare() before training; restore state with load_state()."
+                "The optimizer already holds state (it has stepped) for parameters of the unsharded model, which FSDP "
+                "cannot shard. Create the optimizer fresh and pass it to prepare() before training; restore state with "
+                "load_state()."
             )
         module, name = origin
         return module.get_parameter(name)
@@ -404,11 +410,13 @@ class FSDPStrategy(Strategy):
         return fsdp_checkpoint.full_model_state(root)
 
     def save_checkpoint(self, writer, models: list, optimizers: list) -> None:
-        """Write models and optimizers: per-process shards with ``SHARDED_STATE_DICT``, gathered on process 0 with ``FULL_STATE_DICT``."""
+        """Write models and optimizers: per-process shards with ``SHARDED_STATE_DICT``, gathered on process 0 with
+        ``FULL_STATE_DICT``."""
         if writer.is_main != (self.state.process_index == 0):
             raise CheckpointError(
-                "save_on_each_node is not supported with FSDP: a checkpoint needs the shards (or the gathered state) of all "
-                "processes in one folder. Save to a filesystem every machine shares, with ProjectConfiguration(save_on_each_node=False)."
+                "save_on_each_node is not supported with FSDP: a checkpoint needs the shards (or the gathered state) "
+                "of all processes in one folder. Save to a filesystem every machine shares, with "
+                "ProjectConfiguration(save_on_each_node=False)."
             )
         sharded = self.plugin.state_dict_type == "SHARDED_STATE_DICT"
         for index, model in enumerate(models):
@@ -417,7 +425,8 @@ class FSDPStrategy(Strategy):
             fsdp_checkpoint.save_optimizer(writer, fsdp_checkpoint.owner(models, optimizer), optimizer, index, sharded)
 
     def load_checkpoint(self, reader, models: list, optimizers: list) -> None:
-        """Restore what :meth:`save_checkpoint` wrote, sharded or full (whichever the checkpoint holds), onto any number of processes."""
+        """Restore what :meth:`save_checkpoint` wrote, sharded or full (whichever the checkpoint holds), onto any number
+        of processes."""
         for index, model in enumerate(models):
             fsdp_checkpoint.load_model(reader, model, index)
         for index, optimizer in enumerate(optimizers):

@@ -11,7 +11,8 @@ from .plugin import FullyShardedDataParallelPlugin
 
 
 def wrap_targets(plugin: FullyShardedDataParallelPlugin, model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The submodules of ``model`` that get their own ``fully_shard`` (children listed before their parents; the root excluded)."""
+    """The submodules of ``model`` that get their own ``fully_shard`` (children listed before their parents; the root
+    excluded)."""
     plugin.set_auto_wrap_policy(model)
     policy = plugin.auto_wrap_policy
     if policy == "NO_WRAP":
@@ -34,7 +35,8 @@ def ignored_parameters(plugin: FullyShardedDataParallelPlugin, model: torch.nn.M
         modules = [m for name, m in model.named_modules() if name and pattern.fullmatch(name)]
         if not modules:
             raise ConfigError(
-                f"FullyShardedDataParallelPlugin: ignored_modules={ignored!r} matches no module name of this model (matched with re.fullmatch)."
+                f"FullyShardedDataParallelPlugin: ignored_modules={ignored!r} matches no module name of this model "
+                "(matched with re.fullmatch)."
             )
     else:
         modules = list(ignored)
