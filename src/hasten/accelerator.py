@@ -44,6 +44,7 @@ from .plugins import (
 )
 from .plugins.dynamo import build_dynamo_plugin
 from .plugins.training import resolve_accumulation
+from .preparation import PreparationHelpers, _mark_prepared
 from .runtime import operations, preemption
 from .runtime.compilation import compile_model
 from .runtime.memory import release_memory
@@ -66,19 +67,14 @@ _HANDLERS = {
 }
 
 
-def _mark_prepared(obj):
-    """Set Accelerate's ``_is_accelerate_prepared`` flag (libraries check it to avoid preparing twice); returns ``obj``."""
-    obj._is_accelerate_prepared = True
-    return obj
-
-
-def _is_scheduler(obj) -> bool:
-    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
-        hasattr(obj, "step") and hasattr(obj, "optimizer") and hasattr(obj, "get_last_lr")
-    )
-
-
-class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, AcceleratorCompatibility, ProcessControl):
+class Accelerator(
+    DataLoaderSettings,
+    CheckpointingMethods,
+    TrackingMethods,
+    AcceleratorCompatibility,
+    PreparationHelpers,
+    ProcessControl,
+):
     """Adapts a training script to the current hardware and launch.
 
     Args:
@@ -86,7 +82,8 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         split_batches: the dataloader's batch size is the global one, split between processes
             (hasten honours this argument; Accelerate 1.15 ignores it). Same as
             ``DataLoaderConfiguration(split_batches=True)``.
-        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"`` (default: ``HASTEN_MIXED_PRECISION`` or ``"no"``).
+        mixed_precision: ``"no"``, ``"fp16"``, ``"bf16"`` or ``"fp8"`` (default: ``HASTEN_MIXED_PRECISION`` or
+            ``"no"``).
         gradient_accumulation_steps: micro-batches per optimizer step, used with :meth:`accumulate`.
         cpu: run on the CPU even when an accelerator is present.
         dataloader_config: a :class:`~hasten.DataLoaderConfiguration`.
@@ -134,7 +131,8 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         if project_dir is not None:
             self.project_configuration.set_directories(project_dir)
         init_kwargs = self.init_handler.to_kwargs() if self.init_handler is not None else {}
-        # The engine settles precision and accumulation first, so that every state below is built once, with final values.
+        # The engine settles precision and accumulation first, so that every state below is built once, with final
+        # values.
         requested = EngineSettings(
             requested_mixed_precision(mixed_precision),
             resolve_accumulation(gradient_accumulation_steps, gradient_accumulation_plugin),
@@ -189,7 +187,8 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
             attribute = next((a for cls, a in _HANDLERS.items() if isinstance(handler, cls)), None)
             if attribute is None:
                 raise ConfigError(
-                    f"kwargs_handlers: {type(handler).__name__} is not a supported handler; use one of {[c.__name__ for c in _HANDLERS]}."
+                    f"kwargs_handlers: {type(handler).__name__} is not a supported handler; use one of "
+                    f"{[c.__name__ for c in _HANDLERS]}."
                 )
             if getattr(self, attribute) is not None:
                 raise ConfigError(
@@ -270,7 +269,8 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
             device_placement = [self.device_placement] * len(args)
         elif len(device_placement) != len(args):
             raise ConfigError(
-                f"prepare got {len(args)} objects but {len(device_placement)} device_placement values; give one per object."
+                f"prepare got {len(args)} objects but {len(device_placement)} device_placement values; give one per "
+                "object."
             )
         result = list(args)
         kinds = [self._kind(obj) for obj in args]
@@ -303,75 +303,6 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         for i in model_idx:
             _mark_prepared(result[i])
         return result[0] if len(result) == 1 else tuple(result)
-
-    def _kind(self, obj) -> str:
-        if (
-            getattr(obj, "_is_accelerate_prepared", False)
-            or isinstance(obj, (AcceleratedOptimizer, AcceleratedScheduler, DataLoaderStateMixin))
-            or any(obj is m for m in self._models)
-        ):
-            return "prepared"
-        if isinstance(obj, torch.nn.Module):
-            return "model"
-        if isinstance(obj, torch.optim.Optimizer):
-            return "optimizer"
-        if isinstance(obj, torch.utils.data.DataLoader):
-            return "dataloader"
-        if _is_scheduler(obj):
-            return "scheduler"
-        return "other"
-
-    def _adopt(self, prepared) -> None:
-        """Track an object prepared earlier (by this Accelerator before ``free_memory``, or by another one), as Accelerate does."""
-        if isinstance(prepared, AcceleratedOptimizer):
-            registry = self._optimizers
-        elif isinstance(prepared, AcceleratedScheduler):
-            registry = self._schedulers
-        elif isinstance(prepared, DataLoaderStateMixin):
-            registry = self._dataloaders
-        elif isinstance(prepared, torch.nn.Module):
-            registry, prepared = self._models, self._strategy.tracked_model(prepared)
-        else:
-            return
-        if not any(prepared is known for known in registry):
-            registry.append(prepared)
-
-    def _check_model(self, model: torch.nn.Module) -> None:
-        if self.verify_device_map(model) and not environment.get_flag("BYPASS_DEVICE_MAP"):
-            raise ConfigError(
-                "This model was dispatched across several devices with a device_map, which cannot be prepared for "
-                "distributed training. Load it on one device for training, or set HASTEN_BYPASS_DEVICE_MAP=1 to "
-                "prepare it anyway (single process only)."
-            )
-
-    def _wrap_optimizer(self, optimizer, device_placement: bool, original=None) -> AcceleratedOptimizer:
-        wrapped = AcceleratedOptimizer(
-            optimizer, device_placement=device_placement, scaler=self.scaler, strategy=self._strategy
-        )
-        wrapped._original = original if original is not None else optimizer
-        self._optimizers.append(wrapped)
-        return _mark_prepared(wrapped)
-
-    def _wrap_scheduler(self, scheduler) -> AcceleratedScheduler:
-        if isinstance(
-            scheduler, AcceleratedScheduler
-        ):  # a strategy's own prepared scheduler (DeepSpeed's engine steps it)
-            self._schedulers.append(scheduler)
-            return scheduler
-        target = getattr(scheduler, "optimizer", None)
-        followed = [
-            o
-            for o in self._optimizers
-            if target is o or target is o.optimizer or target is getattr(o, "_original", None)
-        ]
-        wrapped = AcceleratedScheduler(
-            scheduler,
-            followed or self._optimizers,
-            step_with_optimizer=self.step_scheduler_with_optimizer,
-            split_batches=self.split_batches,
-        )
-        self._schedulers.append(wrapped)
-        return _mark_prepared(wrapped)
 
     def prepare_model(
         self, model: torch.nn.Module, device_placement: bool | None = None, evaluation_mode: bool = False
@@ -481,7 +412,8 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         return any(optimizer.step_was_skipped for optimizer in self._optimizers)
 
     def backward(self, loss: torch.Tensor, **kwargs) -> None:
-        """Use instead of ``loss.backward()``: divides by the accumulation steps, scales for fp16, runs the engine's backward."""
+        """Use instead of ``loss.backward()``: divides by the accumulation steps, scales for fp16, runs the engine's
+        backward."""
         self.gradient_state.record_backward()
         self._strategy.backward(loss, self.gradient_accumulation_steps, **kwargs)
 
@@ -548,7 +480,8 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
         if not self.sync_gradients:
             warn_once(
                 "clip-while-accumulating",
-                "clip_grad_norm_ was called on an accumulation step, before the gradients are complete; guard it with `if accelerator.sync_gradients:`.",
+                "clip_grad_norm_ was called on an accumulation step, before the gradients are complete; guard it with "
+                "`if accelerator.sync_gradients:`.",
             )
         self.unscale_gradients()
         return self._strategy.clip_grad_norm_(parameters, max_norm, norm_type)
@@ -609,7 +542,8 @@ class Accelerator(DataLoaderSettings, CheckpointingMethods, TrackingMethods, Acc
             profiler.export_chrome_trace(os.path.join(handler.output_trace_dir, f"profile_{self.process_index}.json"))
 
     def end_training(self) -> None:
-        """Wait for an asynchronous save in flight, finish every tracker and destroy the process group hasten created."""
+        """Wait for an asynchronous save in flight, finish every tracker and destroy the process group hasten
+        created."""
         from .checkpointing import end_background_saves
 
         end_background_saves()

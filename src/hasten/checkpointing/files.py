@@ -23,7 +23,6 @@ from typing import Any
 
 import torch
 
-from .._version import __version__
 from ..errors import CheckpointError
 from ..runtime.fileio import atomic_write, fsync_directory
 from ..runtime.weights.files import ALIASES_KEY
@@ -31,11 +30,10 @@ from ..runtime.weights.safetensors_io import dedupe_tensors, read_header, safete
 from . import integrity
 from .disk import DirectFile, HashingFile, bounce_buffer, failure_message, fsync_path
 from .integrity import HASH_KEY, Digest, HashQueue, corrupt_message, file_digest, find_corrupt
+from .manifest import FORMAT_VERSION, build_manifest, check_listed_files, read_manifest  # noqa: F401 (re-exported)
 from .publishing import MANIFEST, publish, remove_staging, resolve_target, staging_folder
 from .staging import Stager
 from .state_io import decode, encode
-
-FORMAT_VERSION = 3  # 3: xxh3-64 of every 32 MiB piece; 2: xxh3-64 per file; 1: crc32 (both still read)
 
 
 def _file_record(path: Path) -> dict[str, Any]:
@@ -290,15 +288,7 @@ class CheckpointWriter:
             if group == self.group:
                 files.update(recs)
         self._check_visible(files, everyone)
-        manifest = {
-            "format": "hasten-checkpoint",
-            "format_version": FORMAT_VERSION,
-            "hasten_version": __version__,
-            "torch_version": torch.__version__,
-            **info,
-            "piece_bytes": integrity.PIECE_BYTES,
-            "files": dict(sorted(files.items())),
-        }
+        manifest = build_manifest(info, files)
         for folder in {self.directory / Path(name).parent for name in files}:
             fsync_directory(folder)
         atomic_write(self.directory / MANIFEST, lambda tmp: tmp.write_text(json.dumps(manifest, indent=1)))
@@ -334,30 +324,6 @@ def _gather(obj: Any, group) -> list:
     return out
 
 
-def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
-    """The manifest of a checkpoint folder; :class:`CheckpointError` if it is missing or unreadable."""
-    directory = Path(directory)
-    path = directory / MANIFEST
-    if not directory.is_dir():
-        raise CheckpointError(f"Checkpoint folder {directory} does not exist.")
-    if not path.is_file():
-        raise CheckpointError(
-            f"{directory} is not a complete hasten checkpoint: {MANIFEST} is missing. Its save was interrupted, "
-            "or it was written by another tool (see docs/checkpointing.md to migrate an Accelerate checkpoint)."
-        )
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path} is unreadable or corrupt: {error}") from error
-    if manifest.get("format") != "hasten-checkpoint" or not isinstance(manifest.get("files"), dict):
-        raise CheckpointError(f"{path} is not a hasten checkpoint manifest.")
-    if manifest.get("format_version", 0) > FORMAT_VERSION:
-        raise CheckpointError(
-            f"{directory} was written by a newer hasten (format {manifest['format_version']}); upgrade hasten to load it."
-        )
-    return manifest
-
-
 class CheckpointReader:
     """Reads the files of a complete checkpoint, verifying each against the manifest.
 
@@ -375,14 +341,7 @@ class CheckpointReader:
         )  # format 3: each file's checksums cover pieces of this size
         self._verified: set[str] = set()
         self._headers: dict[str, Any] = {}
-        for name, record in self.files.items():
-            path = self.directory / name
-            if not path.is_file():
-                raise CheckpointError(f"Checkpoint {self.directory} is missing {name!r}, which its manifest lists.")
-            if path.stat().st_size != record["size"]:
-                raise CheckpointError(
-                    f"{path} is truncated or corrupt: {path.stat().st_size} bytes where the manifest says {record['size']}."
-                )
+        check_listed_files(self.directory, self.files)
 
     def _header(self, name: str):
         """The checked header of safetensors file ``name`` (read once per reader)."""
@@ -432,7 +391,8 @@ class CheckpointReader:
         self._verified.update(names)
 
     def verify(self, names: list[str] | None = None) -> None:
-        """Check ``names`` (all files by default) against their checksums; :class:`CheckpointError` names the first bad one."""
+        """Check ``names`` (all files by default) against their checksums; :class:`CheckpointError` names the first bad
+        one."""
         bad = self.find_corrupt(names)
         if bad:
             raise CheckpointError(corrupt_message(self.directory / bad[0]))

@@ -8,7 +8,8 @@ betas, ...) are written beside the shards by the checkpoint writer (``optimizer_
 shard files are checked against the checkpoint's manifest before loading, and DCP's ``.metadata``
 file is read with an unpickler that only builds DCP's own metadata classes, so loading a checkpoint
 never runs pickled code. Full checkpoints (``FULL_STATE_DICT``) gather everything on process 0 and are
-written like DDP's (``model.safetensors``, ``optimizer``).
+written like DDP's (``model.safetensors``, ``optimizer``). Merging the shards offline lives in :mod:`.merging`
+(:func:`merge_fsdp_weights`, :func:`read_sharded_model`, re-exported here).
 
 Accelerate's standalone helpers (:func:`save_fsdp_model`, :func:`load_fsdp_model`,
 :func:`save_fsdp_optimizer`, :func:`load_fsdp_optimizer`, called by transformers' Trainer) write
@@ -25,10 +26,7 @@ import dataclasses
 import enum
 import importlib
 import json
-import os
 import pickle
-import shutil
-import warnings
 from pathlib import Path
 
 import torch
@@ -36,6 +34,7 @@ import torch.distributed as dist
 
 from ...errors import CheckpointError
 from ...runtime.wrappers import extract_model_from_parallel, is_compiled_module
+from .merging import merge_fsdp_weights, read_sharded_model  # noqa: F401 (merging shards; imported from here)
 
 FSDP_MODEL_NAME = "pytorch_model_fsdp"
 MODEL_SHARDS = FSDP_MODEL_NAME + "_{}"
@@ -92,8 +91,8 @@ def owner(models: list, optimizer) -> torch.nn.Module | None:
         if all(id(p) in ids for p in params):
             return model
     raise CheckpointError(
-        "An optimizer updates parameters of several prepared models (or of none); FSDP checkpoints need one model per optimizer. "
-        "Use one optimizer per model."
+        "An optimizer updates parameters of several prepared models (or of none); FSDP checkpoints need one model per "
+        "optimizer. Use one optimizer per model."
     )
 
 
@@ -155,7 +154,8 @@ class _MetadataUnpickler(pickle.Unpickler):
             allowed = (module, name) in self._VALUES or (module == "pathlib" and name in self._PATHS)
         if not allowed:
             raise CheckpointError(
-                f"{self.source}: the checkpoint metadata refers to {module}.{name}, which is not a DCP metadata type; refusing to load it (it could run code)."
+                f"{self.source}: the checkpoint metadata refers to {module}.{name}, which is not a DCP metadata type; "
+                "refusing to load it (it could run code)."
             )
         return super().find_class(module, name)
 
@@ -210,7 +210,8 @@ def _verify_shards(reader, name: str) -> None:
         reader.mark_verified(files)
     if problems:
         raise CheckpointError(
-            f"{reader.directory / problems[0]} is corrupt: its checksum does not match the manifest. Restore it from a backup or use another checkpoint."
+            f"{reader.directory / problems[0]} is corrupt: its checksum does not match the manifest. Restore it from a "
+            "backup or use another checkpoint."
         )
 
 
@@ -237,7 +238,8 @@ def _has_shards(reader, name: str) -> bool:
 
 
 def save_model(writer, model, index: int, sharded: bool, get_state_dict) -> None:
-    """Write model ``index``: shards in ``pytorch_model_fsdp_<index>/``, or ``model[_<index>].safetensors`` from process 0."""
+    """Write model ``index``: shards in ``pytorch_model_fsdp_<index>/``, or ``model[_<index>].safetensors`` from
+    process 0."""
     root = sharded_root(model)
     if root is not None and sharded:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
@@ -260,7 +262,8 @@ def load_model(reader, model, index: int) -> None:
         return
     if _has_shards(reader, name):
         raise CheckpointError(
-            f"{reader.directory} holds model {index} as FSDP shards ({name}/), but that model is not sharded with FSDP now; load it with FSDP, or merge the shards with `hasten merge-weights`."
+            f"{reader.directory} holds model {index} as FSDP shards ({name}/), but that model is not sharded with FSDP "
+            "now; load it with FSDP, or merge the shards with `hasten merge-weights`."
         )
     file_name = f"model{_suffix(index)}.safetensors"
     if root is None:
@@ -270,7 +273,8 @@ def load_model(reader, model, index: int) -> None:
 
 
 def save_optimizer(writer, model, optimizer, index: int, sharded: bool) -> None:
-    """Write optimizer ``index``: shards in ``optimizer_fsdp_<index>/`` (+ JSON), or ``optimizer[_<index>]`` from process 0."""
+    """Write optimizer ``index``: shards in ``optimizer_fsdp_<index>/`` (+ JSON), or ``optimizer[_<index>]`` from
+    process 0."""
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
     optimizer = _unwrap_optimizer(optimizer)
@@ -313,91 +317,6 @@ def _unwrap_optimizer(optimizer):
     while isinstance(optimizer, AcceleratedOptimizer):
         optimizer = optimizer.optimizer
     return optimizer
-
-
-# ----------------------------------------------------------------------------------- merging
-
-
-def _model_shards_folder(checkpoint_dir: Path) -> Path:
-    if (checkpoint_dir / _METADATA).is_file():
-        return checkpoint_dir
-    first = checkpoint_dir / MODEL_SHARDS.format(0)
-    if (first / _METADATA).is_file():
-        return first
-    raise CheckpointError(
-        f"{checkpoint_dir} holds no FSDP sharded model: expected a folder written by torch.distributed.checkpoint (with a {_METADATA} file), "
-        f"such as <checkpoint>/{MODEL_SHARDS.format(0)}, or a checkpoint folder containing {MODEL_SHARDS.format(0)}. "
-        "Save with state_dict_type='SHARDED_STATE_DICT'."
-    )
-
-
-def _model_entries(folder: Path) -> dict:
-    entries = _reader(folder).read_metadata().state_dict_metadata
-    if any(key.startswith("optimizer.") for key in entries):
-        raise CheckpointError(
-            f"{folder} holds optimizer state, not model weights; pass the {MODEL_SHARDS.format('<i>')} folder instead."
-        )
-    return entries
-
-
-def read_sharded_model(checkpoint_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """Read a sharded model checkpoint into one full state dict, in this process alone (no process group needed).
-
-    ``checkpoint_dir`` is the shards folder or a checkpoint folder holding ``pytorch_model_fsdp_0``.
-    """
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    folder = _model_shards_folder(Path(checkpoint_dir))
-    entries = _model_entries(folder)
-    state = {
-        key: torch.empty(meta.size, dtype=meta.properties.dtype)
-        for key, meta in entries.items()
-        if isinstance(meta, TensorStorageMetadata)
-    }
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=_reader(folder), no_dist=True)
-    prefix = "model."
-    if state and all(key.startswith(prefix) for key in state):
-        state = {key[len(prefix) :]: value for key, value in state.items()}
-    return state
-
-
-def merge_fsdp_weights(
-    checkpoint_dir: str | os.PathLike,
-    output_path: str | os.PathLike,
-    safe_serialization: bool = True,
-    remove_checkpoint_dir: bool = False,
-):
-    """Merge an FSDP sharded model checkpoint into one model file (``model.safetensors``, sharded with an index when large).
-
-    Args:
-        checkpoint_dir: the shards folder (``<checkpoint>/pytorch_model_fsdp_0``), or a checkpoint folder
-            written by ``save_state`` that holds one.
-        output_path: the folder to write the weights into (created if needed).
-        safe_serialization: write safetensors (default); False writes ``pytorch_model.bin``.
-        remove_checkpoint_dir: delete ``checkpoint_dir`` once the merged weights are written.
-
-    Returns:
-        The files written (on the main process; an empty list on the others).
-
-    Under a process group, call it on every process: all check the checkpoint, the main process merges
-    and the others wait for it.
-    """
-    from ...runtime.weights.saving import save_model_weights
-
-    _model_entries(_model_shards_folder(Path(checkpoint_dir)))
-    written: list[Path] = []
-    if _is_main():
-        written = save_model_weights(
-            read_sharded_model(checkpoint_dir), output_path, safe_serialization=safe_serialization
-        )
-        if remove_checkpoint_dir:
-            shutil.rmtree(checkpoint_dir)
-    if dist.is_initialized():
-        dist.barrier()
-    return written
 
 
 # ----------------------------------------------------------------------------------- Accelerate's helpers
@@ -455,7 +374,8 @@ def _copy_local(target, saved, path: Path):
         local = target.to_local() if isinstance(target, DTensor) else target
         if local.shape != saved.shape:
             raise CheckpointError(
-                f"{path} holds a shard of shape {tuple(saved.shape)} where this process has {tuple(local.shape)}: per-rank files load only onto the same number of processes."
+                f"{path} holds a shard of shape {tuple(saved.shape)} where this process has {tuple(local.shape)}: "
+                "per-rank files load only onto the same number of processes."
             )
         with torch.no_grad():
             local.copy_(saved)
@@ -472,7 +392,8 @@ def _load_file(path: Path):
 
 
 def _agreed_load(path: Path, here: bool):
-    """Read ``path`` where ``here`` (``{}`` elsewhere); a failure on any process is raised on every process, never a hang."""
+    """Read ``path`` where ``here`` (``{}`` elsewhere); a failure on any process is raised on every process, never a
+    hang."""
     state, problem = {}, None
     if here:
         try:
@@ -525,7 +446,8 @@ def save_fsdp_model(fsdp_plugin, accelerator, model, output_dir, model_index=0, 
 
 
 def load_fsdp_model(fsdp_plugin, accelerator, model, input_dir, model_index=0, adapter_only=False, use_dcp=True):
-    """Load what :func:`save_fsdp_model` (or Accelerate's) wrote into a prepared FSDP model; returns the missing/unexpected keys.
+    """Load what :func:`save_fsdp_model` (or Accelerate's) wrote into a prepared FSDP model; returns the
+    missing/unexpected keys.
 
     ``input_dir`` is the folder given to the save (or, for DCP shards, the shards folder itself). Call it
     on every process; the files are read without running pickled code.
