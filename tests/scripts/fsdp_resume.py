@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from hasten import Accelerator
 from hasten.errors import CheckpointError
 from hasten.state import reset_state
-from hasten.strategies.fsdp.checkpoint import merge_fsdp_weights
+from hasten.strategies.fsdp.merging import merge_fsdp_weights
 from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 
 MODE, FOLDER = sys.argv[1], Path(sys.argv[2])

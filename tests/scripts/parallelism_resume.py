@@ -18,7 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from hasten import Accelerator, ParallelismConfig
 from hasten.state import reset_state
-from hasten.strategies.fsdp.checkpoint import merge_fsdp_weights
+from hasten.strategies.fsdp.merging import merge_fsdp_weights
 
 MODE, FOLDER = sys.argv[1], Path(sys.argv[2])
 SAVE_AT, STEPS = 4, 8

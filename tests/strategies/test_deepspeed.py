@@ -272,10 +272,10 @@ def test_merge_weights_detects_the_format(tmp_path, monkeypatch, capsys):
     shards.mkdir()
     (shards / ".metadata").write_bytes(b"")
     calls = []
-    from hasten.strategies.fsdp import checkpoint as fsdp_checkpoint
+    from hasten.strategies.fsdp import merging as fsdp_merging
 
     monkeypatch.setattr(
-        fsdp_checkpoint,
+        fsdp_merging,
         "merge_fsdp_weights",
         lambda *args, **kwargs: calls.append((args, kwargs)) or [Path("out/model.safetensors")],
     )

@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from hasten import Accelerator
 from hasten.enums import DistributedType
 from hasten.errors import CheckpointError, ConfigError
-from hasten.strategies.fsdp.checkpoint import merge_fsdp_weights, read_sharded_model
+from hasten.strategies.fsdp.merging import merge_fsdp_weights, read_sharded_model
 from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin as Plugin
 from hasten.strategies.fsdp.wrapping import ignored_parameters, wrap_targets
 

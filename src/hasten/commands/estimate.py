@@ -13,8 +13,8 @@ __all__ = ["add_timm_hub_prefix", "estimate_command", "estimate_command_parser",
 def gather_data(args: argparse.Namespace) -> list[list]:
     """The size table of ``hasten estimate-memory`` as data, one row per dtype of ``args.dtypes``:
     ``[dtype, largest layer bytes, total bytes, bytes to train with Adam (None for int8/int4)]``."""
-    from ..strategies.deepspeed.memory_estimate import dtype_rows
     from .estimate_memory import _model
+    from .model_size import dtype_rows
 
     rows = dtype_rows(_model(args), args.dtypes)
     return [[row.dtype, row.largest_group_bytes, row.total_bytes, row.training_bytes] for row in rows]

@@ -23,7 +23,6 @@ import tempfile
 from pathlib import Path
 
 from .. import environment
-from ..compat.launch_env import _validate_launch_command  # noqa: F401  (Accelerate's accelerate.commands.launch name)
 from ..config import (
     Hardware,
     LoadedConfig,
@@ -435,3 +434,22 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def plan_partial_launch(args: argparse.Namespace) -> LaunchPlan:
+    """``hasten launch``'s plan for ``args``, a namespace that may hold only some of the launch flags (the others
+    take their defaults, as if left out on the command line; a namespace without a script plans no command)."""
+    complete = vars(launch_command_parser().parse_args(["-"]))
+    complete["training_script"] = None
+    for name, value in vars(args).items():  # Accelerate's namespaces say False for a switch left out, hasten's None
+        complete[name] = None if value is False and complete.get(name, False) is None else value
+    return prepare_launch(argparse.Namespace(**complete))
+
+
+def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, object, bool]:
+    """Accelerate's check of a launch's flags: ``(args, the settings in force, whether mixed_precision came from the
+    config file)``. hasten plans the launch as ``hasten launch`` would (flags > config file > environment > defaults,
+    raising what it raises) and returns ``args`` as given: the helpers here resolve the settings again from them."""
+    settings = plan_partial_launch(args).settings
+    source = settings.sources.get("mixed_precision")
+    return args, settings.config, source is not None and source.kind == "config file"

@@ -16,27 +16,6 @@ from ..enums import DistributedType
 from ..errors import ConfigError, NotSupportedError
 
 
-def _plan(args: argparse.Namespace):
-    """``hasten launch``'s plan for ``args``, a namespace that may hold only some of the launch flags (the others
-    take their defaults, as if left out on the command line; a namespace without a script plans no command)."""
-    from ..commands.launch import launch_command_parser, prepare_launch
-
-    complete = vars(launch_command_parser().parse_args(["-"]))
-    complete["training_script"] = None
-    for name, value in vars(args).items():  # Accelerate's namespaces say False for a switch left out, hasten's None
-        complete[name] = None if value is False and complete.get(name, False) is None else value
-    return prepare_launch(argparse.Namespace(**complete))
-
-
-def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespace, object, bool]:
-    """Accelerate's check of a launch's flags: ``(args, the settings in force, whether mixed_precision came from the
-    config file)``. hasten plans the launch as ``hasten launch`` would (flags > config file > environment > defaults,
-    raising what it raises) and returns ``args`` as given: the helpers here resolve the settings again from them."""
-    settings = _plan(args).settings
-    source = settings.sources.get("mixed_precision")
-    return args, settings.config, source is not None and source.kind == "config file"
-
-
 def _convert_nargs_to_dict(nargs: list[str]) -> dict[str, Any]:
     """A script's ``--name value`` arguments as SageMaker hyperparameters: ``{name: value}``, with whole numbers as
     ``int``, other numbers as ``float`` and ``True``/``False`` as booleans. SageMaker passes every hyperparameter
@@ -68,7 +47,9 @@ def _typed(text: str) -> Any:
 
 def prepare_simple_launcher_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """The command and environment of a one-process launch of ``args.training_script``."""
-    plan = _plan(args)
+    from ..commands.launch import plan_partial_launch
+
+    plan = plan_partial_launch(args)
     return plan.command, {**os.environ, **plan.env}
 
 
@@ -83,7 +64,9 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
         from .misc import get_free_port
 
         args.main_process_port = get_free_port()
-    plan = _plan(args)
+    from ..commands.launch import plan_partial_launch
+
+    plan = plan_partial_launch(args)
     config = plan.settings.config
     args.nproc_per_node = str(plan.nproc_per_node)
     args.nnodes = str(config.num_machines)
@@ -102,7 +85,9 @@ def prepare_deepspeed_cmd_env(args: argparse.Namespace) -> tuple[list[str], dict
 
 
 def _settings_subset(args: argparse.Namespace, current_env: dict[str, str], marker: str) -> dict[str, str]:
-    current_env.update({key: value for key, value in _plan(args).env.items() if marker in key})
+    from ..commands.launch import plan_partial_launch
+
+    current_env.update({key: value for key, value in plan_partial_launch(args).env.items() if marker in key})
     return current_env
 
 

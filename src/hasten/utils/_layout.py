@@ -103,9 +103,10 @@ LAYOUT: dict[str, dict[str, str]] = {
         ),
     },
     "fsdp_utils": {
+        **_names("strategies.fsdp.merging", "merge_fsdp_weights"),
         **_names(
             "strategies.fsdp.checkpoint",
-            "merge_fsdp_weights save_fsdp_model load_fsdp_model save_fsdp_optimizer load_fsdp_optimizer",
+            "save_fsdp_model load_fsdp_model save_fsdp_optimizer load_fsdp_optimizer",
         ),
         **_names(
             "compat.fsdp_helpers",

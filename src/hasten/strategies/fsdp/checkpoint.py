@@ -9,7 +9,7 @@ shard files are checked against the checkpoint's manifest before loading, and DC
 file is read with an unpickler that only builds DCP's own metadata classes, so loading a checkpoint
 never runs pickled code. Full checkpoints (``FULL_STATE_DICT``) gather everything on process 0 and are
 written like DDP's (``model.safetensors``, ``optimizer``). Merging the shards offline lives in :mod:`.merging`
-(:func:`merge_fsdp_weights`, :func:`read_sharded_model`, re-exported here).
+(:func:`merge_fsdp_weights`, :func:`read_sharded_model`).
 
 Accelerate's standalone helpers (:func:`save_fsdp_model`, :func:`load_fsdp_model`,
 :func:`save_fsdp_optimizer`, :func:`load_fsdp_optimizer`, called by transformers' Trainer) write
@@ -34,7 +34,6 @@ import torch.distributed as dist
 
 from ...errors import CheckpointError
 from ...runtime.wrappers import extract_model_from_parallel, is_compiled_module
-from .merging import merge_fsdp_weights, read_sharded_model  # noqa: F401 (merging shards; imported from here)
 
 FSDP_MODEL_NAME = "pytorch_model_fsdp"
 MODEL_SHARDS = FSDP_MODEL_NAME + "_{}"

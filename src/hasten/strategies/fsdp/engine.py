@@ -32,7 +32,7 @@ def _holds(folder: Path) -> bool:
 
 def _merge(folder, output, safe_serialization: bool, max_shard_size: str) -> list:
     """The full state dict of an FSDP sharded checkpoint, written to ``output``."""
-    from .checkpoint import merge_fsdp_weights
+    from .merging import merge_fsdp_weights
 
     return merge_fsdp_weights(folder, output, safe_serialization=safe_serialization)
 

@@ -3,7 +3,7 @@ process (:func:`read_sharded_model`) and written as one model file (:func:`merge
 ``hasten merge-weights``).
 
 The shards' ``.metadata`` is read with :mod:`.checkpoint`'s safe reader, so merging never runs pickled
-code. :mod:`.checkpoint` re-exports both functions under their old import path.
+code. Accelerate's ``accelerate.utils.merge_fsdp_weights`` and the FSDP engine's registration point here.
 """
 
 from __future__ import annotations
@@ -17,14 +17,10 @@ import torch
 import torch.distributed as dist
 
 from ...errors import CheckpointError
-
-# The checkpoint module imports this one to re-export its functions, so its helpers are imported inside the
-# functions below, never at module level.
+from .checkpoint import _METADATA, MODEL_SHARDS, _is_main, _reader
 
 
 def _model_shards_folder(checkpoint_dir: Path) -> Path:
-    from .checkpoint import _METADATA, MODEL_SHARDS
-
     if (checkpoint_dir / _METADATA).is_file():
         return checkpoint_dir
     first = checkpoint_dir / MODEL_SHARDS.format(0)
@@ -38,8 +34,6 @@ def _model_shards_folder(checkpoint_dir: Path) -> Path:
 
 
 def _model_entries(folder: Path) -> dict:
-    from .checkpoint import MODEL_SHARDS, _reader
-
     entries = _reader(folder).read_metadata().state_dict_metadata
     if any(key.startswith("optimizer.") for key in entries):
         raise CheckpointError(
@@ -55,8 +49,6 @@ def read_sharded_model(checkpoint_dir: str | os.PathLike) -> dict[str, torch.Ten
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    from .checkpoint import _reader
 
     folder = _model_shards_folder(Path(checkpoint_dir))
     entries = _model_entries(folder)
@@ -97,7 +89,6 @@ def merge_fsdp_weights(
     and the others wait for it.
     """
     from ...runtime.weights.saving import save_model_weights
-    from .checkpoint import _is_main
 
     _model_entries(_model_shards_folder(Path(checkpoint_dir)))
     written: list[Path] = []
