@@ -568,3 +568,20 @@ def test_transformers_from_pretrained_device_map_auto_offloads_to_disk(tmp_path)
     assert result.returncode == 0, result.stderr[-4000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["devices"] == ["cpu", "disk"] and report["disk_entries"] > 0 and report["same_logits"], report
+
+
+def test_sequence_parallelism_check_refuses_linear_attention_layers_only():
+    from types import SimpleNamespace
+
+    from hasten.big_modeling import _refuse_recurrent_layers_under_sequence_parallelism as refuse
+
+    def model(layer_types):
+        config = SimpleNamespace(layer_types=layer_types)
+        config.get_text_config = lambda: config
+        return SimpleNamespace(config=config)
+
+    with pytest.raises(ValueError, match=r"\['linear_attention'\].*sp_size=1"):
+        refuse(model(["full_attention", "linear_attention", "full_attention"]))
+    refuse(model(["full_attention", "sliding_attention"]))
+    refuse(model(None))
+    refuse(SimpleNamespace())

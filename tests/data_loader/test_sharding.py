@@ -226,3 +226,18 @@ def test_split_batches_refuses_batches_that_do_not_divide_before_sharding():
 class _Batches(IterableDataset):
     def __iter__(self):
         yield from (torch.tensor([i, i]) for i in range(5))
+
+
+def test_base_dataloader_is_the_loader_itself_and_no_class_attribute():
+    from hasten.data_loader import DataLoaderDispatcher, DataLoaderShard, SkipDataLoader
+
+    for cls, kwargs in ((SkipDataLoader, {"skip_batches": 2}), (DataLoaderShard, {}), (DataLoaderDispatcher, {})):
+        loader = cls(range(16), batch_size=4, **kwargs)
+        assert loader.base_dataloader is loader and isinstance(loader.base_dataloader, DataLoader)
+        with pytest.raises(AttributeError):
+            _ = cls.base_dataloader
+
+
+def test_split_batches_refuses_a_batch_size_that_does_not_divide():
+    with pytest.raises(ValueError, match="round multiple of 2"):
+        BatchSamplerShard(BatchSampler(range(20), batch_size=3, drop_last=False), 2, 0, split_batches=True)

@@ -25,6 +25,9 @@ from torch import nn
 
 from .. import environment
 from ..errors import ConfigError, NotSupportedError, did_you_mean
+from ..runtime.parallelism_handlers import (
+    refuse_recurrent_layers as _refuse_recurrent_layers_under_sequence_parallelism,  # noqa: F401  (Accelerate's private name, imported by its tests)
+)
 from ..runtime.weights.offloaded import cpu_state_dict
 from .checkpoint_loading import load_checkpoint_in_model
 from .device_map import DEVICE_MAP_STRATEGIES, check_device_map, get_balanced_memory, infer_auto_device_map

@@ -62,6 +62,16 @@ def _loader_kwargs(dataloader: DataLoader) -> dict[str, Any]:
     return kwargs
 
 
+class _ItselfOnInstances:
+    """``base_dataloader``: Accelerate's loaders wrap a ``DataLoader`` there; hasten's are ``DataLoader`` subclasses,
+    so a loader's base is the loader itself. Read on a class, it is an ``AttributeError``, as Accelerate's is."""
+
+    def __get__(self, loader, owner=None):
+        if loader is None:
+            raise AttributeError(f"base_dataloader belongs to a {owner.__name__} instance, not to the class")
+        return loader
+
+
 class DataLoaderStateMixin:
     """Tracks the epoch, the position inside it and the end of the data, and registers with :class:`GradientState`.
 
@@ -72,6 +82,8 @@ class DataLoaderStateMixin:
     next epoch. The state also holds how the epoch's random draws started (:mod:`.epoch_rng`): a resumed
     epoch replays them instead of drawing again, so it runs in the uninterrupted epoch's order.
     """
+
+    base_dataloader = _ItselfOnInstances()
 
     def _init_state(self) -> None:
         self.gradient_state = GradientState()
@@ -471,6 +483,8 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
 
 class SkipDataLoader(DataLoader):
     """A ``DataLoader`` that skips its first ``skip_batches`` batches on each iteration."""
+
+    base_dataloader = _ItselfOnInstances()
 
     def __init__(self, dataset, skip_batches: int = 0, **kwargs):
         super().__init__(dataset, **kwargs)

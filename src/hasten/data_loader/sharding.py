@@ -113,7 +113,7 @@ class BatchSamplerShard(BatchSampler):
             raise ConfigError(
                 f"split_batches=True cuts each batch into {num_processes} pieces, so it needs a batch sampler with a "
                 f"batch_size divisible by {num_processes}; got batch_size={self.batch_size} from "
-                f"{type(batch_sampler).__name__}. Use a batch size that is a multiple of {num_processes}, or "
+                f"{type(batch_sampler).__name__}. Use a batch size that is a round multiple of {num_processes}, or "
                 "split_batches=False."
             )
         self.final_round: FinalRound | None = None

@@ -107,3 +107,30 @@ class DeepSpeedSequenceParallelConfig:
                 f"Invalid sp_attn_implementation: {name}. Use one of {', '.join(SP_ATTENTION_BUILT_IN)} or a "
                 "hub-hosted flash attention kernel such as 'kernels-community/flash-attn2'."
             )
+
+
+class RecurrentLayersError(ConfigError, ValueError):
+    """A model whose layers carry a state along the sequence, given to sequence parallelism."""
+
+
+def refuse_recurrent_layers(model) -> None:
+    """Raise :class:`RecurrentLayersError` (a ``ValueError``) if ``model``'s config lists layers of a linear-attention
+    type in ``layer_types``.
+
+    Sequence parallelism (Ulysses) splits the sequence across ranks and gathers it only inside the attention
+    interface it wraps. A linear-attention layer computes a running state along the sequence in its own code, so
+    every rank would start that state from zero: the first shard's outputs stay right and the gradients silently go
+    wrong. A config without ``layer_types`` (or with full-attention layers only) passes. Accelerate's name for this
+    check is ``accelerate.big_modeling._refuse_recurrent_layers_under_sequence_parallelism``.
+    """
+    config = getattr(model, "config", None)
+    if hasattr(config, "get_text_config"):
+        config = config.get_text_config()
+    kinds = sorted({kind for kind in getattr(config, "layer_types", None) or [] if "linear_attention" in kind})
+    if kinds:
+        raise RecurrentLayersError(
+            f"{type(model).__name__} has layers of type {kinds}, which keep a recurrent state along the sequence "
+            "outside the attention interface: split across ranks by sequence parallelism, each rank would restart "
+            "that state and train on wrong gradients without any error. Use sp_size=1 for this model, or a model "
+            "with full attention only."
+        )
