@@ -241,3 +241,16 @@ def test_base_dataloader_is_the_loader_itself_and_no_class_attribute():
 def test_split_batches_refuses_a_batch_size_that_does_not_divide():
     with pytest.raises(ValueError, match="round multiple of 2"):
         BatchSamplerShard(BatchSampler(range(20), batch_size=3, drop_last=False), 2, 0, split_batches=True)
+
+
+def test_a_plain_loader_after_skip_first_batches_prepares_with_dispatch_and_pickles():
+    import pickle
+
+    from hasten import Accelerator, DataLoaderConfiguration, skip_first_batches
+
+    accelerator = Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    skipped = skip_first_batches(DataLoader(torch.utils.data.TensorDataset(torch.arange(10))), 2)
+    assert skipped.batch_sampler.batch_size == 1 and skipped.batch_sampler.drop_last is False
+    prepared = accelerator.prepare(skipped)
+    assert [batch[0].tolist() for batch in prepared] == [[i] for i in range(2, 10)]
+    assert len(pickle.loads(pickle.dumps(accelerator))._dataloaders) == 1

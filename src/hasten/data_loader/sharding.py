@@ -491,6 +491,16 @@ class SkipBatchSampler(BatchSampler):
         """The wrapped batch sampler's sampler."""
         return getattr(self.batch_sampler, "sampler", None)
 
+    @property
+    def batch_size(self):
+        """The wrapped batch sampler's batch size (None if it has none), so that the loader can be prepared."""
+        return getattr(self.batch_sampler, "batch_size", None)
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether the wrapped batch sampler drops its last incomplete batch."""
+        return getattr(self.batch_sampler, "drop_last", False)
+
     def __iter__(self):
         yield from itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
 
