@@ -354,6 +354,10 @@ def test_missing_and_unexpected_keys(tmp_path, trained):
     ) as raised:
         load_checkpoint_in_model(_empty_model(), tmp_path, strict=True)
     assert isinstance(raised.value, (RuntimeError, ValueError, AttributeError))  # each type Accelerate may raise there
+    with caplog_at_warning() as records:
+        load_checkpoint_in_model(_empty_model(), tmp_path)
+    unused = [r.getMessage() for r in records if "stray.weight" in r.getMessage()]
+    assert unused and "were not used when initializing TiedLM" in unused[0]  # the words transformers' users grep for
     state.pop("stray.weight")
     save_model_weights(state, tmp_path)
     with pytest.raises(CheckpointError, match=r"lacks 1 tensors of TiedLM \(strict=True\): blocks\.0\.fc1\.bias"):

@@ -193,7 +193,7 @@ class _ModelLoader:
             )
         if self.unexpected:
             logger.warning(
-                "Some weights of the checkpoint %s were not used by %s: %s",
+                "Some weights of the checkpoint %s were not used when initializing %s (they are ignored): %s",
                 self.checkpoint.source,
                 type(self.model).__name__,
                 self.unexpected,
