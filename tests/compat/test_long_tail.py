@@ -61,3 +61,22 @@ def test_load_refuses_pickled_objects_with_an_unpickling_error(tmp_path):
     torch.save({"config": datetime.date(2024, 1, 1)}, tmp_path / "state.bin")
     with pytest.raises(pickle.UnpicklingError, match="Refused to load"):
         load(tmp_path / "state.bin")
+
+
+def test_get_module_size_with_ties_counts_each_tied_module_once():
+    from torch import nn
+
+    from hasten.utils import compute_module_sizes, get_module_size_with_ties
+
+    layers = nn.ModuleList([nn.Linear(4, 4) for _ in range(12)])
+    for index in range(1, 12):
+        layers[index].weight = layers[0].weight
+    sizes = compute_module_sizes(layers)
+    treat = list(layers.named_children())[1:]
+    tied = sorted(f"{i}.weight" for i in range(1, 12))  # "10" and "11" sort before "2": prefixes must end at a dot
+    size, names, modules = get_module_size_with_ties(tied, sizes["0"], sizes, treat)
+    assert size == sizes["0"] + 11 * sizes["0.bias"]
+    assert names == [name.split(".")[0] for name in tied] and modules == [layers[int(n)] for n in names]
+    assert get_module_size_with_ties([], 7, sizes, treat) == (7, [], [])
+    with pytest.raises(ValueError, match="under none of the modules"):
+        get_module_size_with_ties(["0.weight"], 7, sizes, treat)

@@ -1,7 +1,8 @@
 """Internals of Accelerate's DeepSpeed and FSDP2 wiring and device-map planner that hasten does its own way.
 
 Accelerate exports these from ``accelerate.utils.deepspeed`` and ``accelerate.utils.fsdp_utils``; code outside
-Accelerate rarely calls them. They exist with Accelerate's signatures so that imports work; calling one raises
+Accelerate rarely calls them. They exist with Accelerate's signatures so that imports work; calling one (except
+``get_module_size_with_ties``, a pure size computation that hasten gives as Accelerate does) raises
 :class:`~hasten.errors.NotSupportedError` naming what does the job in hasten (``Accelerator.prepare`` wraps models,
 optimizers and schedulers for the engine in use).
 """
@@ -74,6 +75,26 @@ def fallback_allocate(modules, module_sizes, size_limit, no_split_module_classes
 
 
 def get_module_size_with_ties(tied_params, module_size, module_sizes, modules_to_treat):
-    """Accelerate internal; hasten's device-map planner lives in hasten.big_modeling.device_map (raises
-    NotSupportedError)."""
-    raise _refuse("get_module_size_with_ties", _DEVICE_MAP)
+    """The size of a module together with the modules that hold the parameters tied to it, as Accelerate's
+    device-map planner computes it: ``(size, names of those modules, the modules)``.
+
+    Args:
+        tied_params: names of the parameters tied to the module (the module's own name excluded).
+        module_size: the module's size alone.
+        module_sizes: size of every module and tensor by name (``compute_module_sizes``).
+        modules_to_treat: ``(name, module)`` pairs still to place; each tied parameter must sit under one of them.
+
+    Each tied parameter brings its module's size less the parameter's own, which is counted once already.
+    """
+    names, modules = [], []
+    for param in tied_params:
+        holder = next(((name, module) for name, module in modules_to_treat if param.startswith(name + ".")), None)
+        if holder is None:
+            raise ValueError(
+                f"get_module_size_with_ties: the tied parameter {param!r} is under none of the modules to treat "
+                f"({[name for name, _ in modules_to_treat][:10]}); pass the modules not placed yet."
+            )
+        names.append(holder[0])
+        modules.append(holder[1])
+    size = module_size + sum(module_sizes[name] - module_sizes[param] for param, name in zip(tied_params, names))
+    return size, names, modules
