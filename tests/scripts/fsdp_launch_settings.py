@@ -20,6 +20,6 @@ fields = (
 print(
     "SETTINGS",
     acc.process_index,
-    acc.distributed_type,
+    acc.distributed_type.value,
     json.dumps({name: getattr(plugin, name) for name in fields}, sort_keys=True),
 )
