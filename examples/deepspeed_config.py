@@ -90,7 +90,7 @@ def main() -> None:
         for key in ("warmup_num_steps", "total_num_steps"):
             resolved[f"scheduler.params.{key}"] = plugin.deepspeed_config["scheduler"]["params"][key]
         accelerator.print(f"DeepSpeed ZeRO-{plugin.zero_stage}, resolved config values: {json.dumps(resolved)}")
-    accelerator.print(f"distributed type {accelerator.distributed_type}, {accelerator.num_processes} process(es)")
+    accelerator.print(f"distributed type {accelerator.distributed_type.value}, {accelerator.num_processes} process(es)")
 
     for epoch in range(args.epochs):
         model.train()
