@@ -279,6 +279,15 @@ def test_a_folder_per_process_on_two_processes(tmp_path, mode):
     assert f"rank 0: {expected}" in out and f"rank 1: {expected}" in out, out
 
 
+def test_back_to_back_sharded_attendances_never_race():
+    """300 attendances in a row with no collective between them (two sharded saves into one folder at one step,
+    at their tightest): before each save had keys of its own, a process could pass on the other's stale key, or
+    read a key the other was deleting, and fail the next save (a false folder mismatch, or a 60 s wait)."""
+    out = torchrun(SCRIPTS / "attendance_stress.py", "300", timeout=120).stdout
+    for rank in (0, 1):
+        assert f"rank {rank}: 300 attendances met; the mismatch failed" in out, out
+
+
 @pytest.mark.slow
 def test_sigkill_during_saves_into_a_folder_with_user_files(tmp_path):
     out = subprocess.run(

@@ -127,7 +127,7 @@ def save_state(
     target = _target(project, output_dir, check_free=is_writer or sharded)
     if sharded:
         participants.check_attendance(
-            target.absolute(), contents.step, state.process_index, state.num_processes, type(contents.strategy).__name__
+            target.absolute(), state.process_index, state.num_processes, type(contents.strategy).__name__
         )
 
     def new_writer(writes: bool) -> CheckpointWriter:
@@ -217,9 +217,7 @@ def _write_and_publish(
     automatic = project.automatic_checkpoint_naming and output_dir is None
 
     def after_publish() -> None:
-        if sharded:
-            participants.leave(writer.final, contents.step, state.process_index)
-        elif joined:
+        if joined:
             participants.announce_published(writer.final, contents.step, joined, record[1])
         if automatic and writer.is_main:
             rotate(project.project_dir, project.total_limit)

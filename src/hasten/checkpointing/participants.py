@@ -90,11 +90,6 @@ def _unpack(blob: bytes) -> Any:
     return decode(json.loads(blob[8 : 8 + size]), load(blob[8 + size :]))
 
 
-def _at_key(step: int, attempt: int, rank: int) -> str:
-    """Where a process of a sharded save names its folder (per attempt at a step: a failed one's stays)."""
-    return f"hasten/save/at/{step}/{attempt}/{rank}"
-
-
 def _record_key(writer: int) -> str:
     return f"hasten/save/writer/{writer}"
 
@@ -299,35 +294,47 @@ def announce_failed(target, step: int, ranks, message: str) -> None:
         store.set(f"{key}/published", _FAILED + message.encode("utf-8"))
 
 
-def check_attendance(target, step: int, rank: int, world: int, what: str) -> None:
-    """Before a sharded save: wait (boundedly) until every process called ``save_state`` for ``target``; fail at
-    once, on every process, when the processes name different folders."""
+def check_attendance(target, rank: int, world: int, what: str) -> None:
+    """Before a sharded save: wait (boundedly) until every process called ``save_state``; fail at once, on every
+    process, when the processes name different folders.
+
+    Every process of a sharded launch enters its sharded saves in the same order, so the n-th one of each meets
+    under keys of its own (:func:`_here_key`): a key is never deleted while another process may still read it
+    (a process removes its key of save n-2 once every process arrived at save n-1, so all have left save n-2's
+    wait), which is what lets two saves into one folder at one step follow each other without a race.
+    """
     store = _store()
     if store is None or world == 1:
         return
-    prefix = _prefix(target, step)
-    global _sharded_attempt
-    attempt = _sharded_attempt[1] + 1 if _sharded_attempt[0] == step else 1
-    _sharded_attempt = (step, attempt)
-    store.set(_at_key(step, attempt, rank), str(target))  # kept after a mismatch, so every process sees it
-    store.set(f"{prefix}/here/{rank}", "1")
-    keys = [f"{prefix}/here/{r}" for r in range(world)]
+    global _sharded_saves
+    _sharded_saves += 1
+    generation = _sharded_saves
+    store.set(_here_key(generation, rank), str(target))
     deadline = time.monotonic() + ATTENDANCE_TIMEOUT_S
-    while not store.check(keys):
+    while True:
         folders = {
-            r: store.get(_at_key(step, attempt, r)).decode("utf-8")
+            r: store.get(_here_key(generation, r)).decode("utf-8")
             for r in range(world)
-            if store.check([_at_key(step, attempt, r)])
+            if store.check([_here_key(generation, r)])
         }
-        if len(set(folders.values())) > 1 or time.monotonic() > deadline:
-            absent = [r for r, key in enumerate(keys) if not store.check([key])]
-            store.delete_key(f"{prefix}/here/{rank}")
+        if len(set(folders.values())) > 1:
+            raise CheckpointError(_attendance_message(target, world, what, folders, []))
+        if len(folders) == world:
+            break
+        if time.monotonic() > deadline:
+            absent = [r for r in range(world) if r not in folders]
             raise CheckpointError(_attendance_message(target, world, what, folders, absent))
         time.sleep(_POLL_S)
-    store.delete_key(_at_key(step, attempt, rank))
+    if generation > 2:
+        store.delete_key(_here_key(generation - 2, rank))
 
 
-_sharded_attempt = (-1, 0)  # (step, how many sharded saves this process attempted at that step)
+_sharded_saves = 0  # how many sharded saves this process entered (every process of the launch counts alike)
+
+
+def _here_key(generation: int, rank: int) -> str:
+    """Where process ``rank`` names its folder for the launch's ``generation``-th sharded save."""
+    return f"hasten/save/sharded/{generation}/{rank}"
 
 
 def _attendance_message(target, world: int, what: str, folders: dict[int, str], absent: list[int]) -> str:
@@ -344,10 +351,3 @@ def _attendance_message(target, world: int, what: str, folders: dict[int, str], 
         "writes its own shards, so call save_state on every process: remove the `if accelerator.is_main_process:` "
         "around it (hasten writes shared files from the main process only)."
     )
-
-
-def leave(target, step: int, rank: int) -> None:
-    """After a sharded save everyone finished: forget this process's registration."""
-    store = _store()
-    if store is not None:
-        store.delete_key(f"{_prefix(target, step)}/here/{rank}")
