@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import tempfile
 
 from compat.differential_ops_cases import build, instantiate, plain, random_template
@@ -315,5 +316,8 @@ def hooks(case: dict):
     accelerator.wait_for_everyone()
     written = sorted(os.listdir(os.path.join(folder[0], "checkpoint", "pretrained_0")))
     accelerator.load_state(os.path.join(folder[0], "checkpoint"))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        shutil.rmtree(folder[0])
     return {"tracked": tracked, "returned": type(prepared[0] if case["with_optimizer"] else prepared).__name__,
             "seen": seen, "written": written}  # fmt: skip
