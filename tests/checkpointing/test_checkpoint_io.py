@@ -395,6 +395,24 @@ def test_an_async_save_stages_the_state_and_the_next_step_does_not_wait_for_the_
     assert staging_memory() == 0, "end_training frees the staging memory"
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle CPU class is not available here")
+def test_the_background_writes_run_in_the_idle_cpu_class_and_training_does_not(tmp_path, monkeypatch):
+    from hasten.checkpointing import CheckpointWriter
+
+    policies, real_write = {}, CheckpointWriter.write_pending
+
+    def observed_write(self):
+        policies["writer"] = os.sched_getscheduler(threading.get_native_id())
+        real_write(self)
+
+    monkeypatch.setattr(CheckpointWriter, "write_pending", observed_write)
+    _async_saving_step(tmp_path)
+    wait_for_pending_save()
+    assert policies == {"writer": os.SCHED_IDLE}, "the writes after the staging copy yield every core to training"
+    assert os.sched_getscheduler(threading.get_native_id()) == os.SCHED_OTHER, "the training thread is untouched"
+    Accelerator().end_training()  # frees the staging memory
+
+
 def test_with_no_staging_memory_the_next_optimizer_step_waits_until_the_weights_are_written(tmp_path):
     from hasten.checkpointing import staging_memory
 

@@ -6,7 +6,7 @@ changes) and every GPU tensor for *staging*: copying into a host buffer kept bet
 tensors, whose copies are queued on the current stream at once; see ``staging.py``). The background thread
 copies the CPU tensors first; each optimizer's next ``step()`` waits (a step pre-hook) only until that copy
 is done, then training goes on while the thread writes, checksums, fsyncs and publishes from the buffer, at a
-lower CPU priority than training (niceness +10 for the writing threads).
+lowest CPU priority (Linux's idle class for the writing threads: training threads always run first).
 So between ``save_state`` and the next ``optimizer.step()``, change parameters only through the optimizer
 (or wait first with :func:`wait_for_pending_save`). Under ``async_staging_limit`` the files that do not fit
 the buffer are written from the live tensors before the step may go on.
@@ -122,15 +122,21 @@ def start(
     _begin(_PendingSave(writer.final, work, optimizers))
 
 
-_WRITER_NICENESS = 10  # added to this thread's niceness once training may go on (Linux: per thread)
+_WRITER_NICENESS = 19  # where the idle class is refused: the lowest niceness instead
 
 
 def _yield_to_training() -> None:
-    """Lower the writer thread's CPU priority (and that of the checksum and fsync threads it starts, which
-    inherit it): where cores are short, training threads run first and the writes take the rest."""
+    """Move the writer thread (and the checksum and fsync threads it starts, which inherit it) to the idle CPU
+    class (Linux ``SCHED_IDLE``, per thread): where cores are short, training threads always run first and the
+    writes take only the time they leave; with the lowest niceness where that class is not allowed."""
+    thread = threading.get_native_id()
     try:
-        thread = threading.get_native_id()
-        os.setpriority(os.PRIO_PROCESS, thread, min(19, os.getpriority(os.PRIO_PROCESS, thread) + _WRITER_NICENESS))
+        os.sched_setscheduler(thread, os.SCHED_IDLE, os.sched_param(0))
+        return
+    except (AttributeError, OSError):
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, thread, _WRITER_NICENESS)
     except (AttributeError, OSError):
         pass  # not Linux, or not allowed: the writes keep the normal priority
 
