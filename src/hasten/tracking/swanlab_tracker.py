@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from ._common import as_step
-from .base import GeneralTracker, on_main_process
-from .values import tensors_to_numbers
+from .base import on_main_process
+from .project_run import ProjectRunTracker
 
 
-class SwanLabTracker(GeneralTracker):
+class SwanLabTracker(ProjectRunTracker):
     """Logs to a run made with ``swanlab.init(project=run_name, **kwargs)``.
 
     Note:
@@ -19,26 +19,7 @@ class SwanLabTracker(GeneralTracker):
     """
 
     name = "swanlab"
-    requires_logging_directory = False
     _package = "swanlab"
-
-    def __init__(self, run_name: str, **kwargs):
-        super().__init__()
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.run = None
-
-    @property
-    def tracker(self):
-        """The SwanLab run (``None`` before ``start``)."""
-        return self.run
-
-    @on_main_process
-    def start(self) -> None:
-        """Create the run."""
-        import swanlab
-
-        self.run = swanlab.init(project=self.run_name, **self.init_kwargs)
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
@@ -46,11 +27,6 @@ class SwanLabTracker(GeneralTracker):
         import swanlab
 
         swanlab.config.update(values, allow_val_change=True)
-
-    @on_main_process
-    def log(self, values: dict, step: int | None = None, **kwargs) -> None:
-        """Log ``values`` with ``run.log`` (``kwargs`` go along, e.g. ``print_to_console``)."""
-        self.run.log(tensors_to_numbers(values), step=as_step(step), **kwargs)
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs) -> None:
@@ -62,9 +38,3 @@ class SwanLabTracker(GeneralTracker):
             step=as_step(step),
             **kwargs,
         )
-
-    @on_main_process
-    def finish(self) -> None:
-        """Finish the run."""
-        if self.run is not None:
-            self.run.finish()

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from ._common import as_step
-from .base import GeneralTracker, on_main_process
-from .values import sanitize_config, tensors_to_numbers
+from .base import on_main_process
+from .project_run import ProjectRunTracker
+from .values import sanitize_config
 
 
-class WandBTracker(GeneralTracker):
+class WandBTracker(ProjectRunTracker):
     """Logs to a Weights & Biases run created with ``wandb.init(project=run_name, **kwargs)``.
 
     Offline mode works as wandb documents it: set ``WANDB_MODE=offline`` or pass
@@ -26,42 +27,12 @@ class WandBTracker(GeneralTracker):
     """
 
     name = "wandb"
-    requires_logging_directory = False
     _package = "wandb"
-
-    def __init__(self, run_name: str, **kwargs):
-        super().__init__()
-        self.run_name = run_name
-        self.init_kwargs = kwargs
-        self.run = None
-
-    @property
-    def tracker(self):
-        """The ``wandb`` run (``None`` before ``start``)."""
-        return self.run
-
-    @on_main_process
-    def start(self) -> None:
-        """Create the run with ``wandb.init``."""
-        import wandb
-
-        self.run = wandb.init(project=self.run_name, **self.init_kwargs)
 
     @on_main_process
     def store_init_configuration(self, values: dict) -> None:
         """Store ``values`` in the run's config (later calls may change earlier values)."""
         self.run.config.update(sanitize_config(values), allow_val_change=True)
-
-    @on_main_process
-    def log(self, values: dict, step: int | None = None, **kwargs) -> None:
-        """Log ``values`` with ``run.log`` (anything wandb accepts: numbers, media, tables, histograms).
-
-        Args:
-            values: name -> value; one-element tensors are converted to numbers.
-            step: the step; wandb requires it to never decrease within a run.
-            **kwargs: passed to ``run.log`` (e.g. ``commit``).
-        """
-        self.run.log(tensors_to_numbers(values), step=as_step(step), **kwargs)
 
     @on_main_process
     def log_images(self, values: dict, step: int | None = None, **kwargs) -> None:
@@ -80,9 +51,3 @@ class WandBTracker(GeneralTracker):
 
         table = wandb.Table(columns=columns, data=data, dataframe=dataframe)
         self.run.log({table_name: table}, step=as_step(step), **kwargs)
-
-    @on_main_process
-    def finish(self) -> None:
-        """Finish the run (uploads, or closes the offline run files)."""
-        if self.run is not None:
-            self.run.finish()
