@@ -8,7 +8,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING
 
+from . import process_group_hooks
 from ._version import __version__
+
+
+def _runtime_group_guards():
+    """The runtime's guards of the process group, imported when the first state needs them. The state sits below
+    the runtime and cannot name it; the package, above both, wires them together here."""
+    from .runtime import group_guards
+
+    return group_guards
+
+
+process_group_hooks.register(_runtime_group_guards)
 
 # public name -> module that defines it
 _EXPORTS = {

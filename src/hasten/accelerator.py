@@ -45,11 +45,11 @@ from .plugins import (
 from .plugins.dynamo import build_dynamo_plugin
 from .plugins.training import resolve_accumulation
 from .preparation import PreparationHelpers, _mark_prepared
+from .process_control import ProcessControl
 from .runtime import operations, preemption
 from .runtime.compilation import compile_model
 from .runtime.memory import release_memory
 from .runtime.precision import Precision
-from .runtime.process_control import ProcessControl
 from .scheduler import AcceleratedScheduler
 from .state import AcceleratorState, GradientState, PartialState, requested_mixed_precision, warn_once
 from .strategies import EngineSettings, plan_strategy

@@ -75,21 +75,11 @@ def notebook_launcher(
             already exists, a busy port, or an unpicklable function with ``spawn``.
         HastenError: a process failed; the message names it and ends with its error.
     """
-    import torch
     import torch.multiprocessing as mp
 
     _check_no_state()
-    precision = str(mixed_precision).lower()
-    if precision not in _PRECISIONS:
-        raise ConfigError(
-            f"notebook_launcher(mixed_precision={mixed_precision!r}): choose one of {', '.join(_PRECISIONS)}."
-        )
-    if num_processes is None:
-        num_processes = torch.cuda.device_count() if torch.cuda.is_available() else 1
-    if num_processes < 1 or num_nodes < 1:
-        raise ConfigError(
-            f"notebook_launcher needs num_processes >= 1 and num_nodes >= 1, got {num_processes} and {num_nodes}."
-        )
+    precision = _notebook_precision(mixed_precision)
+    num_processes = _notebook_processes(num_processes, num_nodes)
     if num_processes == 1 and num_nodes == 1:
         with environment.patch_environment(HASTEN_MIXED_PRECISION=precision):
             function(*args)
@@ -101,11 +91,9 @@ def notebook_launcher(
         check_port_free(
             master_addr, int(use_port), f"Pass another port: notebook_launcher(..., use_port=...) (got {use_port!r})."
         )
-    configs = dict(rdzv_conf or {})
-    if rdzv_backend == "static":
-        configs["rank"] = node_rank
-    options = dict(rdzv_backend=rdzv_backend, rdzv_configs=configs, run_id=rdzv_id, max_restarts=max_restarts)
-    options.update(monitor_interval=monitor_interval, log_line_prefix_template=log_line_prefix_template)
+    options = _agent_options(
+        rdzv_backend, rdzv_conf, rdzv_id, node_rank, max_restarts, monitor_interval, log_line_prefix_template
+    )
     env = {"HASTEN_MIXED_PRECISION": precision, "FORK_LAUNCHED": "1" if method == "fork" else "0"}
     _launch(
         function,
@@ -118,6 +106,49 @@ def notebook_launcher(
         master_addr if num_nodes == 1 else None,
         options,
     )
+
+
+def _notebook_precision(mixed_precision: str) -> str:
+    """``notebook_launcher``'s ``mixed_precision``, checked, in lower case."""
+    precision = str(mixed_precision).lower()
+    if precision not in _PRECISIONS:
+        raise ConfigError(
+            f"notebook_launcher(mixed_precision={mixed_precision!r}): choose one of {', '.join(_PRECISIONS)}."
+        )
+    return precision
+
+
+def _notebook_processes(num_processes: int | None, num_nodes: int) -> int:
+    """The processes ``notebook_launcher`` starts on this machine: ``num_processes``, else one per GPU (1 without
+    GPUs), checked with ``num_nodes``."""
+    if num_processes is None:
+        import torch
+
+        num_processes = torch.cuda.device_count() if torch.cuda.is_available() else 1
+    if num_processes < 1 or num_nodes < 1:
+        raise ConfigError(
+            f"notebook_launcher needs num_processes >= 1 and num_nodes >= 1, got {num_processes} and {num_nodes}."
+        )
+    return num_processes
+
+
+def _agent_options(
+    rdzv_backend: str,
+    rdzv_conf: dict | None,
+    rdzv_id: str,
+    node_rank: int,
+    max_restarts: int,
+    monitor_interval: float,
+    log_line_prefix_template: str | None,
+) -> dict:
+    """The options of torch's elastic agent that ``notebook_launcher`` passes on (the static rendezvous is also
+    told this machine's rank)."""
+    configs = dict(rdzv_conf or {})
+    if rdzv_backend == "static":
+        configs["rank"] = node_rank
+    options = dict(rdzv_backend=rdzv_backend, rdzv_configs=configs, run_id=rdzv_id, max_restarts=max_restarts)
+    options.update(monitor_interval=monitor_interval, log_line_prefix_template=log_line_prefix_template)
+    return options
 
 
 def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2) -> None:

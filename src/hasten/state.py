@@ -21,12 +21,11 @@ from typing import Any, Mapping
 import torch
 import torch.distributed as dist
 
-from . import environment
+from . import environment, process_group_hooks
 from .enums import DistributedType, PrecisionType, member_values
 from .errors import ConfigError, DistributedSetupError
 from .gradient_state import GradientState  # noqa: F401  (Accelerate's accelerate.state.GradientState)
-from .runtime import debug_mode, hang_watchdog, oom_recovery
-from .runtime.process_control import ProcessControl, do_nothing  # noqa: F401  (do_nothing: Accelerate's accelerate.state name)
+from .process_control import ProcessControl, do_nothing  # noqa: F401  (do_nothing: Accelerate's accelerate.state name)
 from .settings.engines import Engine
 
 _GPU_TYPES = {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}
@@ -60,17 +59,6 @@ def _register_exit_teardown() -> None:
     if not _exit_hook_registered:
         atexit.register(_finish_process_group_at_exit)
         _exit_hook_registered = True
-
-
-def _default_group_timeout() -> timedelta | None:
-    """The process group's timeout when the user gave none: the hang timeout plus a margin.
-
-    It bounds what hasten's hang watchdog cannot see (DDP's gradient all-reduce inside ``backward``),
-    while hasten's own collectives still end with the watchdog's report first. ``HASTEN_HANG_TIMEOUT=0``
-    keeps PyTorch's default.
-    """
-    hang = environment.get_float("HANG_TIMEOUT", hang_watchdog.DEFAULT_HANG_TIMEOUT)
-    return timedelta(seconds=hang + 60) if hang and hang > 0 else None
 
 
 class PartialState(ProcessControl):
@@ -113,7 +101,7 @@ class PartialState(ProcessControl):
             getattr(torch, self.device.type).set_device(self.device)
         if launch.world_size > 1 or dist.is_initialized():
             self._init_process_group(dict(kwargs))
-            hang_watchdog.start()  # every process can then answer for its stacks, even before its first collective
+            process_group_hooks.guards().start_watching()
         self.distributed_type = self._distributed_type()
         if self.distributed_type == DistributedType.MULTI_CPU:
             self._set_cpu_threads()
@@ -143,12 +131,9 @@ class PartialState(ProcessControl):
         timeout = kwargs.pop("timeout", None)
         if isinstance(timeout, (int, float)):
             timeout = timedelta(seconds=timeout)
-        hang_watchdog.set_group_timeout(timeout.total_seconds() if timeout is not None else None)
-        timeout = timeout or _default_group_timeout()
         init_method = kwargs.pop("init_method", None) or "env://"
-        options = {"timeout": timeout} if timeout is not None else {}
-        oom_recovery.create_default_group(
-            lambda: dist.init_process_group(
+        process_group_hooks.guards().create_group(
+            lambda options: dist.init_process_group(
                 backend=backend,
                 init_method=init_method,
                 rank=self.launch.rank,
@@ -156,7 +141,7 @@ class PartialState(ProcessControl):
                 **options,
                 **kwargs,
             ),
-            options,
+            timeout,
         )
         self.backend = backend
         self._owns_process_group = True
@@ -203,7 +188,7 @@ class PartialState(ProcessControl):
     @debug.setter
     def debug(self, value: bool) -> None:
         self.__dict__["_debug"] = bool(value)
-        debug_mode.configure(bool(value))
+        process_group_hooks.guards().set_debug(bool(value))
 
     @property
     def initialized_state(self) -> bool:
@@ -223,9 +208,7 @@ class PartialState(ProcessControl):
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this point (a barrier; nothing happens on one process)."""
         if self.num_processes > 1:
-            from .runtime.operations import barrier
-
-            barrier()
+            process_group_hooks.guards().barrier()
 
     def ensure_process_group(self) -> None:
         """Make sure a process group exists, creating a private one-process group when running alone.
@@ -470,8 +453,7 @@ def reset_state(destroy_process_group: bool = False) -> None:
         PartialState().destroy_process_group()
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
-    debug_mode.configure(None)
-    hang_watchdog.set_group_timeout(None)
+    process_group_hooks.guards().reset()
     _warned.clear()
 
 

@@ -151,22 +151,6 @@ def test_convert_outputs_to_fp32_can_be_undone_and_refuses_pickling():
     pickle.loads(pickle.dumps(model))
 
 
-def test_split_for_process_gives_a_datasets_dataset_its_rows():
-    datasets = pytest.importorskip("datasets")
-    data = datasets.Dataset.from_list([{"k": v} for v in range(5)])
-    assert tree.split_for_process(data, 2, 0)["k"] == [0, 1, 2]
-    assert tree.split_for_process(data, 2, 1)["k"] == [3, 4]
-    assert tree.split_for_process(data, 2, 1, apply_padding=True)["k"] == [3, 4, 4]
-    assert isinstance(tree.split_for_process(data, 2, 1), datasets.Dataset)
-
-
-def test_split_for_process_padding():
-    assert tree.split_for_process([1, 2, 3], 2, 1, apply_padding=True) == [3, 3]
-    assert tree.split_for_process([1], 2, 1, apply_padding=True) == [1]
-    with pytest.raises(ValueError, match="same length"):
-        tree.split_for_process({"a": [1], "b": [1, 2]}, 2, 0)
-
-
 def test_hang_timeout_precedence(monkeypatch):
     from hasten.runtime import hang_watchdog
 

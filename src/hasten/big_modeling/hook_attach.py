@@ -147,6 +147,48 @@ def _offloaded_tensor_entries(
     return True
 
 
+def _block_on_device(module, device, module_name, offload_buffers, skip_keys, tied_params_map) -> None:
+    """Hook a block that the maps keep on ``device``: one hook placing all its tensors there, and hooks moving its
+    submodules' inputs there."""
+    hook = AlignDevicesHook(
+        device,
+        offload_buffers=offload_buffers,
+        io_same_device=module_name == "",
+        place_submodules=True,
+        skip_keys=skip_keys,
+        tied_params_map=tied_params_map,
+    )
+    add_hook_to_module(module, hook)
+    attach_execution_device_hook(module, device, skip_keys=skip_keys, tied_params_map=tied_params_map)
+
+
+def _offloaded_block(
+    module, device, module_name, weights_map, offload_buffers, skip_keys, preload_module_classes, tied_params_map
+) -> None:
+    """Hook a block whose weights the maps offload: :func:`attach_align_device_hook`'s hooks bring them in for each
+    forward on ``device``; the block, if those gave it no hook, and its submodules without one get a hook moving
+    their inputs there."""
+    attach_align_device_hook(
+        module,
+        device,
+        True,
+        weights_map,
+        offload_buffers,
+        module_name,
+        skip_keys,
+        preload_module_classes,
+        tied_params_map,
+    )
+    if not hasattr(module, "_hf_hook"):
+        add_hook_to_module(
+            module,
+            AlignDevicesHook(
+                device, io_same_device=module_name == "", skip_keys=skip_keys, tied_params_map=tied_params_map
+            ),
+        )
+    attach_execution_device_hook(module, device, skip_keys, preload_module_classes, tied_params_map)
+
+
 def attach_align_device_hook_on_blocks(
     module: nn.Module,
     execution_device=None,
@@ -188,38 +230,20 @@ def attach_align_device_hook_on_blocks(
         offload = dict.fromkeys(execution_device, offload)
     mapped = module_name in execution_device and module_name in offload
     if mapped and not offload[module_name]:
-        device = execution_device[module_name]
-        hook = AlignDevicesHook(
-            device,
-            offload_buffers=offload_buffers,
-            io_same_device=module_name == "",
-            place_submodules=True,
-            skip_keys=skip_keys,
-            tied_params_map=tied_params_map,
+        _block_on_device(
+            module, execution_device[module_name], module_name, offload_buffers, skip_keys, tied_params_map
         )
-        add_hook_to_module(module, hook)
-        attach_execution_device_hook(module, device, skip_keys=skip_keys, tied_params_map=tied_params_map)
     elif mapped:
-        device = execution_device[module_name]
-        attach_align_device_hook(
+        _offloaded_block(
             module,
-            device,
-            True,
+            execution_device[module_name],
+            module_name,
             weights_map,
             offload_buffers,
-            module_name,
             skip_keys,
             preload_module_classes,
             tied_params_map,
         )
-        if not hasattr(module, "_hf_hook"):
-            add_hook_to_module(
-                module,
-                AlignDevicesHook(
-                    device, io_same_device=module_name == "", skip_keys=skip_keys, tied_params_map=tied_params_map
-                ),
-            )
-        attach_execution_device_hook(module, device, skip_keys, preload_module_classes, tied_params_map)
     elif not _offloaded_tensor_entries(
         module, module_name, execution_device, offload, weights_map, offload_buffers, skip_keys, tied_params_map
     ):

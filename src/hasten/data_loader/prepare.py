@@ -78,6 +78,28 @@ def _generator_to_share(sampler) -> torch.Generator | None:
     return sampler.generator
 
 
+def _dispatches(dispatch_batches: bool | None, put_on_device: bool, iterable: bool) -> bool:
+    """Whether rank 0 reads the batches and dispatches them: ``dispatch_batches``, else (None) True for an
+    ``IterableDataset`` placed on the device, as in Accelerate. Dispatching places batches, so it needs
+    ``put_on_device``."""
+    if dispatch_batches is None:
+        dispatch_batches = bool(put_on_device) and iterable
+    if dispatch_batches and not put_on_device:
+        raise ConfigError(
+            "dispatch_batches=True places the dispatched batches on the device, so it needs put_on_device=True "
+            "(Accelerator.prepare passes it)."
+        )
+    return dispatch_batches
+
+
+def _world_and_rank(num_processes: int | None, process_index: int | None) -> tuple[int, int]:
+    """The number of processes and this process's index: the arguments, else the process state's."""
+    state = PartialState()
+    world = num_processes if num_processes is not None else state.num_processes
+    rank = process_index if process_index is not None else state.process_index
+    return world, rank
+
+
 def prepare_data_loader(
     dataloader: DataLoader,
     device=None,
@@ -117,18 +139,9 @@ def prepare_data_loader(
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}.")
-    dataset = dataloader.dataset
-    iterable = isinstance(dataset, IterableDataset)
-    if dispatch_batches is None:
-        dispatch_batches = bool(put_on_device) and iterable
-    if dispatch_batches and not put_on_device:
-        raise ConfigError(
-            "dispatch_batches=True places the dispatched batches on the device, so it needs put_on_device=True "
-            "(Accelerator.prepare passes it)."
-        )
-    state = PartialState()
-    world = num_processes if num_processes is not None else state.num_processes
-    rank = process_index if process_index is not None else state.process_index
+    iterable = isinstance(dataloader.dataset, IterableDataset)
+    dispatch_batches = _dispatches(dispatch_batches, put_on_device, iterable)
+    world, rank = _world_and_rank(num_processes, process_index)
     if split_batches:
         _check_split_batches(dataloader, world)
     device = device if put_on_device else None

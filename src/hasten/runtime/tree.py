@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import pickle
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable
@@ -358,41 +357,3 @@ def pad_input_tensors(tensor, batch_size: int, num_processes: int, dim: int = 0)
     return recursively_apply(
         _pad_input_tensor, tensor, error_on_other_type=True, batch_size=batch_size, num_processes=num_processes, dim=dim
     )
-
-
-def split_for_process(inputs, num_processes: int, process_index: int, apply_padding: bool = False):
-    """This process's contiguous share of ``inputs`` (list, tuple, tensor, or dict of those)."""
-    if isinstance(inputs, Mapping):
-        lengths = {k: len(v) for k, v in inputs.items()}
-        if len(set(lengths.values())) > 1:
-            raise ValueError(
-                f"split_between_processes needs every value of the dict to have the same length; got {lengths}."
-            )
-        return type(inputs)(
-            {k: split_for_process(v, num_processes, process_index, apply_padding) for k, v in inputs.items()}
-        )
-    length = len(inputs)
-    per_process, extras = divmod(length, num_processes)
-    start = process_index * per_process + min(process_index, extras)
-    end = start + per_process + (1 if process_index < extras else 0)
-    if _is_hf_dataset(inputs):  # slicing one gives a dict of columns: select its rows instead, as Accelerate does
-        rows = list(range(start, end))
-        if apply_padding and extras and length:
-            rows += [length - 1] * (per_process + 1 - len(rows))
-        return inputs.select(rows)
-    share = inputs[start:end]
-    if not apply_padding or extras == 0 or length == 0:
-        return share
-    missing = per_process + 1 - (end - start)
-    if missing == 0:
-        return share
-    filler = inputs[-1:] if end - start == 0 else share[-1:]
-    if isinstance(share, torch.Tensor):
-        return torch.cat([share] + [filler] * missing, dim=0)
-    return share + type(share)(filler) * missing
-
-
-def _is_hf_dataset(inputs) -> bool:
-    """A ``datasets.Dataset`` (checked only when the user's code imported ``datasets``)."""
-    datasets = sys.modules.get("datasets")
-    return datasets is not None and isinstance(inputs, getattr(datasets, "Dataset", ()))

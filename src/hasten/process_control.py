@@ -2,17 +2,21 @@
 
 :class:`ProcessControl` is shared by the states (``PartialState``, ``AcceleratorState``) and the
 ``Accelerator``; it needs only ``process_index``, ``local_process_index``, ``num_processes`` and
-``wait_for_everyone`` from the class it is mixed into.
+``wait_for_everyone`` from the class it is mixed into. It belongs to the state, below the runtime: it knows
+this process's rank and nothing of collectives (``wait_for_everyone`` is the subclass's).
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import sys
+from collections.abc import Mapping
 from typing import Callable
 
-from ..errors import ConfigError
-from .tree import split_for_process
+import torch
+
+from .errors import ConfigError
 
 
 class ProcessControl:
@@ -120,3 +124,41 @@ class ProcessControl:
 def do_nothing(*args, **kwargs):
     """Accept any arguments and do nothing (what a process-filtered call becomes on the other processes)."""
     return None
+
+
+def split_for_process(inputs, num_processes: int, process_index: int, apply_padding: bool = False):
+    """This process's contiguous share of ``inputs`` (list, tuple, tensor, or dict of those)."""
+    if isinstance(inputs, Mapping):
+        lengths = {k: len(v) for k, v in inputs.items()}
+        if len(set(lengths.values())) > 1:
+            raise ValueError(
+                f"split_between_processes needs every value of the dict to have the same length; got {lengths}."
+            )
+        return type(inputs)(
+            {k: split_for_process(v, num_processes, process_index, apply_padding) for k, v in inputs.items()}
+        )
+    length = len(inputs)
+    per_process, extras = divmod(length, num_processes)
+    start = process_index * per_process + min(process_index, extras)
+    end = start + per_process + (1 if process_index < extras else 0)
+    if _is_hf_dataset(inputs):  # slicing one gives a dict of columns: select its rows instead, as Accelerate does
+        rows = list(range(start, end))
+        if apply_padding and extras and length:
+            rows += [length - 1] * (per_process + 1 - len(rows))
+        return inputs.select(rows)
+    share = inputs[start:end]
+    if not apply_padding or extras == 0 or length == 0:
+        return share
+    missing = per_process + 1 - (end - start)
+    if missing == 0:
+        return share
+    filler = inputs[-1:] if end - start == 0 else share[-1:]
+    if isinstance(share, torch.Tensor):
+        return torch.cat([share] + [filler] * missing, dim=0)
+    return share + type(share)(filler) * missing
+
+
+def _is_hf_dataset(inputs) -> bool:
+    """A ``datasets.Dataset`` (checked only when the user's code imported ``datasets``)."""
+    datasets = sys.modules.get("datasets")
+    return datasets is not None and isinstance(inputs, getattr(datasets, "Dataset", ()))
