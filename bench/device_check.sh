@@ -105,7 +105,7 @@ else
 fi
 
 # 4. fp8 + FSDP2 with float8 all-gather + torch.compile, one process
-FSDP_FP8=(--use_fsdp --mixed_precision fp8 --fp8_backend ao --fp8_enable_fsdp_float8_all_gather --fp8_pad_inner_dim)
+FSDP_FP8=(--use_fsdp --mixed_precision fp8 --fp8_backend ao --fp8_enable_fsdp_float8_all_gather true --fp8_pad_inner_dim true)
 if ((DRY)); then
     part fsdp_fp8_compile 120 "$PYTHON" -m hasten.commands.main launch "${FSDP_FP8[@]}" --cpu --num_processes 1 \
         --dynamo_backend aot_eager tests/scripts/fp8_fsdp_training.py

@@ -509,8 +509,12 @@ def test_set_module_tensor_to_device():
         model = nn.Sequential(nn.Linear(2, 3))
     with pytest.raises(ConfigError, match="'0.weight' is on the meta device and has no data"):
         set_module_tensor_to_device(model, "0.weight", "cpu")
-    with pytest.raises(ConfigError, match=r"new value has shape \(2, 3\) but the tensor has shape \(3, 2\)"):
+    with pytest.raises(ValueError) as shape_error:
         set_module_tensor_to_device(model, "0.weight", "cpu", value=torch.ones(2, 3))
+    assert isinstance(shape_error.value, ConfigError) and str(shape_error.value) == (
+        'Trying to set a tensor of shape torch.Size([2, 3]) in "weight" (which has shape torch.Size([3, 2])), '
+        "this looks incorrect."
+    ), "Accelerate's message, word for word (callers compare it)"
     with pytest.raises(AttributeError, match="has no submodule '1'"):  # Accelerate's type, hasten's message
         set_module_tensor_to_device(model, "1.weight", "cpu", value=torch.ones(3, 2))
     with pytest.raises(ConfigError, match="no parameter or buffer named 'wieght'.*Did you mean 'weight'"):

@@ -151,6 +151,23 @@ def test_budgets_are_respected_and_blocks_never_split():
             check_device_map(model, device_map)
 
 
+def test_a_device_left_empty_is_logged_as_insufficient_memory(caplog):
+    """Accelerate's tests (and users grepping logs) look for "insufficient memory" when a device gets nothing;
+    with fallback_allocation a smaller module is placed there instead and nothing is logged."""
+    inner = nn.Sequential(
+        OrderedDict([("linear1", nn.Linear(10, 4)), ("linear2", nn.Linear(4, 4)), ("linear3", nn.Linear(4, 8))])
+    )
+    model = nn.Sequential(OrderedDict([("module", inner)]))
+    with caplog.at_level("INFO", logger="hasten"):
+        assert dict(infer_auto_device_map(model, {0: 256})) == {"": "disk"}
+    assert "0 for insufficient memory: 336 bytes would be needed" in caplog.text
+    caplog.clear()
+    with caplog.at_level("INFO", logger="hasten"):
+        placed = infer_auto_device_map(model, {0: 256}, fallback_allocation=True)
+    assert placed == {"module.linear2": 0, "module.linear1": "disk", "module.linear3": "disk"}
+    assert "insufficient memory" not in caplog.text
+
+
 def test_check_device_map_errors_and_warnings():
     model = _model()
     with pytest.raises(ConfigError, match=r"gives no device to these tensors: blocks\.3\.a\.weight"):

@@ -4,6 +4,7 @@ process starts, the settings summary, `hasten config` (dialogue in a real termin
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import socket
@@ -20,7 +21,7 @@ from helpers import FIXTURES_ROOT, ROOT, SCRIPTS, requires
 from hasten import config as cfg
 from hasten import environment
 from hasten.commands import launch as launch_cmd
-from hasten.commands import runners
+from hasten.commands import launch_args, runners
 from hasten.commands.main import build_parser, main
 from hasten.config import Hardware
 from hasten.errors import ConfigError, NotSupportedError
@@ -87,7 +88,41 @@ def test_launch_flags_are_frozen_and_take_both_spellings():
     for action, name in zip(options, names):
         if "_" in name:
             assert "--" + name[2:].replace("_", "-") in action.option_strings
-    assert _args("--num-processes", "3", "--zero-stage", "2", "x.py").num_processes == "3"
+    args = _args("--num-processes", "3", "--zero-stage", "2", "x.py")
+    assert (args.num_processes, args.zero_stage, args.nondefault) == (3, 2, {"num_processes", "zero_stage"})
+
+
+def test_launch_flags_left_off_hold_accelerates_values_and_never_override_the_config_file(tmp_path, script):
+    """A flag left off holds Accelerate's value (False for a switch, "true" for --fsdp_sync_module_states) but only a
+    flag given on the command line, even with that same value, wins over the config file."""
+    left_off = _args(script)
+    assert (left_off.multi_gpu, left_off.cpu, left_off.use_fsdp, left_off.debug) == (False, False, False, None)
+    assert (left_off.fsdp_sync_module_states, left_off.fp8_pad_inner_dim, left_off.max_restarts) == ("true", 1, 0)
+    config_file = tmp_path / "c.yaml"
+    config_file.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nrdzv_backend: c10d\nmixed_precision: fp16\n")
+    plan = launch_cmd.prepare_launch(_args("--config_file", str(config_file), script), hardware=CPU)
+    config = plan.settings.config
+    assert (config.distributed_type, config.rdzv_backend, config.mixed_precision) == ("MULTI_CPU", "c10d", "fp16")
+    given = _args("--config_file", str(config_file), "--rdzv_backend", "static", "--cpu", script)
+    plan = launch_cmd.prepare_launch(given, hardware=CPU)
+    assert plan.settings.config.rdzv_backend == "static" and str(plan.settings.sources["rdzv_backend"]) == (
+        "flag --rdzv_backend"
+    )
+    # A namespace built by code records nothing: its values other than the defaults count as given.
+    by_hand = argparse.Namespace(**{**vars(_args(script)), "multi_gpu": True, "num_processes": 2})
+    assert launch_args.flag_settings(by_hand) == {
+        "distributed_type": ("MULTI_GPU", "--multi_gpu"),
+        "num_processes": (2, "--num_processes"),
+    }
+
+
+def test_launch_help_shows_one_spelling_per_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["launch", "-h"])
+    out = capsys.readouterr().out
+    assert "--num_processes NUM_PROCESSES" in out and "--config_file CONFIG_FILE" in out
+    assert out.count("--num-processes") == 1, "named once, in the description that says hyphens work"
+    assert "--config-file" not in out and "--fsdp-sync-module-states" not in out
 
 
 def test_launch_help_groups_options(capsys):
@@ -231,7 +266,7 @@ def test_missing_script_and_programs(tmp_path, script, monkeypatch):
         (
             ["--zero_stage", "5"],
             ConfigError,
-            r"flag --zero_stage: deepspeed_config\.zero_stage='5' is not valid; expected one of: 0, 1, 2, 3",
+            r"flag --zero_stage: deepspeed_config\.zero_stage=5 is not valid; expected one of: 0, 1, 2, 3",
         ),
         (
             ["--mixed_precision", "fp8", "--fp8_backend", "msamp"],

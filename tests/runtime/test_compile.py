@@ -2,6 +2,7 @@
 model compiled by ``Accelerator(dynamo_backend=...)`` that trains, saves and reloads with clean names."""
 
 import sys
+from types import MethodType
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from hasten import Accelerator
 from hasten.enums import DynamoBackend
 from hasten.errors import ConfigError
 from hasten.plugins.dynamo import TorchDynamoPlugin, build_dynamo_plugin
-from hasten.runtime.compilation import compile_model, compile_regions
+from hasten.runtime.compilation import compile_model, compile_regions, compile_regions_fsdp2
 from hasten.runtime.wrappers import extract_model_from_parallel, has_compiled_regions, is_compiled_module
 
 sys.path.insert(0, str(SCRIPTS))
@@ -91,17 +92,53 @@ def test_compiled_models_unwrap_to_the_original():
 def test_regional_compilation_compiles_repeated_blocks_in_place():
     model = make_model()
     names = list(model.state_dict())
-    assert compile_regions(model, backend="eager") is model and has_compiled_regions(model)
+    assert compile_regions_fsdp2(model, backend="eager") is model and has_compiled_regions(model)
     assert all(layer._compiled_call_impl is not None for layer in model.layers) and model._compiled_call_impl is None
     assert list(model.state_dict()) == names, "in-place compilation keeps parameter names"
     tokens = batches(1)[0]
     assert torch.allclose(loss_fn(model, tokens), loss_fn(make_model(), tokens))
     flat = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
-    compile_regions(flat, backend="eager")
+    compile_regions_fsdp2(flat, backend="eager")
     assert flat._compiled_call_impl is not None, "without repeated blocks the whole model is compiled in place"
     assert compile_model(model, TorchDynamoPlugin(backend="eager")) is model, (
         "a model with compiled regions is not compiled again"
     )
+
+
+class _Tagged(torch.nn.Module):
+    """Blocks in a list and a plain head; forward records which object ran and what its first block is."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])
+        self.head = torch.nn.Linear(4, 2)
+        self.tag = "original"
+
+    def forward(self, x):
+        self.seen = (self.tag, type(self.blocks[0]).__name__)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_compile_regions_returns_a_compiled_twin_and_leaves_the_model_alone():
+    """As Accelerate's: a new object sharing the parameters, blocks wrapped by torch.compile, bound methods rebound."""
+    model = _Tagged()
+    model.forward = MethodType(lambda self, x: type(self).forward(self, x), model)
+    twin = compile_regions(model, backend="eager")
+    twin.tag = "twin"
+    assert twin is not model and type(twin) is _Tagged and twin.__dict__["forward"].__self__ is twin
+    assert all(is_compiled_module(block) for block in twin.blocks) and is_compiled_module(twin.head)
+    assert not has_compiled_regions(model) and model.blocks[0]._compiled_call_impl is None
+    x = torch.ones(1, 4)
+    assert torch.equal(twin(x), model.head(model.blocks[1](model.blocks[0](x))))
+    assert twin.seen == ("twin", "OptimizedModule") and not hasattr(model, "seen")
+    assert twin.blocks[0]._orig_mod.weight is model.blocks[0].weight
+    assert extract_model_from_parallel(twin) is twin
+    assert extract_model_from_parallel(twin, keep_torch_compile=False) is model
+    flat = torch.nn.Linear(4, 4)
+    whole = compile_regions(flat, backend="eager")
+    assert is_compiled_module(whole) and whole._orig_mod is flat
 
 
 @pytest.mark.parametrize("regional", [False, True])

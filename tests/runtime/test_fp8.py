@@ -180,7 +180,9 @@ def test_fp8_under_fsdp2_and_compile_on_two_processes_started_by_hasten_launch()
         "--fp8_backend",
         "ao",
         "--fp8_enable_fsdp_float8_all_gather",
+        "true",
         "--fp8_pad_inner_dim",
+        "true",
         "--dynamo_backend",
         "aot_eager",
     )

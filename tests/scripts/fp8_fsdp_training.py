@@ -1,6 +1,6 @@
 """fp8 (torchao float8; emulated on the CPU, real on a GPU with fp8 units) under FSDP2, started by
-``hasten launch --use_fsdp --mixed_precision fp8 --fp8_backend ao --fp8_enable_fsdp_float8_all_gather
---fp8_pad_inner_dim`` (and, with
+``hasten launch --use_fsdp --mixed_precision fp8 --fp8_backend ao --fp8_enable_fsdp_float8_all_gather true
+--fp8_pad_inner_dim true`` (and, with
 ``--dynamo_backend``, compiled after sharding) on 2 CPU processes in the tests, on 1 GPU in bench/device_check.sh.
 Checks, exiting non-zero on the first failure:
 

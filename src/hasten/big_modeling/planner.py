@@ -204,7 +204,11 @@ class _Planner:
                 self.queue = [(found, part), (name, module)] + rest
                 return
         if self.used[device] == 0:
-            logger.info("No module could be assigned to %s: %s bytes would be needed.", device, total + reserved)
+            logger.info(
+                "No module could be assigned to %s for insufficient memory: %s bytes would be needed.",
+                device,
+                total + reserved,
+            )
         self._say(
             f"{name!r} ({total} bytes) cannot be split and does not fit on {device!r}: moving to the next device."
         )

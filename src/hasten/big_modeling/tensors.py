@@ -212,9 +212,11 @@ def _checked_value(tensor_name: str, old: torch.Tensor, value, dtype, non_blocki
     if not isinstance(value, torch.Tensor):
         raise ValueTypeError(f"Cannot set {tensor_name!r} from a {type(value).__name__}: pass a torch.Tensor as value.")
     if old.shape != value.shape:
+        # The message is Accelerate's word for word: callers compare it as text.
+        short_name = tensor_name.rsplit(".", 1)[-1]
         raise ConfigError(
-            f"Cannot set {tensor_name!r}: the new value has shape {tuple(value.shape)} but the tensor has shape "
-            f"{tuple(old.shape)}. Check that the checkpoint matches this model's configuration."
+            f'Trying to set a tensor of shape {value.shape} in "{short_name}" (which has shape {old.shape}), '
+            "this looks incorrect."
         )
     if dtype is None:
         return value.to(old.dtype, non_blocking=non_blocking)

@@ -39,12 +39,13 @@ from ..errors import ConfigError, HastenError, NotSupportedError, did_you_mean, 
 from ..launchers import check_port_free
 from ..settings.engines import Engine
 from ..settings.fp8 import unsupported_backend
-from .launch_args import add_launch_arguments, flag_settings
+from .launch_args import HelpFormatter, add_launch_arguments, flag_settings
 from .launch_plan import LaunchPlan, parse_rdzv_conf
 
 DESCRIPTION = (
     "Start a training script on one or many processes and machines, with the settings of the config file and the flags."
 )
+_SPELLINGS = "Every option also takes hyphens for its underscores: --num-processes 2 is --num_processes 2."
 _ALWAYS_SHOWN = ("distributed_type", "num_processes", "mixed_precision", "debug")
 
 
@@ -53,9 +54,10 @@ def add_parser(subparsers, help_text: str) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
         "launch",
         help=help_text,
-        description=DESCRIPTION,
+        description=f"{DESCRIPTION} {_SPELLINGS}",
         usage="%(prog)s [options] training_script [script arguments]",
         allow_abbrev=False,
+        formatter_class=HelpFormatter,
     )
     # Read by hasten's own parser class; harmless on the plain parser of a caller's subparsers (trl's CLI).
     parser.missing_arguments_help = (
@@ -74,9 +76,10 @@ def launch_command_parser(subparsers=None) -> argparse.ArgumentParser:
         return add_parser(subparsers, DESCRIPTION)
     parser = argparse.ArgumentParser(
         "hasten launch",
-        description=DESCRIPTION,
+        description=f"{DESCRIPTION} {_SPELLINGS}",
         usage="hasten launch [options] training_script [script arguments]",
         allow_abbrev=False,
+        formatter_class=HelpFormatter,
     )
     add_launch_arguments(parser)
     return parser
@@ -441,8 +444,7 @@ def plan_partial_launch(args: argparse.Namespace) -> LaunchPlan:
     take their defaults, as if left out on the command line; a namespace without a script plans no command)."""
     complete = vars(launch_command_parser().parse_args(["-"]))
     complete["training_script"] = None
-    for name, value in vars(args).items():  # Accelerate's namespaces say False for a switch left out, hasten's None
-        complete[name] = None if value is False and complete.get(name, False) is None else value
+    complete.update(vars(args))
     return prepare_launch(argparse.Namespace(**complete))
 
 

@@ -7,9 +7,13 @@ The options are the launch table's rows (:mod:`hasten.settings.launch`, in its o
 switches come first, then the launch table's options, then the sections' ones; a section with a group of its own
 comes after the launch table's groups, in the order of :data:`hasten.config.SECTIONS`.
 
-Every flag accepts the ``_`` and the ``-`` spelling. Flags that fill a config setting are parsed as
-plain strings and checked by :func:`hasten.config.resolve_settings`, so a bad value gets the same
-message whether it came from a flag, the config file or the environment.
+Every flag accepts the ``_`` and the ``-`` spelling (``-h`` shows the first). A flag left off the command line
+holds the value Accelerate's launch parser gives it (a row's ``flag_default``: ``False`` for a switch that chooses
+the distributed type or an engine, ``"true"`` for ``--fsdp_sync_module_states``); what was given is recorded in
+the namespace's ``nondefault`` set, as Accelerate records it, so that only given flags override the config file.
+Flags that fill a config setting are parsed as text (numbers as numbers) and checked by
+:func:`hasten.config.resolve_settings`, so a bad value gets the same message whether it came from a flag, the
+config file or the environment.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ..settings.launch import LAUNCH, PARADIGM
 
 _BOOL = "{true,false}"
 _TYPES = {"int": int, "float": float}
+GIVEN = "nondefault"
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +36,8 @@ class Flag:
     """One ``hasten launch`` option.
 
     ``path`` is the dotted config setting it fills (None for launch-only options); a ``switch`` takes
-    no value and stores ``const`` (default True).
+    no value and stores True; a switch that ``chooses`` fills ``distributed_type`` with that value. ``default``
+    is the value when the flag is left off, ``type`` parses its text (None: kept as text).
     """
 
     name: str
@@ -39,11 +45,12 @@ class Flag:
     help: str
     path: str | None = None
     switch: bool = False
-    const: object = True
+    chooses: str | None = None
     short: str | None = None
-    type: type = str
+    type: object = None
     metavar: str | None = None
     lower: bool = False
+    default: object = None
 
 
 def _row_flag(table: Section, row: Setting) -> Flag:
@@ -51,20 +58,20 @@ def _row_flag(table: Section, row: Setting) -> Flag:
     without key, is an option of the launch alone (typed by its kind)."""
     name, group, text = row.flag_name, row.group or table.group, row.flag_help
     if row.chooses is not None:
-        return Flag(name, group, text, "distributed_type", switch=True, const=row.chooses, short=row.short)
+        return Flag(name, group, text, "distributed_type", True, row.chooses, row.short, default=False)
+    kind = row.flag_type or _TYPES.get(row.kind)
     if not row.key:
-        kind = _TYPES.get(row.kind, str)
-        return Flag(name, group, text, switch=row.switch, short=row.short, type=kind, metavar=row.metavar)
+        return Flag(name, group, text, None, row.switch, None, row.short, kind, row.metavar, default=row.flag_default)
     metavar = row.metavar or (_BOOL if row.kind == "bool" and not row.switch else None)
     path = table.path(row)
-    return Flag(name, group, text, path, switch=row.switch, short=row.short, metavar=metavar, lower=row.lower)
+    return Flag(name, group, text, path, row.switch, None, row.short, kind, metavar, row.lower, row.flag_default)
 
 
 def _flags() -> tuple[Flag, ...]:
     """Every option, by ``-h`` group (the launch table's groups, then the sections' own ones); within a group the
     engines' switches first, then the launch table's options, then the sections'."""
     switches = [
-        Flag(engine.flag, PARADIGM, engine.flag_help, "distributed_type", switch=True, const=engine.distributed_type)
+        Flag(engine.flag, PARADIGM, engine.flag_help, "distributed_type", True, engine.distributed_type, default=False)
         for engine in environment.ENGINES
         if engine.flag
     ]
@@ -85,6 +92,29 @@ def _metavar(flag: Flag) -> str | None:
     return "{" + ",".join(str(c).lower() if flag.lower else str(c) for c in choices) + "}" if choices else None
 
 
+class _Given(argparse.Action):
+    """Store the flag's value (True for a switch) and record the flag as given in ``namespace.nondefault``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, self.const if self.nargs == 0 else values)
+        given = getattr(namespace, GIVEN, None)
+        if given is None:
+            given = set()
+            setattr(namespace, GIVEN, given)
+        given.add(self.dest)
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """``-h`` lists each option under its first spelling only (``--num_processes``, not ``--num-processes``)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        shown = [name for name in action.option_strings if "-" not in name[2:]]
+        copy = argparse.Action(shown, action.dest, action.nargs, metavar=action.metavar, choices=action.choices)
+        return super()._format_action_invocation(copy)
+
+
 def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
     """Add every launch flag (grouped) and the script positionals to ``parser``."""
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -95,23 +125,36 @@ def add_launch_arguments(parser: argparse.ArgumentParser) -> None:
             names.append(f"--{flag.name.replace('_', '-')}")
         if flag.short:
             names.insert(0, flag.short)
-        if flag.switch:
-            group.add_argument(
-                *names, dest=flag.name, action="store_const", const=flag.const, default=None, help=flag.help
-            )
-        else:
-            group.add_argument(
-                *names, dest=flag.name, default=None, type=flag.type, metavar=_metavar(flag), help=flag.help
-            )
+        options = {"nargs": 0, "const": True} if flag.switch else {"type": flag.type, "metavar": _metavar(flag)}
+        group.add_argument(*names, dest=flag.name, action=_Given, default=flag.default, help=flag.help, **options)
     parser.add_argument(
         "training_script", help="The script (or module, with -m) to run in every process, followed by its arguments."
     )
     parser.add_argument("training_script_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 
+def given_flags(args: argparse.Namespace) -> set[str]:
+    """The launch flags ``args`` holds as given: those recorded in ``args.nondefault`` by the parser, and any other
+    set to a value other than its default (a namespace built by hand, or changed after parsing; a switch set to
+    False counts as left off)."""
+    given = set(getattr(args, GIVEN, None) or ())
+    for flag in FLAGS:
+        left_off = _left_off(flag)
+        value = getattr(args, flag.name, left_off)
+        if value is not None and value != left_off and not (flag.switch and value is False):
+            given.add(flag.name)
+    return given
+
+
+def _left_off(flag: Flag) -> object:
+    """The flag's value when left off: its default, parsed by its type when the default is text (as argparse does)."""
+    return flag.type(flag.default) if flag.type is not None and isinstance(flag.default, str) else flag.default
+
+
 def flag_settings(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
     """Config settings given on the command line: dotted path -> (raw value, ``--flag``)."""
-    given = [name for name in _CHOOSERS if getattr(args, name) is not None]
+    named = given_flags(args)
+    given = [name for name in _CHOOSERS if name in named]
     if len(given) > 1 or (given and given[0] == "multi_gpu" and args.cpu):
         from ..errors import ConfigError
 
@@ -120,7 +163,7 @@ def flag_settings(args: argparse.Namespace) -> dict[str, tuple[object, str]]:
         raise ConfigError(f"Pass at most one of {names}; got {', '.join('--' + n for n in chosen)}.")
     settings: dict[str, tuple[object, str]] = {}
     for flag in FLAGS:
-        value = getattr(args, flag.name)
-        if flag.path is not None and value is not None:
+        if flag.path is not None and flag.name in named:
+            value = flag.chooses if flag.chooses is not None else getattr(args, flag.name)
             settings[flag.path] = (value, f"--{flag.name}")
     return settings

@@ -1,12 +1,15 @@
 """``torch.compile`` for prepared models: the whole model, or each repeated block in place (regional compilation).
 
 Whole-model compilation returns torch's ``OptimizedModule`` wrapper (``unwrap_model`` removes it and
-every state dict hasten writes is keyed by the original names). Regional compilation compiles each
-block of an ``nn.ModuleList`` of identical layers in place with ``nn.Module.compile``, so the model keeps
-its class, its attributes and its parameter names: there is no ``_orig_mod.`` anywhere to strip.
+every state dict hasten writes is keyed by the original names). The Accelerator's regional compilation
+compiles each block of an ``nn.ModuleList`` of identical layers in place with ``nn.Module.compile``, so the
+model keeps its class, its attributes and its parameter names: there is no ``_orig_mod.`` anywhere to strip.
+:func:`compile_regions`, called by hand, returns a compiled twin of the model as Accelerate's does.
 """
 
 from __future__ import annotations
+
+from types import MethodType
 
 import torch
 
@@ -31,7 +34,7 @@ def compile_model(model: torch.nn.Module, dynamo_plugin: TorchDynamoPlugin | Non
     kwargs = dynamo_plugin.compile_kwargs()
     _check_backend(kwargs["backend"])
     if dynamo_plugin.use_regional_compilation:
-        return compile_regions(model, **kwargs)
+        return _compile_in_place(model, **kwargs)
     return torch.compile(model, **kwargs)
 
 
@@ -56,20 +59,51 @@ def _repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def compile_regions(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
-    """Compile each repeated block of ``module`` in place; the whole module in place when it has none.
+    """A twin of ``module`` whose repeated blocks are compiled, each on its own (the whole twin compiled when it
+    has none); ``module`` itself is left as it was.
 
-    Repeated blocks are the layers of an ``nn.ModuleList`` whose items share one class (the decoder
-    layers of a transformer); they are compiled once and the compiled code is reused for every layer,
-    so compilation is much faster than for the whole model. Compilation is in place
-    (``nn.Module.compile``): ``module`` keeps its class, attributes and state dict keys.
+    Repeated blocks are the items of an ``nn.ModuleList`` of one class (:func:`is_repeated_blocks`, the decoder
+    layers of a transformer): each becomes a ``torch.compile`` wrapper, and the compiled code of the first is
+    reused for the others, so compilation is much faster than for the whole model. The twin is a new object of
+    ``module``'s class that shares its parameters, buffers and attributes; methods bound to ``module`` (a
+    patched ``forward``) are bound to the twin, and ``twin.__dict__["_orig_mod"]`` is ``module``, so
+    ``unwrap_model(twin, keep_torch_compile=False)`` returns it. ``Accelerator.prepare`` compiles in place instead
+    (:func:`compile_regions_fsdp2`), which keeps the model's object and parameter names.
 
     Args:
         module: the model.
         **compile_kwargs: keyword arguments of ``torch.compile`` (``backend``, ``mode``, ``fullgraph``, ...).
 
     Returns:
-        ``module`` itself.
+        The twin (``torch.compile``'s wrapper of ``module`` when it holds no repeated blocks).
     """
+    twin = _compiled_twin(module, compile_kwargs)
+    twin.__dict__.setdefault("_orig_mod", module)
+    return twin
+
+
+def _compiled_twin(module: torch.nn.Module, compile_kwargs: dict) -> torch.nn.Module:
+    if is_repeated_blocks(module):
+        return torch.nn.ModuleList(torch.compile(block, **compile_kwargs) for block in module)
+    if not has_repeated_blocks(module):
+        return torch.compile(module, **compile_kwargs)
+    twin = type(module).__new__(type(module))
+    twin.__dict__.update(module.__dict__)
+    for name, value in module.__dict__.items():
+        if isinstance(value, MethodType) and value.__self__ is module:
+            twin.__dict__[name] = MethodType(value.__func__, twin)
+    twin.__dict__["_parameters"] = dict(module._parameters)
+    twin.__dict__["_buffers"] = dict(module._buffers)
+    twin.__dict__["_modules"] = {
+        name: None if child is None else _compiled_twin(child, compile_kwargs)
+        for name, child in module._modules.items()
+    }
+    return twin
+
+
+def _compile_in_place(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
+    """Compile each repeated block of ``module`` in place (``nn.Module.compile``), the whole module when it has
+    none: ``module`` keeps its class, attributes and state dict keys."""
     blocks = _repeated_blocks(module)
     for block in blocks or [module]:
         block.compile(**compile_kwargs)
@@ -77,13 +111,16 @@ def compile_regions(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Modul
 
 
 def compile_regions_deepspeed(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
-    """:func:`compile_regions` for a model inside a DeepSpeed engine (compilation is in place, so no difference)."""
-    return compile_regions(module, **compile_kwargs)
+    """Regional compilation in place, for a model inside a DeepSpeed engine: each repeated block of ``module`` (the
+    whole module when it has none) is compiled with ``nn.Module.compile``; returns ``module``."""
+    return _compile_in_place(module, **compile_kwargs)
 
 
 def compile_regions_fsdp2(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
-    """:func:`compile_regions` for a model sharded with FSDP2 (compilation is in place, so no difference)."""
-    return compile_regions(module, **compile_kwargs)
+    """Regional compilation in place, for a model sharded with FSDP2 (hooks that ``fully_shard`` adds later still
+    run): each repeated block of ``module`` (the whole module when it has none) is compiled with
+    ``nn.Module.compile``; returns ``module``."""
+    return _compile_in_place(module, **compile_kwargs)
 
 
 def is_repeated_blocks(module: torch.nn.Module) -> bool:

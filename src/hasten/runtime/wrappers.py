@@ -1,7 +1,8 @@
 """Recognising and removing the wrappers hasten and torch put around a model (DDP, DeepSpeed, compile, autocast).
 
-FSDP2 adds no wrapper (``fully_shard`` shards the model in place), and regional compilation
-(:func:`hasten.runtime.compilation.compile_regions`) compiles blocks in place, so neither needs unwrapping.
+FSDP2 adds no wrapper (``fully_shard`` shards the model in place), and the Accelerator's regional compilation
+compiles blocks in place, so neither needs unwrapping; the twin that
+:func:`hasten.runtime.compilation.compile_regions` returns unwraps to the module it was made from.
 """
 
 from __future__ import annotations
@@ -65,8 +66,8 @@ def extract_model_from_parallel(
         keep_fp32_wrapper: keep the autocast forward installed by mixed precision (False restores the
             original forward, e.g. for saving or for inference in full precision).
         keep_torch_compile: return the model compiled (a ``torch.compile`` wrapper whose ``_orig_mod`` is
-            the user's model) when it was compiled; False returns the original module itself, whose
-            ``state_dict()`` keys carry no ``_orig_mod.`` prefix.
+            the user's model, or the twin made by ``compile_regions``) when it was compiled; False returns the
+            original module itself, whose ``state_dict()`` keys carry no ``_orig_mod.`` prefix.
         recursive: also unwrap DDP wrappers found inside the model.
 
     Unlike Accelerate, unwrapping never modifies the wrappers the training loop goes through: when the
@@ -74,6 +75,9 @@ def extract_model_from_parallel(
     returns a separate compiled wrapper around the model.
     """
     compiled = None
+    regional = model if _is_regional_twin(model) else None
+    if regional is not None:
+        model = model.__dict__["_orig_mod"]
     while True:
         if is_compiled_module(model):
             compiled = compiled if compiled is not None else model
@@ -91,9 +95,22 @@ def extract_model_from_parallel(
     if not keep_fp32_wrapper:
         Precision.unwrap_forward(model)
         _restore_original_forward(model)
+    if keep_torch_compile and regional is not None:
+        return regional
     if keep_torch_compile and compiled is not None:
         return compiled if compiled._orig_mod is model else _compiled_view(compiled, model)
     return model
+
+
+def _is_regional_twin(model) -> bool:
+    """Whether ``model`` was returned by :func:`hasten.runtime.compilation.compile_regions`: a module with compiled
+    parts that keeps the module it was made from as ``__dict__["_orig_mod"]``."""
+    return (
+        isinstance(model, torch.nn.Module)
+        and not is_compiled_module(model)
+        and "_orig_mod" in model.__dict__
+        and has_compiled_regions(model)
+    )
 
 
 def _restore_original_forward(model) -> None:

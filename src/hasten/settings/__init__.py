@@ -68,6 +68,11 @@ class Setting:
         short: the option's one-letter spelling (``-q``).
         metavar: how the help shows the option's value.
         chooses: the option is a switch that sets ``distributed_type`` to this value (``--multi_gpu``).
+        flag_default: the option's value in the parsed flags when it is left off the command line (what
+            Accelerate's launch parser gives there, text included: ``"true"`` for an FSDP option); such a value is
+            never taken as given, so the config file, the environment and the plugin's ``fallback`` still apply.
+        flag_type: how the option's text is parsed (default: ``int`` for an ``int`` kind, ``float`` for a ``float``
+            one, else the text as given).
 
     A row with neither ``key`` nor variable but with a ``flag`` is an option of ``hasten launch`` alone
     (``--quiet``, ``--max_restarts``): an ``int`` or ``float`` one is parsed as such.
@@ -91,6 +96,8 @@ class Setting:
     short: str | None = None
     metavar: str | None = None
     chooses: str | None = None
+    flag_default: Any = None
+    flag_type: Any = None
 
     @property
     def env_name(self) -> str | None:

@@ -7,12 +7,12 @@
 from __future__ import annotations
 
 from . import Question, Section, Setting
+from .values import AUTO, float_or_auto  # AUTO: DeepSpeed's "fill this from the script" value
 
 _ZERO = "zero"
 _STAGE_2_OR_3 = ("zero_stage", (2, 3))
 
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
-AUTO = "auto"  # DeepSpeed's "fill this from the script" value
 DEEPSPEED_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
 
 DEEPSPEED = Section(
@@ -37,6 +37,7 @@ DEEPSPEED = Section(
             env="DEEPSPEED_ZERO_STAGE",
             env_help="DeepSpeed ZeRO stage",
             flag_help="ZeRO stage.",
+            flag_type=int,
             field="zero_stage",
             fallback=2,
             question=Question("What should be your DeepSpeed's ZeRO optimization stage?", 2, stage=_ZERO),
@@ -110,6 +111,7 @@ DEEPSPEED = Section(
             "float_or_auto",
             env_help="DeepSpeed gradient clipping",
             flag_help="Gradient clipping value.",
+            flag_type=float_or_auto,
             field="gradient_clipping",
             fallback=AUTO,
             question=Question("What is the gradient clipping value?", 1.0, stage="clipping"),

@@ -40,6 +40,7 @@ DYNAMO = Section(
             lower=True,
             field="mode",
             fallback="default",
+            flag_default="default",
             question=Question("Which mode do you want to use?", "default", step=1, stage=_CUSTOM),
         ),
         Setting(
@@ -48,6 +49,7 @@ DYNAMO = Section(
             env_help="torch.compile fullgraph",
             flag_help="torch.compile with fullgraph=True.",
             switch=True,
+            flag_default=False,
             field="fullgraph",
             fallback=False,
             question=Question(
@@ -62,6 +64,7 @@ DYNAMO = Section(
             env_help="torch.compile dynamic",
             flag_help="torch.compile with dynamic=True.",
             switch=True,
+            flag_default=False,
             field="dynamic",
             question=Question("Do you want to enable dynamic shape tracing?", step=3, stage=_CUSTOM),
         ),
@@ -71,6 +74,7 @@ DYNAMO = Section(
             env_help="compile repeated blocks one at a time",
             flag_help="Compile repeated blocks one at a time.",
             switch=True,
+            flag_default=False,
             field="use_regional_compilation",
             fallback=False,
             question=Question(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..errors import NotSupportedError
 from . import Question, Section, Setting
+from .values import bool_triple, str_to_bool
 
 FP8_BACKENDS = ("TE", "MSAMP", "AO")
 FP8_FORMATS = ("HYBRID", "E4M3", "E5M2")
@@ -42,6 +43,7 @@ FP8 = Section(
             flag="fp8_use_autocast_during_eval",
             flag_help="Keep FP8 autocast in eval mode.",
             switch=True,
+            flag_default=False,
         ),
         Setting(
             "margin",
@@ -50,6 +52,7 @@ FP8 = Section(
             env_help="fp8 scaling margin",
             flag="fp8_margin",
             flag_help="Margin of the scaling factor.",
+            flag_default=0,
         ),
         Setting(
             "interval",
@@ -58,6 +61,7 @@ FP8 = Section(
             env_help="fp8 scaling update interval",
             flag="fp8_interval",
             flag_help="Steps between scaling factor updates.",
+            flag_default=1,
         ),
         Setting(
             "fp8_format",
@@ -65,6 +69,7 @@ FP8 = Section(
             FP8_FORMATS,
             env_help="fp8 format (HYBRID, E4M3, E5M2)",
             flag_help="FP8 format: HYBRID, E4M3 or E5M2.",
+            flag_default="HYBRID",
         ),
         Setting(
             "amax_history_length",
@@ -73,6 +78,7 @@ FP8 = Section(
             env_help="fp8 amax history length",
             flag="fp8_amax_history_len",
             flag_help="Length of the amax history.",
+            flag_default=1024,
         ),
         Setting(
             "amax_compute_algorithm",
@@ -82,6 +88,7 @@ FP8 = Section(
             env_help="fp8 amax algorithm (max, most_recent)",
             flag="fp8_amax_compute_algo",
             flag_help="Amax algorithm: max or most_recent.",
+            flag_default="most_recent",
         ),
         Setting(
             "override_linear_precision",
@@ -89,6 +96,8 @@ FP8 = Section(
             env=None,
             flag="fp8_override_linear_precision",
             flag_help="Higher precision for fprop, dgrad, wgrad, e.g. false,false,true.",
+            flag_default=(False, False, False),
+            flag_type=bool_triple,
         ),
         Setting(
             "optimization_level",
@@ -98,6 +107,7 @@ FP8 = Section(
             env_help="MS-AMP optimisation level (O1, O2)",
             flag="fp8_opt_level",
             flag_help="MS-AMP optimization level: O1 or O2.",
+            flag_default="O2",
         ),
         Setting(
             "enable_fsdp_float8_all_gather",
@@ -106,7 +116,8 @@ FP8 = Section(
             env_help="all-gather FSDP parameters in fp8",
             flag="fp8_enable_fsdp_float8_all_gather",
             flag_help="All-gather in float8 under FSDP (torchao).",
-            switch=True,
+            flag_default="true",
+            flag_type=str_to_bool,
             field="enable_fsdp_float8_all_gather",
             fallback=True,
             question=Question(
@@ -123,7 +134,8 @@ FP8 = Section(
             env_help="pad inner dimensions for fp8 matmuls",
             flag="fp8_pad_inner_dim",
             flag_help="Pad inner dimensions for float8 matmuls (torchao).",
-            switch=True,
+            flag_default="true",
+            flag_type=str_to_bool,
             field="pad_inner_dim",
             fallback=True,
             question=Question(

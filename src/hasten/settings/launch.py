@@ -88,6 +88,7 @@ _HARDWARE_ROWS = (
         flag="cpu",
         flag_help="Train on the CPU even when GPUs are present.",
         switch=True,
+        flag_default=False,
         default=False,
         group=HARDWARE,
         question=Question("Do you want to run your training on CPU only (even if a GPU is available)?"),
@@ -129,6 +130,7 @@ _RESOURCE_ROWS = (
         env_help="pin each process to the CPUs of its NUMA node",
         flag_help="Pin each process to the CPUs of its NUMA node.",
         switch=True,
+        flag_default=False,
         default=False,
         group=RESOURCES,
         question=Question("Would you like to enable numa efficiency? (Currently only supported on NVIDIA hardware)."),
@@ -151,6 +153,7 @@ _DISTRIBUTED_ROWS = (
         "bool",
         flag_help="All machines are on the same local network.",
         switch=True,
+        flag_default=False,
         default=False,
         group=DISTRIBUTED,
         question=Question(
@@ -181,26 +184,32 @@ _DISTRIBUTED_ROWS = (
         question=Question("What is the port you will use to communicate with the main process?", 29500),
     ),
     _option(
-        "tee", DISTRIBUTED, "Also write the processes' output to files: 0 none, 1 stdout, 2 stderr, 3 both.", short="-t"
+        "tee",
+        DISTRIBUTED,
+        "Also write the processes' output to files: 0 none, 1 stdout, 2 stderr, 3 both.",
+        short="-t",
+        flag_default="0",
     ),
     _option("log_dir", DISTRIBUTED, "Folder for the processes' log files (with --tee)."),
-    _option("role", DISTRIBUTED, "Role name of the workers."),
+    _option("role", DISTRIBUTED, "Role name of the workers.", flag_default="default"),
     _keyed(
         "rdzv_backend",
         "choice",
         RDZV_BACKENDS,
         flag_help="Rendezvous backend: static (default) or c10d, etcd, etcd-v2.",
         default="static",
+        flag_default="static",
         group=DISTRIBUTED,
         question=Question("What rendezvous backend will you use?", "static"),
     ),
-    _option("rdzv_conf", DISTRIBUTED, "Extra rendezvous settings, as key1=value1,key2=value2."),
+    _option("rdzv_conf", DISTRIBUTED, "Extra rendezvous settings, as key1=value1,key2=value2.", flag_default=""),
     _option(
         "max_restarts",
         DISTRIBUTED,
         "Restarts of the whole group of processes before giving up (default 0).",
         "int",
         metavar="N",
+        flag_default=0,
     ),
     _option(
         "requeue_on_preemption",
@@ -214,6 +223,7 @@ _DISTRIBUTED_ROWS = (
         "Seconds between checks of the processes' state (default 0.1).",
         "float",
         metavar="S",
+        flag_default=0.1,
     ),
 )
 _FILE_ONLY_ROWS = (

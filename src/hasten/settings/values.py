@@ -7,6 +7,7 @@ from typing import Any
 
 from ..errors import ConfigError, did_you_mean
 
+AUTO = "auto"
 _TRUE = {"1", "true", "yes", "y", "on"}
 _FALSE = {"0", "false", "no", "n", "off", ""}
 
@@ -20,6 +21,17 @@ def str_to_bool(value: str, to_bool: bool = False) -> int | bool:
     if text in _FALSE:
         return False if to_bool else 0
     raise ConfigError(f"Expected a boolean (1/0, true/false, yes/no), got {value!r}.")
+
+
+def bool_triple(text: str) -> tuple[int, ...]:
+    """Comma-separated booleans (``"false,false,true"``) as a tuple of 1s and 0s (how the
+    ``--fp8_override_linear_precision`` option reads its value)."""
+    return tuple(str_to_bool(part) for part in str(text).split(","))
+
+
+def float_or_auto(text: str) -> float | str:
+    """``"auto"`` as given, any other text as a float (how the ``--gradient_clipping`` option reads its value)."""
+    return AUTO if str(text).strip().lower() == AUTO else float(text)
 
 
 class Invalid(Exception):
@@ -98,7 +110,7 @@ def convert(value: Any, meta: dict) -> Any:
     if kind == "float":
         return _as_float(value)
     if kind == "float_or_auto":
-        return "auto" if str(value).lower() == "auto" else _as_float(value)
+        return AUTO if str(value).lower() == AUTO else _as_float(value)
     if kind == "choice":
         return as_choice(value, choices)
     if kind == "bool_or_strategy":
