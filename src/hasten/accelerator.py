@@ -360,6 +360,7 @@ class Accelerator(
             use_seedable_sampler=config.use_seedable_sampler,
             data_seed=config.data_seed,
             non_blocking=config.non_blocking,
+            use_stateful_dataloader=config.use_stateful_dataloader,
         )
         self._dataloaders.append(prepared)
         return _mark_prepared(prepared)

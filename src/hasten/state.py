@@ -105,6 +105,8 @@ class PartialState(ProcessControl):
         self.distributed_type = self._distributed_type()
         if self.distributed_type == DistributedType.MULTI_CPU:
             self._set_cpu_threads()
+            if self.device == torch.device("cpu"):
+                self.device = torch.device("cpu", 0)  # Accelerate's device of a CPU process in a multi-process job
         self.initialized = True
 
     def _init_process_group(self, kwargs: dict) -> None:

@@ -134,6 +134,7 @@ def test_trainer_accumulates_evaluates_rotates_and_resumes_to_the_same_weights(t
         assert (
             result["accelerate_version"] == "1.15.0" and result["accelerator_class"] == "hasten.accelerator.Accelerator"
         )
+        assert result["devices"] == ["cpu:0", "cpu:0"]  # Accelerate's device of a multi-process CPU job
         assert (result["stopped_at"], result["global_step"], result["straight_global_step"]) == (8, 12, 12)
         assert result["resumed_steps_logged"] == [9, 10, 11, 12]
         assert result["eval_steps"] == {"straight": [4, 8, 12], "resumed": [4, 8, 12]}

@@ -254,3 +254,17 @@ def test_a_plain_loader_after_skip_first_batches_prepares_with_dispatch_and_pick
     prepared = accelerator.prepare(skipped)
     assert [batch[0].tolist() for batch in prepared] == [[i] for i in range(2, 10)]
     assert len(pickle.loads(pickle.dumps(accelerator))._dataloaders) == 1
+
+
+def test_prepared_loaders_carry_the_use_stateful_dataloader_they_were_prepared_with():
+    from hasten import Accelerator, DataLoaderConfiguration
+    from hasten.data_loader import DataLoaderShard
+
+    loader = DataLoader(range(8), batch_size=2)
+    assert prepare_data_loader(loader).use_stateful_dataloader is False
+    assert prepare_data_loader(loader, use_stateful_dataloader=True).use_stateful_dataloader is True
+    assert DataLoaderShard(range(8), batch_size=2).use_stateful_dataloader is False
+    for stateful in (False, True):
+        config = DataLoaderConfiguration(use_stateful_dataloader=stateful, dispatch_batches=stateful)
+        prepared = Accelerator(cpu=True, dataloader_config=config).prepare(loader)
+        assert prepared.use_stateful_dataloader is stateful

@@ -118,6 +118,7 @@ def part_trainer(folder: Path) -> dict:
     return {
         "accelerate_version": accelerate.__version__,
         "accelerator_class": f"{type(straight.accelerator).__module__}.{type(straight.accelerator).__name__}",
+        "devices": [str(straight.args.device), str(straight.accelerator.device)],
         "stopped_at": stopped_at,
         "global_step": resumed.state.global_step,
         "straight_global_step": straight.state.global_step,

@@ -84,6 +84,7 @@ class DataLoaderStateMixin:
     """
 
     base_dataloader = _ItselfOnInstances()
+    use_stateful_dataloader = False  # Accelerate's attribute; prepare_data_loader records the value it was given
 
     def _init_state(self) -> None:
         self.gradient_state = GradientState()

@@ -134,8 +134,9 @@ def prepare_data_loader(
             the last leaves the list when there is nothing to synchronise, as in Accelerate).
         dispatch_batches: None means True for an ``IterableDataset`` placed on the device, as in Accelerate.
         slice_fn_for_dispatch: how a dispatched global batch is cut (see :class:`DataLoaderDispatcher`).
-        use_stateful_dataloader, torch_device_mesh: accepted for compatibility: every prepared loader records
-            its position, and hasten's loaders shard by data-parallel rank only.
+        use_stateful_dataloader: recorded on the returned loader (its ``use_stateful_dataloader``), as in
+            Accelerate; every prepared loader records its position either way.
+        torch_device_mesh: accepted for compatibility: hasten's loaders shard by data-parallel rank only.
     """
     if not isinstance(dataloader, DataLoader):
         raise TypeError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}.")
@@ -147,7 +148,7 @@ def prepare_data_loader(
     device = device if put_on_device else None
     kwargs = _loader_kwargs(dataloader)
     if world > 1 and _user_sharded(dataloader):
-        return _keep_user_sharding(dataloader, world, device, non_blocking, kwargs)
+        return _recording(_keep_user_sharding(dataloader, world, device, non_blocking, kwargs), use_stateful_dataloader)
     sampler = get_sampler(dataloader)
     seedable = (
         _seedable_sampler(sampler, data_seed, world)
@@ -172,7 +173,13 @@ def prepare_data_loader(
         )
     if seedable is not None:
         _install_sampler(prepared, seedable)
-    return prepared
+    return _recording(prepared, use_stateful_dataloader)
+
+
+def _recording(loader, use_stateful_dataloader: bool):
+    """``loader`` carrying the ``use_stateful_dataloader`` it was prepared with, as Accelerate's loaders do."""
+    loader.use_stateful_dataloader = bool(use_stateful_dataloader)
+    return loader
 
 
 def _without_generator_sync(rng_types, generator):
