@@ -366,7 +366,8 @@ class Accelerator(
         return _mark_prepared(prepared)
 
     def skip_first_batches(self, dataloader, num_batches: int = 0):
-        """A view of ``dataloader`` whose next iteration starts at batch ``num_batches`` of the current epoch."""
+        """A loader whose iterations start at batch ``num_batches`` of the epoch: for a prepared one, a view of it (of
+        its class, sharing its epoch and position); see :func:`~hasten.data_loader.skip_first_batches`."""
         return skip_first_batches(dataloader, num_batches)
 
     def unwrap_model(

@@ -214,6 +214,24 @@ def test_skip_first_batches_is_absolute_and_saved_as_a_position():
     assert next(iter(loader))[0].tolist() == [12, 13]
 
 
+def test_skip_first_batches_returns_a_view_of_the_loader_that_records_its_position():
+    """The skipped loader is a DataLoaderShard sharing the prepared loader's state: a state taken while it is
+    iterated holds its position, and after its epoch the prepared loader is in the next one."""
+    from hasten.data_loader import DataLoaderShard, skip_first_batches
+
+    loader = build(1, n=12, batch_size=2, shuffle=False)[0]
+    view = skip_first_batches(loader, 2)
+    assert isinstance(view, DataLoaderShard) and isinstance(view, DataLoader) and len(view) == 4
+    assert view.batch_size == loader.batch_size and view.dataset is loader.dataset and view.sampler is loader.sampler
+    seen = []
+    for batch in view:
+        seen.append(batch[0].tolist())
+        if len(seen) == 1:
+            assert loader.state_dict()["batches_yielded"] == 3 and loader.state_dict()["samples"] == 6
+    assert seen == [[4, 5], [6, 7], [8, 9], [10, 11]] and loader.iteration == 1
+    assert [b[0].tolist() for b in view][0] == [4, 5], "each iteration of the view skips again, as in Accelerate"
+
+
 def test_ledger_counts_rounds_of_other_sizes():
     ledger = SampleLedger()
     ledger.reset(5)

@@ -4,12 +4,7 @@
 """
 
 from .dispatcher import DataLoaderDispatcher
-from .loaders import (
-    DataLoaderShard,
-    DataLoaderStateMixin,
-    SkipDataLoader,
-    skip_first_batches,
-)
+from .loaders import DataLoaderShard, DataLoaderStateMixin
 from .metrics import gather_for_metrics
 from .prepare import prepare_data_loader
 from .sharding import (
@@ -20,6 +15,7 @@ from .sharding import (
     SkipBatchSampler,
     get_sampler,
 )
+from .skipping import SkipDataLoader, skip_first_batches
 
 __all__ = [
     "BatchSamplerShard",

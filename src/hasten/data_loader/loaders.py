@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
-from torch.utils.data import BatchSampler, DataLoader, IterableDataset
+from torch.utils.data import BatchSampler, DataLoader
 
 from ..errors import ConfigError
 from ..runtime import preemption
@@ -29,7 +29,6 @@ from .sharding import (
     FinalRound,
     IterableDatasetShard,
     SeedableRandomSampler,
-    SkipBatchSampler,
     get_sampler,
 )
 
@@ -480,73 +479,3 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
             self._finish_epoch()
         finally:
             self.end()
-
-
-class SkipDataLoader(DataLoader):
-    """A ``DataLoader`` that skips its first ``skip_batches`` batches on each iteration."""
-
-    base_dataloader = _ItselfOnInstances()
-
-    def __init__(self, dataset, skip_batches: int = 0, **kwargs):
-        super().__init__(dataset, **kwargs)
-        self.skip_batches = skip_batches
-
-    def __iter__(self):
-        iterator = super().__iter__()
-        for _ in range(self.skip_batches):
-            if next(iterator, None) is None:
-                return
-        yield from iterator
-
-    def __len__(self) -> int:
-        return max(super().__len__() - self.skip_batches, 0)
-
-
-class _SkipView:
-    """What :func:`skip_first_batches` returns for a prepared loader: iterating it resumes the loader at a batch."""
-
-    def __init__(self, loader, num_batches: int):
-        self._loader = loader
-        self._num_batches = num_batches
-
-    def __iter__(self):
-        self._loader.skip_batches_next_epoch(self._num_batches)
-        return iter(self._loader)
-
-    def __len__(self) -> int:
-        return max(len(self._loader) - self._num_batches, 0)
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
-
-
-def skip_first_batches(dataloader, num_batches: int = 0):
-    """A loader whose next iteration starts at batch ``num_batches`` of the current epoch.
-
-    For a prepared loader the position is absolute: after ``load_state`` restored a mid-epoch
-    position, ``skip_first_batches(loader, n)`` starts at batch ``n``, it does not skip ``n`` more.
-    Later epochs start from the beginning. A plain ``DataLoader`` is rebuilt to skip its first batches.
-    """
-    if num_batches < 0:
-        raise ConfigError(f"skip_first_batches(num_batches={num_batches}): give a number >= 0.")
-    if isinstance(dataloader, DataLoaderStateMixin):
-        return _SkipView(dataloader, num_batches)
-    if (
-        isinstance(dataloader, DataLoader)
-        and dataloader.batch_sampler is not None
-        and not isinstance(dataloader.dataset, IterableDataset)
-    ):
-        return DataLoader(
-            dataloader.dataset,
-            batch_sampler=SkipBatchSampler(dataloader.batch_sampler, num_batches),
-            **_loader_kwargs(dataloader),
-        )
-    if isinstance(dataloader, DataLoader):
-        return SkipDataLoader(
-            dataloader.dataset,
-            skip_batches=num_batches,
-            batch_size=dataloader.batch_size,
-            drop_last=dataloader.drop_last,
-            **_loader_kwargs(dataloader),
-        )
-    raise TypeError(f"skip_first_batches needs a DataLoader, got {type(dataloader).__name__}.")
