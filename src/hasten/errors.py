@@ -33,6 +33,12 @@ class CheckpointError(HastenError, RuntimeError):
     """A checkpoint is missing, incomplete or corrupt, or cannot be written."""
 
 
+class CheckpointNotFoundError(CheckpointError, ValueError):
+    """``load_state`` was given a folder that does not exist.
+
+    A ``ValueError`` too, as Accelerate's ``load_state`` raises for the same call."""
+
+
 class CheckpointTargetError(CheckpointError, FileExistsError):
     """``save_state`` was given an existing file (or a link to one) where a checkpoint folder belongs.
 

@@ -277,8 +277,9 @@ def test_read_only_folder_is_one_clear_line(tmp_path):
             ),
         ):
             acc.save_state(folder / "c")
-    with pytest.raises(CheckpointError, match=r"Checkpoint folder .*missing does not exist\."):
+    with pytest.raises(CheckpointError, match=r"Checkpoint folder .*missing does not exist\.") as missing:
         acc.load_state(tmp_path / "missing")
+    assert isinstance(missing.value, ValueError), "Accelerate raises ValueError for a missing folder"
 
 
 def test_async_save_returns_a_snapshot_and_publishes_it(tmp_path):

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .._version import __version__
-from ..errors import CheckpointError
+from ..errors import CheckpointError, CheckpointNotFoundError
 from . import integrity
 from .publishing import MANIFEST
 
@@ -41,7 +41,7 @@ def read_manifest(directory: str | os.PathLike) -> dict[str, Any]:
     directory = Path(directory)
     path = directory / MANIFEST
     if not directory.is_dir():
-        raise CheckpointError(f"Checkpoint folder {directory} does not exist.")
+        raise CheckpointNotFoundError(f"Checkpoint folder {directory} does not exist.")
     if not path.is_file():
         raise CheckpointError(
             f"{directory} is not a complete hasten checkpoint: {MANIFEST} is missing. Its save was interrupted, "
