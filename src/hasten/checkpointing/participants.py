@@ -299,19 +299,36 @@ def check_attendance(target, rank: int, world: int, what: str) -> None:
     process, when the processes name different folders.
 
     Every process of a sharded launch enters its sharded saves in the same order, so the n-th one of each meets
-    under keys of its own (:func:`_here_key`): a key is never deleted while another process may still read it
-    (a process removes its key of save n-2 once every process arrived at save n-1, so all have left save n-2's
-    wait), which is what lets two saves into one folder at one step follow each other without a race.
+    under keys of its own (:func:`_here_key`), never deleted while another process may still read them: two saves
+    into one folder at one step follow each other without a race. The processes agree on each meeting's outcome
+    (``compare_set``): met, or given up by those that waited in vain (a main-only save); a process that comes to a
+    meeting given up without it goes on to the next one, where the others will be at their next save.
     """
     store = _store()
     if store is None or world == 1:
         return
     global _sharded_saves
-    _sharded_saves += 1
-    generation = _sharded_saves
+    while True:
+        _sharded_saves += 1
+        if _attend(store, _sharded_saves, target, rank, world, what):
+            break
+    for generation in _kept_keys[:-1]:  # every process reached this meeting: none reads an earlier one any more
+        store.delete_key(_here_key(generation, rank))
+        if rank == 0:
+            store.delete_key(_outcome_key(generation))
+    _kept_keys[:] = [_sharded_saves]
+
+
+def _attend(store, generation: int, target, rank: int, world: int, what: str) -> bool:
+    """Meet the other processes at their ``generation``-th sharded save: True once all came; False when the
+    meeting was given up before this process came; :class:`CheckpointError` when this process gives it up."""
+    _kept_keys.append(generation)
     store.set(_here_key(generation, rank), str(target))
+    outcome = _outcome_key(generation)
     deadline = time.monotonic() + ATTENDANCE_TIMEOUT_S
     while True:
+        if store.check([outcome]) and store.get(outcome) == _GIVEN_UP:
+            return False
         folders = {
             r: store.get(_here_key(generation, r)).decode("utf-8")
             for r in range(world)
@@ -320,21 +337,28 @@ def check_attendance(target, rank: int, world: int, what: str) -> None:
         if len(set(folders.values())) > 1:
             raise CheckpointError(_attendance_message(target, world, what, folders, []))
         if len(folders) == world:
-            break
+            return store.compare_set(outcome, "", _MET) == _MET
         if time.monotonic() > deadline:
+            if store.compare_set(outcome, "", _GIVEN_UP) == _MET:
+                return True  # the last process came at the last moment
             absent = [r for r in range(world) if r not in folders]
             raise CheckpointError(_attendance_message(target, world, what, folders, absent))
         time.sleep(_POLL_S)
-    if generation > 2:
-        store.delete_key(_here_key(generation - 2, rank))
 
 
-_sharded_saves = 0  # how many sharded saves this process entered (every process of the launch counts alike)
+_sharded_saves = 0  # how many sharded-save meetings this process went to (every process of the launch counts alike)
+_kept_keys: list[int] = []  # the meetings whose keys this process still keeps
+_MET = b"met"
+_GIVEN_UP = b"given up"
 
 
 def _here_key(generation: int, rank: int) -> str:
-    """Where process ``rank`` names its folder for the launch's ``generation``-th sharded save."""
+    """Where process ``rank`` names its folder for the launch's ``generation``-th sharded-save meeting."""
     return f"hasten/save/sharded/{generation}/{rank}"
+
+
+def _outcome_key(generation: int) -> str:
+    return f"hasten/save/sharded/{generation}/outcome"
 
 
 def _attendance_message(target, world: int, what: str, folders: dict[int, str], absent: list[int]) -> str:
