@@ -34,8 +34,10 @@ key-value store (the one the process group was set up with), which is no collect
 * **Sharded engines** (FSDP, DeepSpeed): every process writes its shards, so every process must call
   ``save_state``. Each process registers, then waits at most :data:`ATTENDANCE_TIMEOUT_S` seconds for
   the others before any collective; a process that does not come is a clear :class:`CheckpointError`
-  on the processes that did, instead of a hang. Processes that name different folders fail at once, on
-  every process, naming each process's folder (each process's shards must meet in one folder).
+  on the processes that did, instead of a hang, and the processes agree that this save was given up, so
+  that their next save together meets again (see :func:`check_attendance`). Processes that name different
+  folders fail at once, on every process, naming each process's folder (each process's shards must meet
+  in one folder).
 """
 
 from __future__ import annotations
