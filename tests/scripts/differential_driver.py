@@ -21,6 +21,17 @@ def main(spec_path: str, out_prefix: str) -> None:
     rank = int(os.environ.get("RANK", "0"))
     with open(f"{out_prefix}.rank{rank}.json", "w") as out:
         json.dump(results, out)
+    _leave_the_group()
+
+
+def _leave_the_group() -> None:
+    """End the process group the scenario started, as a script should: a process that exits with its gloo group
+    alive can abort in the group's teardown ("terminate called without an active exception", seen on 2 processes)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
