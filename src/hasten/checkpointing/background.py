@@ -5,7 +5,7 @@ objects) at once, and registers the parameters and the optimizer state (which on
 changes) and every GPU tensor for *staging*: copying into a host buffer kept between saves (pinned for GPU
 tensors, whose copies are queued on the current stream at once; see ``staging.py``). The background thread
 copies the CPU tensors first; each optimizer's next ``step()`` waits (a step pre-hook) only until that copy
-is done, then training goes on while the thread writes, checksums, fsyncs and publishes from the buffer, at a
+is done, then training goes on while the thread writes, checksums, fsyncs and publishes from the buffer, at the
 lowest CPU priority (Linux's idle class for the writing threads: training threads always run first).
 So between ``save_state`` and the next ``optimizer.step()``, change parameters only through the optimizer
 (or wait first with :func:`wait_for_pending_save`). Under ``async_staging_limit`` the files that do not fit
