@@ -414,6 +414,36 @@ def test_the_background_writes_run_in_the_idle_cpu_class_and_training_does_not(t
     Accelerator().end_training()  # frees the staging memory
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's per-thread /proc entries")
+@pytest.mark.skipif(torch.get_num_threads() < 2, reason="torch runs one thread here: there is no thread pool to start")
+def test_the_staging_copy_starts_no_thread_pool_beside_training(tmp_path, monkeypatch):
+    from hasten.checkpointing import CheckpointWriter
+
+    threads, real_copy = {}, CheckpointWriter.copy_staged
+
+    def observed_copy(self):
+        threads["before"] = len(os.listdir("/proc/self/task"))
+        real_copy(self)
+        threads["after"] = len(os.listdir("/proc/self/task"))
+
+    monkeypatch.setattr(CheckpointWriter, "copy_staged", observed_copy)
+    _async_saving_step(tmp_path)
+    assert threads["after"] == threads["before"], (
+        "the background copy started threads of its own (an OpenMP team at the normal priority, which took cores "
+        "from the training steps after the save)"
+    )
+    Accelerator().end_training()
+
+
+def test_copy_bytes_copies_contiguous_strided_and_empty_tensors_exactly():
+    from hasten.checkpointing.staging import copy_bytes
+
+    for source in (torch.randn(3, 5), torch.randn(5, 3).t(), torch.arange(7, dtype=torch.int16)[1:], torch.ones(0)):
+        destination = torch.empty(source.shape, dtype=source.dtype)
+        copy_bytes(destination, source)
+        assert torch.equal(destination, source)
+
+
 def test_with_no_staging_memory_the_next_optimizer_step_waits_until_the_weights_are_written(tmp_path):
     from hasten.checkpointing import staging_memory
 

@@ -220,8 +220,8 @@ def prepare_cases(seed: int, count: int) -> list[dict]:
 
 
 def prepare_loader(case):
-    """Batches of two epochs on each simulated rank, what ``rng_types`` became, and where the global generator
-    stands."""
+    """Batches of two epochs on each simulated rank, the loader's ``iteration`` after each, what ``rng_types``
+    became, and where the global generator stands."""
     from accelerate import Accelerator
     from accelerate.data_loader import get_sampler, prepare_data_loader
     from accelerate.utils import set_seed
@@ -270,10 +270,14 @@ def prepare_loader(case):
         except Exception as error:  # noqa: BLE001 - the exception type is compared
             out.append(type(error).__name__)
             continue
-        epochs = [[b.tolist() for b in prepared] for _ in range(2)]
+        epochs, iterations = [], []
+        for _ in range(2):
+            epochs.append([b.tolist() for b in prepared])
+            iterations.append(prepared.iteration)
         out.append(
             {
                 "epochs": epochs,
+                "iterations": iterations,
                 "rng_types": rng_types,
                 "len": len(prepared),
                 "sampler": type(get_sampler(prepared)).__name__
