@@ -270,7 +270,10 @@ class DataLoaderStateMixin:
             yield
 
     def _finish_epoch(self) -> None:
-        self.iteration += 1
+        """End the iteration; the next one is the next epoch unless this one had no batch at all (skipped ones
+        count), as in Accelerate, whose loaders stay at the same epoch after an iteration with nothing to draw."""
+        if self._yielded or self._skipped:
+            self.iteration += 1
         self._yielded = self._skipped = 0
         self._active = False
 
