@@ -435,10 +435,18 @@ def test_the_staging_copy_starts_no_thread_pool_beside_training(tmp_path, monkey
     Accelerator().end_training()
 
 
-def test_copy_bytes_copies_contiguous_strided_and_empty_tensors_exactly():
+def test_copy_bytes_copies_contiguous_strided_empty_and_lazy_views_exactly():
     from hasten.checkpointing.staging import copy_bytes
 
-    for source in (torch.randn(3, 5), torch.randn(5, 3).t(), torch.arange(7, dtype=torch.int16)[1:], torch.ones(0)):
+    sources = [
+        torch.randn(3, 5),
+        torch.randn(5, 3).t(),
+        torch.arange(7, dtype=torch.int16)[1:],
+        torch.ones(0),
+        torch.randn(4, dtype=torch.complex64).conj(),  # a lazy conjugate: its bytes are not its values
+        torch._neg_view(torch.randn(4)),  # a lazy negation, contiguous
+    ]
+    for source in sources:
         destination = torch.empty(source.shape, dtype=source.dtype)
         copy_bytes(destination, source)
         assert torch.equal(destination, source)

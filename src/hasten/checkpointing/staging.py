@@ -76,11 +76,12 @@ def copy_bytes(destination: torch.Tensor, source: torch.Tensor) -> None:
     thread starts at once, at the normal priority, and keeps afterwards. On 2 cores that team ran beside
     training's own threads and the steps after an asynchronous save lost 0.3 s (0.1 of a synchronous save;
     0.0 with this copy). ``ctypes.memmove`` releases the GIL and runs on the calling thread only; a source
-    that is not contiguous (rare for parameters and optimizer state) still goes through ``copy_``.
+    that is not contiguous, or a lazily conjugated or negated view (rare for parameters and optimizer state), still
+    goes through ``copy_``.
     """
     if not source.numel():
         return
-    if source.is_contiguous():
+    if source.is_contiguous() and not source.is_conj() and not source.is_neg():  # else the bytes are not the values
         ctypes.memmove(destination.data_ptr(), source.data_ptr(), _nbytes(source))
     else:
         destination.copy_(source)
