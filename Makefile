@@ -102,8 +102,9 @@ lint: $(PKG_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# The 25 slowest tests are listed at the end, so that each CI log shows where the suite's time goes.
 test: setup reference
-	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q
+	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q --durations=25
 
 test-fast: setup reference
 	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q -m "not slow"

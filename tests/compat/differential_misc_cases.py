@@ -1,6 +1,7 @@
 """Generated scenarios for the differential tests of Accelerate's smaller utilities (tests/differential.py):
-``find_executable_batch_size``, the kwargs handlers, ``set_seed``, ``split_between_processes``, ``save``/``load``
-and what save/load-state hooks receive. Cases are plain JSON; ``import accelerate`` is hasten or the reference copy.
+``find_executable_batch_size``, the kwargs handlers, ``set_seed``, ``split_between_processes``, ``save``/``load``,
+the files ``Accelerator.save_model`` writes and what save/load-state hooks receive. Cases are plain JSON;
+``import accelerate`` is hasten or the reference copy.
 """
 
 from __future__ import annotations
@@ -261,6 +262,82 @@ def generate_save_cases(seed: int, count: int) -> list[dict]:
         safe = state_dict and rng.random() < 0.6
         cases.append({"seed": seed * 100_003 + index, "data": instantiate(template, rng.randint(1, 3)),
                       "state_dict": state_dict, "tie": rng.random() < 0.5, "safe": safe})  # fmt: skip
+    return cases
+
+
+# ------------------------------------------------------------------------------------------------------ save_model
+
+
+def _layered_model(case: dict):
+    """A stack of linear layers of ``case["widths"]`` with values from the case's seed; maybe the last layer's weight
+    tied to the first's, another dtype, a buffer on the root module (it comes first in the state dict)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(case["seed"])
+    widths = case["widths"]
+    layers = [torch.nn.Linear(a, b, bias=case["bias"]) for a, b in zip(widths, widths[1:])]
+    with torch.no_grad():
+        for parameter in (p for layer in layers for p in layer.parameters()):
+            parameter.copy_(torch.randn(parameter.shape, generator=generator))
+    if case["tie"] and len(layers) > 1 and layers[0].weight.shape == layers[-1].weight.shape:
+        layers[-1].weight = layers[0].weight
+    model = torch.nn.Sequential(*layers).to(getattr(torch, case["dtype"]))
+    if case["buffer"]:
+        model.register_buffer("counter", torch.arange(3))
+    return model
+
+
+def _file_contents(path: str):
+    """What a written weights file holds: an index's JSON, or each tensor's dtype, shape and a digest of its values
+    (and a safetensors file's metadata). Metadata keys ``hasten_*`` are left out: hasten adds them on purpose
+    (the save's id, so that shards of two saves are never mixed, and the names of tied tensors)."""
+    import hashlib
+    import json
+
+    import safetensors
+    import torch
+
+    def tensor(value):
+        return [str(value.dtype), list(value.shape), hashlib.sha1(value.float().numpy().tobytes()).hexdigest()]
+
+    def ours_left_out(metadata):
+        return {key: value for key, value in (metadata or {}).items() if not key.startswith("hasten_")}
+
+    if path.endswith(".json"):
+        with open(path, encoding="utf-8") as handle:
+            index = json.load(handle)
+        return {**index, "metadata": ours_left_out(index.get("metadata"))}
+    if path.endswith(".safetensors"):
+        with safetensors.safe_open(path, "pt") as handle:
+            return {"metadata": ours_left_out(handle.metadata()), **{k: tensor(handle.get_tensor(k)) for k in handle}}
+    return {key: tensor(value) for key, value in torch.load(path, weights_only=True).items()}
+
+
+def save_model(case: dict):
+    """``Accelerator.save_model`` of a prepared model: the files written (shard names and count) and what each holds."""
+    from accelerate import Accelerator
+
+    accelerator = Accelerator(cpu=True)
+    model = accelerator.prepare(_layered_model(case))
+    options = {key: case[key] for key in ("max_shard_size", "safe_serialization") if case[key] is not None}
+    with tempfile.TemporaryDirectory() as folder:
+        accelerator.save_model(model, folder, **options)
+        return {name: _file_contents(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
+
+
+def generate_save_model_cases(seed: int, count: int) -> list[dict]:
+    """``count`` models of 1 to 5 layers (tied or not, 3 dtypes, with a buffer or not) saved whole or in shards of
+    1 KB to 1 MB (a layer larger than a shard included), as safetensors or ``.bin``."""
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        widths = [rng.choice([4, 8, 16, 32, 64]) for _ in range(rng.randint(2, 6))]
+        if len(widths) > 2 and rng.random() < 0.3:  # the last layer's weight has the first's shape: it can be tied
+            widths[-2:] = widths[:2][::-1]
+        cases.append({"seed": rng.randrange(1000), "widths": widths, "bias": rng.random() < 0.7,
+                      "tie": rng.random() < 0.4, "dtype": rng.choice(["float32", "float32", "float16", "bfloat16"]),
+                      "buffer": rng.random() < 0.3, "max_shard_size": rng.choice([None, "1KB", "4KB", "10KB", 2000]),
+                      "safe_serialization": rng.choice([None, True, False])})  # fmt: skip
     return cases
 
 

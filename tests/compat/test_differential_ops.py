@@ -18,6 +18,7 @@ COLLECTIVES = "compat.differential_ops_cases:collectives"
 SEEDS = "compat.differential_misc_cases:seeded_streams"
 SPLIT = "compat.differential_misc_cases:split"
 SAVE = "compat.differential_misc_cases:save_and_load"
+SAVE_MODEL = "compat.differential_misc_cases:save_model"
 
 ALLOWED = [
     {
@@ -168,6 +169,12 @@ def test_split_between_processes(nproc):
 @pytest.mark.slow
 def test_save_and_load_round_trips():
     _assert_all_used(SAVE, _compare(SAVE, misc.generate_save_cases(seed=8, count=40)))
+
+
+def test_save_model_writes_accelerates_files():
+    """The same shard files (names, count, which tensors each holds) and the same index as Accelerate's, for
+    generated models and shard sizes."""
+    _compare(SAVE_MODEL, misc.generate_save_model_cases(seed=9, count=40))
 
 
 @pytest.mark.slow

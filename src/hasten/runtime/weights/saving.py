@@ -37,16 +37,33 @@ from .files import (
 from .safetensors_io import dedupe_tensors, write_safetensors
 
 
-def _plan_shards(tensors: Mapping[str, torch.Tensor], limit: int) -> list[list[str]]:
-    shards: list[list[str]] = [[]]
+def _planned_bytes(tensor: torch.Tensor, safe: bool) -> int:
+    """The bytes a tensor counts for when shards are planned, as Hugging Face's planner counts them: its storage's
+    size (a view counts the whole storage it views), or its own size when safetensors copies it (not contiguous)."""
+    if safe and not tensor.is_contiguous():
+        return tensor.numel() * tensor.dtype.itemsize
+    return tensor.untyped_storage().nbytes()
+
+
+def _plan_shards(tensors: Mapping[str, torch.Tensor], limit: int, safe: bool) -> list[list[str]]:
+    """The shards' tensor names, planned as Accelerate plans them (huggingface_hub's state-dict splitter), so that
+    both write the same files: in the state dict's order, a tensor larger than ``limit`` gets a shard of its own at
+    once, while the others fill the current shard until the next one would tip it over ``limit``."""
+    shards: list[list[str]] = []
+    current: list[str] = []
     size = 0
     for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.dtype.itemsize
-        if shards[-1] and size + nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append(name)
+        nbytes = _planned_bytes(tensor, safe)
+        if nbytes > limit:
+            shards.append([name])
+            continue
+        if size + nbytes > limit:
+            shards.append(current)
+            current, size = [], 0
+        current.append(name)
         size += nbytes
+    if current or not shards:
+        shards.append(current)
     return shards
 
 
@@ -129,7 +146,7 @@ def save_model_weights(
     tensors, aliases = dedupe_tensors(state_dict)
     if safe_serialization:
         _log_shared(aliases)
-    shards = _plan_shards(tensors, parse_size(max_shard_size))
+    shards = _plan_shards(tensors, parse_size(max_shard_size), safe_serialization)
     names = _shard_names(len(shards), safe_serialization)
     save_id = uuid.uuid4().hex if len(shards) > 1 else None
     written = []
@@ -140,7 +157,7 @@ def save_model_weights(
     if len(shards) > 1:
         index = {
             "metadata": {
-                "total_size": sum(t.numel() * t.dtype.itemsize for t in tensors.values()),
+                "total_size": sum(_planned_bytes(t, safe_serialization) for t in tensors.values()),
                 SAVE_ID_KEY: save_id,
                 ALIASES_KEY: aliases,
             },
