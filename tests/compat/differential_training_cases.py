@@ -20,7 +20,8 @@ from torch.utils.data import DataLoader, RandomSampler, TensorDataset
 
 def training_cases(seed: int, count: int, nproc: int = 1) -> list[dict]:
     """Training loops: shuffling (plain, seedable, the user's generators), dropout, accumulation, split/even
-    batches, iterable datasets (sharded or dispatched), several epochs, schedulers."""
+    batches, iterable datasets (sharded or dispatched), several epochs, schedulers (stepped with the optimizer or
+    not), bf16 autocast, gradient clipping by norm or by value."""
     rng = random.Random(seed)
     cases = []
     for _ in range(count):
@@ -52,6 +53,9 @@ def training_cases(seed: int, count: int, nproc: int = 1) -> list[dict]:
             "seed_before_accelerator": rng.random() < 0.3,
             "device_specific": rng.random() < 0.1,
             "num_workers": 1 if rng.random() < 0.04 else 0,
+            "mixed_precision": rng.choice(["no", "no", "bf16"]),
+            "clip": rng.choice([None, None, "norm", "value"]),  # "norm_every_step": ALLOWED only
+            "step_scheduler_with_optimizer": rng.random() < 0.7,
         }
         if nproc > 1 and not case["even_batches"]:
             _make_rounds_even(case, nproc)
@@ -102,12 +106,17 @@ def _accelerator(case: dict):
         use_seedable_sampler=case["seedable"],
         data_seed=case["data_seed"],
     )
-    return Accelerator(gradient_accumulation_steps=case["accumulation"], dataloader_config=config)
+    return Accelerator(
+        gradient_accumulation_steps=case["accumulation"],
+        dataloader_config=config,
+        mixed_precision=case.get("mixed_precision", "no"),
+        step_scheduler_with_optimizer=case.get("step_scheduler_with_optimizer", True),
+    )
 
 
 def training_loop(case):
-    """Train a small model on a prepared loader: every loss, the ids of every batch, final weights, learning rates
-    and the state of the global generators afterwards."""
+    """Train a small model on a prepared loader: every loss, the ids of every batch, final weights, learning rates,
+    the gradient norms ``clip_grad_norm_`` returned and the state of the global generators afterwards."""
     from accelerate.utils import set_seed
 
     if case["seed_before_accelerator"]:
@@ -133,7 +142,7 @@ def training_loop(case):
     prepared = accelerator.prepare(*objects)
     model, optimizer, loader = prepared[:3]
     scheduler = prepared[3] if case["scheduler"] else None
-    losses, seen, rates = [], [], []
+    losses, seen, rates, norms = [], [], [], []
     for _ in range(case["epochs"]):
         for batch in loader:
             if case["dataset"] == "iterable":
@@ -145,6 +154,10 @@ def training_loop(case):
             with accelerator.accumulate(model):
                 loss = torch.nn.functional.mse_loss(model(features), target)
                 accelerator.backward(loss)
+                if case.get("clip") == "norm" and accelerator.sync_gradients or case.get("clip") == "norm_every_step":
+                    norms.append(accelerator.clip_grad_norm_(model.parameters(), 0.5))
+                elif case.get("clip") == "value":
+                    accelerator.clip_grad_value_(model.parameters(), 0.05)
                 optimizer.step()
                 if scheduler is not None:
                     scheduler.step()
@@ -158,6 +171,7 @@ def training_loop(case):
         "ids": seen,
         "lr": rates,
         "weights": weights,
+        "norms": norms,
         "probes": probes(),
         "lengths": (
             len(loader),

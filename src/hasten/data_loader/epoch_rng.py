@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import itertools
 from dataclasses import dataclass
 from typing import Any, Iterator, Mapping
 
@@ -115,10 +116,17 @@ class EpochStart:
 
 
 def draw_iterator_seed(loader) -> None:
-    """Draw what ``iter(loader)`` draws (its workers' base seed) without creating the iterator: a process that
-    does not read the data draws it too, as under Accelerate, which creates the iterator on every process."""
-    if loader.persistent_workers and loader.num_workers > 0:  # the iterator is created once and then reused
-        if getattr(loader, "_iterator_seed_drawn", False):
-            return
+    """Draw what ``iter(loader)`` draws without loading anything: its workers' base seed (once with persistent
+    workers), then, with workers, what the sampler draws for the index batches the workers are sent at once
+    (``prefetch_factor`` per worker). A process that does not read the data draws it too, as under Accelerate,
+    which creates the iterator on every process."""
+    first = True
+    if loader.persistent_workers and loader.num_workers > 0:  # the iterator is created once and then reset
+        first = not getattr(loader, "_iterator_seed_drawn", False)
         loader._iterator_seed_drawn = True
-    torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+    if first:
+        torch.empty((), dtype=torch.int64).random_(generator=loader.generator)
+    if loader.num_workers > 0:
+        requests = (loader.prefetch_factor or 2) * loader.num_workers
+        for _ in itertools.islice(iter(loader._index_sampler), requests):
+            pass
