@@ -74,8 +74,8 @@ def copy_bytes(destination: torch.Tensor, source: torch.Tensor) -> None:
 
     A background thread must not copy with ``Tensor.copy_``: a large copy runs on an OpenMP team that the
     thread starts at once, at the normal priority, and keeps afterwards. On 2 cores that team ran beside
-    training's own threads and the steps after an asynchronous save lost 0.3 s (0.1 of a synchronous save;
-    0.0 with this copy). ``ctypes.memmove`` releases the GIL and runs on the calling thread only; a source
+    training's own threads: the saving step and the next 3 lost 0.11-0.18 of a synchronous save, 0.014-0.020
+    with this copy (bench/README.md). ``ctypes.memmove`` releases the GIL and runs on the calling thread only; a source
     that is not contiguous, or a lazily conjugated or negated view (rare for parameters and optimizer state), still
     goes through ``copy_``.
     """
