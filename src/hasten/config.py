@@ -37,6 +37,7 @@ from .enums import ComputeEnvironment, DistributedType, PrecisionType, SageMaker
 from .errors import ConfigError, did_you_mean
 from .runtime.fileio import atomic_write
 from .settings import Section, Setting
+from .settings.command import command_name
 
 # hasten.config's names of choices that compat.constants reads: DEEPSPEED_MULTINODE_LAUNCHERS, FSDP_*, RDZV_BACKENDS
 from .settings.deepspeed import DEEPSPEED_MULTINODE_LAUNCHERS  # noqa: F401
@@ -259,7 +260,8 @@ def config_from_dict(
     if errors:
         lines = "\n".join(f"  - {line}" for line in errors)
         raise ConfigError(
-            f"Invalid launch config {source}:\n{lines}\nFix these entries, or write a new file with `hasten config`."
+            f"Invalid launch config {source}:\n{lines}\nFix these entries, or write a new file with "
+            f"`{command_name()} config`."
         )
     return config, frozenset(present), notes
 

@@ -59,6 +59,10 @@ SETTINGS: dict[str, str] = {
     "BYPASS_DEVICE_MAP": "let prepare() accept a model dispatched with a device_map",
     "INIT_INCLUDE_BUFFERS": "default include_buffers of init_empty_weights",
     "HOME": "folder of the default launch config file",
+    "CONFIG_FILE": (
+        "launch config file that `hasten launch`, `hasten config`, `env` and `test` use when --config_file is not "
+        "given (before the default file)"
+    ),
     "LAUNCHED": "set by `hasten launch` in the processes it starts",
     "LAUNCH_SOURCES": "JSON of where each launch setting came from (set by `hasten launch`)",
     "ENABLE_RICH": "accepted for compatibility; has no effect",
@@ -457,6 +461,16 @@ def config_home() -> Path:
 def default_config_file() -> Path:
     """Path of ``default_config.yaml`` in :func:`config_home`."""
     return config_home() / "default_config.yaml"
+
+
+def accelerate_config_home() -> Path:
+    """Folder of Accelerate's default launch config file, found as Accelerate 1.15 finds it: ``$HF_HOME/accelerate``,
+    else ``$XDG_CACHE_HOME/huggingface/accelerate``, else ``~/.cache/huggingface/accelerate``."""
+    hf_home = os.environ.get("HF_HOME")
+    if not hf_home:
+        cache = os.environ.get("XDG_CACHE_HOME")
+        hf_home = os.path.join(cache or "~/.cache", "huggingface")
+    return Path(hf_home).expanduser() / "accelerate"
 
 
 # ------------------------------------------------------------------------------- env manipulation

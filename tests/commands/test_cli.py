@@ -53,9 +53,10 @@ FROZEN_LAUNCH_FLAGS = """
 
 @pytest.fixture(autouse=True)
 def _isolated(monkeypatch, tmp_path):
-    """No config file of the user's is found (conftest.py clears the HASTEN_*/ACCELERATE_* variables)."""
+    """No config file of the user's is found, hasten's or Accelerate's (conftest.py clears the HASTEN_*/ACCELERATE_*
+    variables)."""
     monkeypatch.delenv("HF_HOME", raising=False)
-    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     monkeypatch.setenv("HASTEN_HOME", str(tmp_path / "home"))
 
 
@@ -365,7 +366,7 @@ def test_summary_says_where_each_value_came_from(tmp_path, script, monkeypatch):
     lines = summary.splitlines()
     assert lines[0] == "hasten launch: 2 process(es) on 1 machine (2 here), MULTI_CPU"
     assert lines[1] == f"  command     : python {script} --lr 1"
-    assert lines[2] == f"  config file : {config_file}"
+    assert lines[2] == f"  config file : {config_file} (--config_file)"
     table = {line.split()[0]: line.split(None, 2)[1:] for line in lines[3:]}
     assert table["distributed_type"] == ["MULTI_CPU", f"config file {config_file}"]
     assert table["mixed_precision"] == ["bf16", "flag --mixed_precision"]
@@ -412,7 +413,8 @@ def test_summary_points_to_an_accelerate_config(tmp_path, script, monkeypatch):
     accelerate_file.write_text((FIXTURES / "accelerate_1_x_multi_cpu.yaml").read_text())
     plan = launch_cmd.prepare_launch(_args("--num_processes", "1", script), hardware=CPU)
     assert (
-        f"config file : none (found Accelerate's {accelerate_file}: `hasten config update` imports it)"
+        f"config file : none (found Accelerate's {accelerate_file}: `hasten config update` imports it, or pass it "
+        "with --config_file)"
         in launch_cmd.format_summary(plan)
     )
 
@@ -556,7 +558,7 @@ def test_env_report(tmp_path, capsys):
     ):
         assert expected in out
     assert "- Optional packages: numpy " in out and "deepspeed " in out and "- RAM: " in out and "- CPU: " in out
-    assert f"- Launch config: {config_file}\n\t- compute_environment: LOCAL_MACHINE" in out
+    assert f"- Launch config: {config_file} (--config_file)\n\t- compute_environment: LOCAL_MACHINE" in out
     assert "\t- distributed_type: MULTI_CPU" in out
 
 

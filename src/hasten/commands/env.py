@@ -11,6 +11,7 @@ from pathlib import Path
 from shutil import which
 
 from .. import environment
+from ..settings.command import command_name
 
 OPTIONAL_PACKAGES = (
     "numpy",
@@ -46,7 +47,7 @@ def env_command_parser(subparsers=None) -> argparse.ArgumentParser:
     """The ``env`` parser (Accelerate's name): a subcommand of ``subparsers``, or a parser of its own."""
     if subparsers is not None:
         return add_parser(subparsers, _DESCRIPTION)
-    parser = argparse.ArgumentParser(prog="hasten env", description=_DESCRIPTION, allow_abbrev=False)
+    parser = argparse.ArgumentParser(prog=f"{command_name()} env", description=_DESCRIPTION, allow_abbrev=False)
     _add_arguments(parser)
     return parser
 
@@ -106,15 +107,17 @@ def _torch_info() -> dict[str, str]:
 
 def _config_lines(config_file: str | None) -> list[str]:
     from ..config import config_to_dict, read_config_file
+    from .config_location import file_to_read, speaks_accelerate
 
-    path = Path(config_file).expanduser() if config_file else environment.default_config_file()
-    if not path.is_file():
-        return [f"- Launch config: none at {path}"]
+    location = file_to_read(config_file, speaks_accelerate())
+    path = location.path
+    if path is None or not path.is_file():
+        return [f"- Launch config: {location.describe() if path is None else f'none at {path} ({location.source})'}"]
     try:
         loaded = read_config_file(path)
     except Exception as exc:  # the report must still print when the file is broken
         return [f"- Launch config: {path} (invalid: {exc})"]
-    lines = [f"- Launch config: {path}"]
+    lines = [f"- Launch config: {location.describe()}"]
     lines += [f"\t- {key}: {value}" for key, value in sorted(config_to_dict(loaded.config).items())]
     return lines
 

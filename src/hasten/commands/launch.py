@@ -37,8 +37,10 @@ from ..config import (
 from ..enums import DistributedType
 from ..errors import ConfigError, HastenError, NotSupportedError, did_you_mean, require
 from ..launchers import check_port_free
+from ..settings.command import command_name
 from ..settings.engines import Engine
 from ..settings.fp8 import unsupported_backend
+from .config_location import ConfigLocation, file_to_read, speaks_accelerate
 from .launch_args import HelpFormatter, add_launch_arguments, flag_settings
 from .launch_plan import LaunchPlan, parse_rdzv_conf
 
@@ -74,10 +76,11 @@ def launch_command_parser(subparsers=None) -> argparse.ArgumentParser:
     ``launch`` subcommand of ``subparsers`` when given, else a standalone parser."""
     if subparsers is not None:
         return add_parser(subparsers, DESCRIPTION)
+    prog = f"{command_name()} launch"
     parser = argparse.ArgumentParser(
-        "hasten launch",
+        prog,
         description=f"{DESCRIPTION} {_SPELLINGS}",
-        usage="hasten launch [options] training_script [script arguments]",
+        usage=f"{prog} [options] training_script [script arguments]",
         allow_abbrev=False,
         formatter_class=HelpFormatter,
     )
@@ -96,7 +99,7 @@ def launch_command(args: argparse.Namespace) -> int:
         _tell_other_machines(args, exc)
         raise
     for line in plan.warnings:
-        print(f"hasten launch: warning: {line}", file=sys.stderr)
+        print(f"{command_name()} launch: warning: {line}", file=sys.stderr)
     if not args.quiet and plan.settings.config.machine_rank == 0:
         print(format_summary(plan), file=sys.stderr, flush=True)
     return runners.run_plan(plan)
@@ -105,7 +108,8 @@ def launch_command(args: argparse.Namespace) -> int:
 def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -> LaunchPlan:
     """Merge and check everything; raises a :class:`~hasten.errors.HastenError` before anything starts."""
     hardware_once = functools.cache(lambda: hardware or detect_hardware())
-    loaded = _load_config(args.config_file)
+    location = config_location(args)
+    loaded = _load_config(location)
     settings = resolve_settings(
         flags=flag_settings(args), loaded=loaded, env=environment_settings(), hardware=hardware_once
     )
@@ -123,7 +127,15 @@ def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -
         check_port_free(config.main_process_ip or "127.0.0.1", config.main_process_port, fix)
     env = launch_environment(settings)
     command = _command(args) if args.training_script is not None else []
-    plan = LaunchPlan(args=args, settings=settings, loaded=loaded, nproc_per_node=nproc, command=command, env=env)
+    plan = LaunchPlan(
+        args=args,
+        settings=settings,
+        loaded=loaded,
+        config_location=location,
+        nproc_per_node=nproc,
+        command=command,
+        env=env,
+    )
     engine = _running_engine(settings)
     plan.warnings += settings.overridden + (
         engine.launch_warnings(settings) if engine and engine.launch_warnings else []
@@ -134,7 +146,7 @@ def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -
         _prepare_hang_reports(plan)
     if loaded is not None and loaded.notes:
         plan.notes.append(
-            f"{loaded.path} uses older keys ({'; '.join(loaded.notes)}); `hasten config update --config_file "
+            f"{loaded.path} uses older keys ({'; '.join(loaded.notes)}); `{command_name()} config update --config_file "
             f"{loaded.path}` rewrites it."
         )
     return plan
@@ -145,7 +157,7 @@ def _tell_other_machines(args: argparse.Namespace, exc: HastenError) -> None:
     try:
         config = resolve_settings(
             flags=flag_settings(args),
-            loaded=_load_config(args.config_file),
+            loaded=_load_config(config_location(args)),
             env=environment_settings(),
             hardware=detect_hardware,
         ).config
@@ -168,19 +180,24 @@ def _tell_other_machines(args: argparse.Namespace, exc: HastenError) -> None:
     from .job_agent import REPORT_CONNECT_SECONDS, report_failure_before_join
 
     print(
-        f"hasten launch: machine {rank}: telling the other machines at {host}:{port or 29500} that this one cannot "
-        f"start (waiting up to {REPORT_CONNECT_SECONDS:.0f} s for them)",
+        f"{command_name()} launch: machine {rank}: telling the other machines at {host}:{port or 29500} that this "
+        f"one cannot start (waiting up to {REPORT_CONNECT_SECONDS:.0f} s for them)",
         file=sys.stderr,
         flush=True,
     )
-    report_failure_before_join(backend, host, port or 29500, "none", machines, rank, f"hasten launch: error: {exc}")
+    message = f"{command_name()} launch: error: {exc}"
+    report_failure_before_join(backend, host, port or 29500, "none", machines, rank, message)
 
 
-def _load_config(config_file: str | None) -> LoadedConfig | None:
-    if config_file:
-        return read_config_file(config_file)
-    default = environment.default_config_file()
-    return read_config_file(default) if default.is_file() else None
+def config_location(args: argparse.Namespace) -> ConfigLocation:
+    """The launch config file ``args`` ask for (``--config_file``, ``--cpu``, ``--as_accelerate``): see
+    :mod:`hasten.commands.config_location`."""
+    accelerate = speaks_accelerate(bool(args.as_accelerate) or environment.get_flag("AS_ACCELERATE"))
+    return file_to_read(args.config_file, accelerate, cpu=bool(args.cpu))
+
+
+def _load_config(location: ConfigLocation) -> LoadedConfig | None:
+    return read_config_file(location.path) if location.path is not None else None
 
 
 def _running_engine(settings: ResolvedSettings) -> Engine | None:
@@ -195,7 +212,8 @@ def _check_supported(settings: ResolvedSettings) -> None:
         supported = sorted(t for e in environment.ENGINES for t in e.distributed_types)
         raise NotSupportedError(
             f"distributed_type {kind} (from {settings.sources['distributed_type']}) is not supported by hasten; it "
-            f"runs {', '.join(supported)}. Pick one of those with `hasten config` or a flag (--multi_gpu, --cpu, ...)."
+            f"runs {', '.join(supported)}. Pick one of those with `{command_name()} config` or a flag (--multi_gpu, "
+            "--cpu, ...)."
         )
 
 
@@ -384,27 +402,16 @@ def _prepare_hang_reports(plan: LaunchPlan) -> None:
     plan.env["HASTEN_HANG_REPORT_DIR"] = str(plan.hang_dir)
 
 
-def _describe_config_file(plan: LaunchPlan) -> str:
-    if plan.loaded is not None:
-        return str(plan.loaded.path)
-    hint = "run `hasten config` to create one"
-    if environment.setting_source("HOME") is None:
-        accelerate_file = environment.config_home().parent / "accelerate" / "default_config.yaml"
-        if accelerate_file.is_file():
-            hint = f"found Accelerate's {accelerate_file}: `hasten config update` imports it"
-    return f"none ({hint})"
-
-
 def format_summary(plan: LaunchPlan) -> str:
     """The short table of settings in force and where each came from (printed unless ``--quiet``)."""
     config, sources = plan.settings.config, plan.settings.sources
     target = " ".join(["python", *plan.command[2:]] if plan.command[0] == sys.executable else plan.command)
     machines = f"{config.num_machines} machines" if config.num_machines > 1 else "1 machine"
     lines = [
-        f"hasten launch: {config.num_processes} process(es) on {machines} ({plan.nproc_per_node} here), "
+        f"{command_name()} launch: {config.num_processes} process(es) on {machines} ({plan.nproc_per_node} here), "
         f"{config.distributed_type}",
         f"  command     : {target}",
-        f"  config file : {_describe_config_file(plan)}",
+        f"  config file : {plan.config_location.describe() if plan.config_location else 'none'}",
     ]
     shown = [p for p in sources if p in _ALWAYS_SHOWN or sources[p].kind != "default"]
     rows = [(path, _show(config, path), str(sources[path])) for path in shown]

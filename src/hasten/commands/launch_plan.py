@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..config import LoadedConfig, ResolvedSettings, Source
 from ..errors import ConfigError
+from .config_location import ConfigLocation
 
 
 @dataclass(kw_only=True)
@@ -21,6 +22,7 @@ class LaunchPlan:
     args: argparse.Namespace
     settings: ResolvedSettings
     loaded: LoadedConfig | None
+    config_location: ConfigLocation | None = None
     nproc_per_node: int
     command: list[str]
     env: dict[str, str]

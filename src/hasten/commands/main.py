@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 from ..errors import did_you_mean
+from ..settings.command import command_name
 
 # command name -> (module that registers it, one-line help)
 COMMANDS = {
@@ -55,10 +55,9 @@ class HastenParser(argparse.ArgumentParser):
 
 def program_name() -> str:
     """``"accelerate"`` when this process was started as Accelerate's command (the ``accelerate`` console scripts,
-    ``python -m accelerate.commands.<x>``), else ``"hasten"``: the name the command line gives itself."""
-    started = getattr(sys.modules.get("__main__"), "__spec__", None)
-    name = started.name if started is not None else os.path.basename(sys.argv[0])
-    return "accelerate" if name.startswith("accelerate") else "hasten"
+    ``python -m accelerate.commands.<x>``), else ``"hasten"``: the name the command line gives itself
+    (:func:`hasten.settings.command.command_name`)."""
+    return command_name()
 
 
 def build_parser(argv: list[str] | None = None, prog: str = "hasten") -> argparse.ArgumentParser:

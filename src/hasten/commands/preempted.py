@@ -18,6 +18,7 @@ from pathlib import Path
 
 from .. import environment
 from ..runtime.preemption import MARKER_FILE, PREEMPTED_EXIT_CODE
+from ..settings.command import command_name
 from .launch_plan import LaunchPlan
 
 DEFAULT_GRACE_SECONDS = 25
@@ -55,7 +56,7 @@ def conclude(plan: LaunchPlan, code: int, signalled: bool) -> int:
     record = saved_record(plan) if code != 0 else None  # a restarted group may have finished the job since
     if record is not None:
         print(
-            f"hasten launch: preempted by {record['signal']}: all {record['processes']} process(es) saved "
+            f"{command_name()} launch: preempted by {record['signal']}: all {record['processes']} process(es) saved "
             f"{record['checkpoint']} after optimizer step {record['step']}; exit code {PREEMPTED_EXIT_CODE}. Run the "
             "same command to resume.",
             file=sys.stderr,
@@ -71,19 +72,20 @@ def _requeue() -> None:
     job = environment.parse_choice_from_env("SLURM_JOB_ID", "")
     if not job:
         print(
-            "hasten launch: --requeue_on_preemption: SLURM_JOB_ID is not set (not a Slurm job); nothing requeued.",
+            f"{command_name()} launch: --requeue_on_preemption: SLURM_JOB_ID is not set (not a Slurm job); nothing "
+            "requeued.",
             file=sys.stderr,
         )
         return
     try:
         done = subprocess.run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=10, check=False)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        print(f"hasten launch: `scontrol requeue {job}` failed: {exc}", file=sys.stderr)
+        print(f"{command_name()} launch: `scontrol requeue {job}` failed: {exc}", file=sys.stderr)
         return
     outcome = (
         "requeued" if done.returncode == 0 else f"not requeued (exit code {done.returncode}: {done.stderr.strip()})"
     )
-    print(f"hasten launch: Slurm job {job} {outcome}.", file=sys.stderr, flush=True)
+    print(f"{command_name()} launch: Slurm job {job} {outcome}.", file=sys.stderr, flush=True)
 
 
 def cleanup(plan: LaunchPlan) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .. import environment
 from ..errors import ConfigError
+from ..settings.command import command_name
 from . import preempted, worker_bootstrap
 from .launch_plan import LaunchPlan, parse_rdzv_conf
 
@@ -137,7 +138,11 @@ def run_elastic(plan: LaunchPlan) -> int:
             _join_announcement(plan, endpoint),
         )
     except job_agent.JobFailure as exc:
-        print(f"hasten launch: machine {config.machine_rank} stopped: {exc.describe()}", file=sys.stderr, flush=True)
+        print(
+            f"{command_name()} launch: machine {config.machine_rank} stopped: {exc.describe()}",
+            file=sys.stderr,
+            flush=True,
+        )
         return exc.exitcode
     except ChildFailedError as exc:
         if preempted.saved_record(plan) is None:  # a worker signalled alone: its group saved and exited with 75
@@ -148,8 +153,8 @@ def run_elastic(plan: LaunchPlan) -> int:
         return first if first > 0 else 1
     except RendezvousError as exc:
         print(
-            f"hasten launch: the rendezvous at {endpoint} failed: {exc}\nCheck that every machine runs the same "
-            "command with its own --machine_rank, and that machine rank 0 is reachable at "
+            f"{command_name()} launch: the rendezvous at {endpoint} failed: {exc}\nCheck that every machine runs the "
+            "same command with its own --machine_rank, and that machine rank 0 is reachable at "
             "--main_process_ip/--main_process_port.",
             file=sys.stderr,
         )
@@ -157,7 +162,8 @@ def run_elastic(plan: LaunchPlan) -> int:
     except SignalException as exc:
         if preempted.saved_record(plan) is None:
             print(
-                f"hasten launch: stopped by signal {exc.sigval.name}; the processes were terminated.", file=sys.stderr
+                f"{command_name()} launch: stopped by signal {exc.sigval.name}; the processes were terminated.",
+                file=sys.stderr,
             )
         return 128 + int(exc.sigval)
     return 0
@@ -171,8 +177,8 @@ def _join_announcement(plan: LaunchPlan, endpoint: str) -> str | None:
         "join_timeout" if config.rdzv_backend != "static" else "timeout", "600"
     )
     return (
-        f"hasten launch: machine {config.machine_rank} waiting for all {config.num_machines} machines to join at "
-        f"{endpoint} (up to {timeout} s)"
+        f"{command_name()} launch: machine {config.machine_rank} waiting for all {config.num_machines} machines to "
+        f"join at {endpoint} (up to {timeout} s)"
     )
 
 

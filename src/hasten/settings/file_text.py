@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from .command import command_name
 
 
 def read_config_data(path: Path) -> dict:
@@ -44,12 +45,12 @@ def _read_text(path: Path) -> str:
         example = f" such as {path / inside[0]}" if inside else ""
         raise ConfigError(
             f"--config_file {path} is a folder, not a file. Pass the config file itself{example}, or leave "
-            "--config_file out to use the default file written by `hasten config`."
+            f"--config_file out to use the default file written by `{command_name()} config`."
         )
     if not path.is_file():
         raise ConfigError(
             f"Launch config file {path} does not exist. Pass an existing file with --config_file, or create one "
-            "with `hasten config` (interactive) or `hasten config default`."
+            f"with `{command_name()} config` (interactive) or `{command_name()} config default`."
         )
     data = path.read_bytes()
     try:
@@ -57,8 +58,8 @@ def _read_text(path: Path) -> str:
     except UnicodeDecodeError as exc:
         raise ConfigError(
             f"Launch config file {path} is not a text file (byte {exc.start} is not UTF-8 text): a launch config is "
-            "YAML or JSON text. Pass the file written by `hasten config`, or check that --config_file names the right "
-            "file."
+            f"YAML or JSON text. Pass the file written by `{command_name()} config`, or check that --config_file "
+            "names the right file."
         ) from None
 
 

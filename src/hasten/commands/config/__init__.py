@@ -6,6 +6,9 @@
 * ``hasten config default`` asks nothing: it looks at the hardware and writes a sensible file.
 * ``hasten config update`` rewrites an older hasten file, or an Accelerate-written one, in the current format.
 
+Under Accelerate's name (``accelerate config``) the file is Accelerate's default file, which ``accelerate launch``
+reads (:mod:`hasten.commands.config_location`).
+
 A package, as Accelerate's ``accelerate.commands.config`` is: ``config_args`` and ``default`` hold the names
 Accelerate's modules of those names give (the config classes and loader, ``write_basic_config``).
 """
@@ -15,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 from typing import Any, Callable
 
 from ... import environment
@@ -29,11 +31,13 @@ from ...config import (
     write_basic_config,
 )
 from ...errors import ConfigError
+from ...settings.command import command_name
 from ...settings.dialogue import ask_setting, ask_table
 from ...settings.dynamo import DYNAMO
 from ...settings.engines import Engine
 from ...settings.fp8 import FP8
 from ...settings.launch import LAUNCH, MPIRUN
+from ..config_location import accelerate_default_file, file_to_write, named_file, speaks_accelerate
 
 # Accelerate's ``accelerate.commands.config`` names, which transformers' ``env`` command reads: the path of the
 # default launch config file (in hasten's config folder) and a loader returning the config object.
@@ -80,39 +84,41 @@ def add_parser(subparsers, help_text: str) -> argparse.ArgumentParser:
 
 def default_command(args: argparse.Namespace) -> int:
     """``hasten config default``."""
-    path = write_basic_config(mixed_precision=args.mixed_precision, save_location=args.config_file)
+    target = file_to_write(args.config_file, speaks_accelerate())
+    path = write_basic_config(mixed_precision=args.mixed_precision, save_location=target)
     if path:
-        print(f"hasten configuration saved at {path}")
+        print(f"{command_name()} configuration saved at {path}")
     return 0
 
 
 def update_command(args: argparse.Namespace) -> int:
-    """``hasten config update``: read with migration, write back (or import Accelerate's default file)."""
-    source = Path(args.config_file).expanduser() if args.config_file else environment.default_config_file()
-    target = source
-    if args.config_file is None and not source.is_file() and environment.setting_source("HOME") is None:
-        accelerate_file = environment.config_home().parent / "accelerate" / "default_config.yaml"
-        if accelerate_file.is_file():
-            source = accelerate_file
+    """``hasten config update``: read with migration, write back (``hasten config update`` imports Accelerate's
+    default file when hasten has none)."""
+    accelerate = speaks_accelerate()
+    source = target = file_to_write(args.config_file, accelerate)
+    if not accelerate and named_file(args.config_file) is None and not source.is_file():
+        if accelerate_default_file().is_file():
+            source = accelerate_default_file()
     loaded = read_config_file(source)
     save_config_file(loaded.config, target)
     changes = "; ".join(loaded.notes) if loaded.notes else "no key needed a change"
     verb = "updated" if source == target else f"imported from {source} into"
-    print(f"hasten configuration {verb} {target} ({changes})")
+    print(f"{command_name()} configuration {verb} {target} ({changes})")
     return 0
 
 
 def config_command(args: argparse.Namespace) -> int:
     """``hasten config``: the interactive dialogue."""
+    name = command_name()
     if not sys.stdin.isatty():
         raise ConfigError(
-            "`hasten config` asks questions and needs an interactive terminal; use `hasten config default` in scripts."
+            f"`{name} config` asks questions and needs an interactive terminal; use `{name} config default` in scripts."
         )
-    path = Path(args.config_file).expanduser() if args.config_file else environment.default_config_file()
+    path = file_to_write(args.config_file, speaks_accelerate())
     answers = ask_questions(_Asker(), detect_hardware())
     config, _, _ = config_from_dict(answers, "from your answers")
     save_config_file(config, path)
-    print(f"hasten configuration saved at {path}")
+    print(f"{name} configuration saved at {path}")
     return 0
 
 
