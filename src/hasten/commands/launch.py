@@ -236,6 +236,12 @@ def _check_machines(settings: ResolvedSettings) -> int:
             f"machine_rank={config.machine_rank} (from {sources['machine_rank']}) must be between 0 and "
             f"num_machines - 1 = {config.num_machines - 1}."
         )
+    port = config.main_process_port
+    if port is not None and not 1 <= port <= 65535:
+        raise ConfigError(
+            f"main_process_port={port} (from {sources['main_process_port']}) is not a TCP port: give a number from 1 "
+            "to 65535, or leave it out on a single machine to get a free one (29500 on several machines)."
+        )
     if config.num_machines > 1 and not config.main_process_ip:
         raise ConfigError(
             f"num_machines={config.num_machines} needs the address of machine rank 0: pass --main_process_ip <address> "
@@ -314,7 +320,14 @@ def _check_script(args: argparse.Namespace) -> None:
             raise ConfigError(f"Program {script!r} (--no_python) is neither a file nor found on PATH.")
         return
     path = Path(script)
-    if not path.is_file():
+    if path.is_dir() and not (path / "__main__.py").is_file():
+        scripts = sorted(entry.name for entry in path.glob("*.py"))
+        example = f" such as {path / scripts[0]}" if scripts else ""
+        raise ConfigError(
+            f"Training script {script!r} is a folder, not a Python file. Pass the script inside it{example}; a folder "
+            "runs only when it holds a __main__.py, and a package runs as a module with -m (--module)."
+        )
+    if not path.exists():
         folder = path.parent if str(path.parent) else Path(".")
         names = [entry.name for entry in folder.iterdir()] if folder.is_dir() else []
         raise ConfigError(
