@@ -13,7 +13,10 @@ isolation included). It holds:
 pip runs this backend with the Python it installs for (under build isolation too: the isolation changes
 ``sys.path``, not ``sys.prefix``), so that interpreter's site-packages is where the wheel will go. Before building,
 the backend looks there, and if HuggingFace's Accelerate is installed it stops with a message saying how to replace
-it, instead of letting pip replace it silently. ``HASTEN_REPLACE_ACCELERATE=1`` lets pip replace it.
+it, instead of letting pip replace it silently. ``HASTEN_REPLACE_ACCELERATE=1`` lets pip replace it. It also stops
+when the hasten release it pins is not installed there: hasten is not on a package index, so pip would only say
+that no version satisfies ``hasten==<version>``; the message says to install hasten from the checkout first.
+``HASTEN_ALIAS_WITHOUT_HASTEN=1`` builds anyway (a wheel for an environment that gets hasten another way).
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import hashlib
 import importlib.metadata
 import os
 import re
+import site
+import sys
 import sysconfig
 import zipfile
 from pathlib import Path
@@ -32,6 +37,7 @@ HERE = Path(__file__).resolve().parent
 HASTEN_SRC = HERE.parent / "src" / "hasten"
 SHIM_DIR = HASTEN_SRC / "_accelerate_shim"
 REPLACE_VARIABLE = "HASTEN_REPLACE_ACCELERATE"
+WITHOUT_HASTEN_VARIABLE = "HASTEN_ALIAS_WITHOUT_HASTEN"
 _FIXED_TIME = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip can hold: the same sources give the same wheel
 
 
@@ -47,6 +53,7 @@ def get_requires_for_build_wheel(config_settings=None) -> list[str]:
 def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None) -> str:
     """Write the ``.dist-info`` folder of the wheel into ``metadata_directory``; returns its name."""
     refuse_to_replace_accelerate()
+    refuse_without_hasten()
     files = _dist_info_files()
     name = _dist_info_name()
     for relative, data in files.items():
@@ -59,6 +66,7 @@ def prepare_metadata_for_build_wheel(metadata_directory, config_settings=None) -
 def build_wheel(wheel_directory, config_settings=None, metadata_directory=None) -> str:
     """Build ``accelerate-<version>-py3-none-any.whl`` into ``wheel_directory``; returns its file name."""
     refuse_to_replace_accelerate()
+    refuse_without_hasten()
     info = _dist_info_name()
     contents = {f"accelerate/{path.name}": path.read_bytes() for path in sorted((SHIM_DIR / "accelerate").glob("*.py"))}
     contents.update({f"{info}/{relative}": data for relative, data in _dist_info_files().items()})
@@ -102,6 +110,48 @@ def refuse_to_replace_accelerate() -> None:
             "                                 or per job (hasten launch --as_accelerate).\n"
             '  See hasten\'s docs/migration.md, "Installing hasten as Accelerate".\n'
         )
+
+
+def refuse_without_hasten() -> None:
+    """Stop the build, saying what to do, if the hasten release this distribution pins is not installed where the
+    Python running pip finds its packages (unless told to build anyway)."""
+    if os.environ.get(WITHOUT_HASTEN_VARIABLE) == "1":
+        return
+    wanted = _hasten_version()
+    folders = _site_folders()
+    found = sorted({d.version for d in importlib.metadata.distributions(name="hasten", path=folders)})
+    if wanted in found:
+        return
+    where = folders[0]
+    have = f"hasten {', '.join(found)} is installed in {where}" if found else f"hasten is not installed in {where}"
+    checkout = HERE.parent
+    raise SystemExit(
+        f"\nNot installing hasten's `accelerate` distribution: it requires hasten=={wanted} (the hasten of "
+        f"{checkout}), and {have}.\n"
+        f"  Install hasten from this checkout first:  pip install {checkout}\n"
+        f"                                            (or pip install -e {checkout} to work on it)\n"
+        f"  then run this install again:              pip install {HERE}\n"
+        f"  To build the wheel for an environment that gets hasten another way:\n"
+        f"                                            {WITHOUT_HASTEN_VARIABLE}=1 pip wheel {HERE}\n"
+    )
+
+
+def _site_folders() -> list[str]:
+    """Where the Python running pip finds installed distributions: its site-packages, the user's site-packages
+    outside a virtual environment, the base installation's in one made with --system-site-packages."""
+    paths = sysconfig.get_paths()
+    folders = [paths["purelib"], paths["platlib"]]
+    if sys.prefix == sys.base_prefix:
+        folders.append(site.getusersitepackages())
+    elif "include-system-site-packages = true" in _venv_config():
+        base = sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
+        folders += [base["purelib"], base["platlib"]]
+    return list(dict.fromkeys(folders))
+
+
+def _venv_config() -> str:
+    config = Path(sys.prefix) / "pyvenv.cfg"
+    return config.read_text().lower() if config.is_file() else ""
 
 
 def _is_hasten_distribution(distribution) -> bool:

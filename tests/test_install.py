@@ -191,6 +191,24 @@ def _installed(env: Venv) -> dict[str, str]:
     return {row["name"].lower(): row["version"] for row in json.loads(env.pip("list", "--format", "json").stdout)}
 
 
+def test_without_hasten_says_to_install_hasten_first(tmp_path):
+    """pip would only say that no version satisfies hasten==<version> (hasten is on no package index)."""
+    Venv._run([sys.executable, "-m", "venv", tmp_path / "bare"])
+    bare = Venv(tmp_path / "bare")
+    proc = bare.pip("install", ROOT / "alias", check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "Could not find a version" not in output, output
+    assert (
+        f"it requires hasten=={HASTEN_VERSION} (the hasten of {ROOT}), and hasten is not installed in {bare.site}."
+        in output
+    ), output
+    assert (
+        f"pip install {ROOT}\n" in output
+        and f"then run this install again:              pip install {ROOT / 'alias'}" in output
+    )
+    assert "accelerate" not in _installed(bare)
+
+
 def test_refuses_to_replace_huggingface_accelerate_and_says_how(venv):
     proc = venv.pip("install", venv.checkout / "alias", check=False)
     assert proc.returncode != 0
