@@ -62,9 +62,9 @@ def run_documented(example: str, workdir: Path) -> list[subprocess.CompletedProc
     return runs
 
 
-def _bar_starts(stderr: str, description: str) -> int:
-    """How many progress bars called ``description`` were started (each prints its 0% state once)."""
-    return stderr.count(f"{description}:   0%|")
+def _bar_ends(stderr: str, description: str) -> list[str]:
+    """The last lines of the progress bars called ``description`` (in a log, each bar writes its end as a line)."""
+    return re.findall(rf"^{re.escape(description)}: 100%\|.*$", stderr, re.MULTILINE)
 
 
 def _numbers(pattern: str, text: str) -> dict[int, float]:
@@ -90,7 +90,8 @@ def test_digits_classifier_shows_each_bar_once(tmp_path):
     accuracies = [float(a) for a in re.findall(r"test accuracy ([0-9.]+) on 360 samples", proc.stdout)]
     assert len(accuracies) == 10, proc.stdout
     assert accuracies[-1] > 0.85, accuracies
-    assert [_bar_starts(proc.stderr, f"epoch {epoch}") for epoch in range(10)] == [1] * 10, proc.stderr[-3000:]
+    assert [len(_bar_ends(proc.stderr, f"epoch {epoch}")) for epoch in range(10)] == [1] * 10, proc.stderr[-3000:]
+    assert "0/23" not in proc.stderr and "\r" not in proc.stderr
 
 
 @pytest.mark.slow
@@ -106,9 +107,8 @@ def test_language_model_reaches_its_loss_and_resumes_where_it_stopped(tmp_path):
     assert held_out[100] < 2.75, held_out  # the threshold stated in the example's docstring
     assert losses[100] < losses[10] - 1.5, losses
     # One progress bar per machine, not one per process.
-    assert _bar_starts(first.stderr, "training") == 1 and _bar_starts(first.stderr, "evaluating") == 2, first.stderr[
-        -3000:
-    ]
+    assert len(_bar_ends(first.stderr, "training")) == 1, first.stderr[-3000:]
+    assert len(_bar_ends(first.stderr, "evaluating")) == 2, first.stderr[-3000:]
 
     assert (
         f"resumed from {Path('runs') / 'language_model' / 'checkpoints' / 'checkpoint_1'} at step 100" in second.stdout
@@ -116,9 +116,8 @@ def test_language_model_reaches_its_loss_and_resumes_where_it_stopped(tmp_path):
     resumed = _numbers(r"step (\d+): loss ([0-9.]+)", second.stdout)
     assert sorted(resumed) == [110, 120, 130, 140, 150], second.stdout
     assert abs(resumed[110] - losses[100]) < 0.25 and resumed[150] < losses[50], (losses, resumed)
-    assert _bar_starts(second.stderr, "training") == 0 and second.stderr.count("| 100/150 [") == 1, second.stderr[
-        -3000:
-    ]
+    (resumed_bar,) = _bar_ends(second.stderr, "training")
+    assert "| 150/150 [" in resumed_bar, second.stderr[-3000:]  # from step 100: 50 updates reach 150
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint_1", "checkpoint_2"]
 
     scalars = read_scalars(run / "language_model")
