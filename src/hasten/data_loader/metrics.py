@@ -3,8 +3,8 @@
 Wherever Accelerate 1.15 gives a result, hasten gives the same: the gathered data (on one process, the data
 as it is), cut on the last batch of a prepared loader to the loader's ``remainder`` (the dataset's length
 modulo the total batch size) when that is positive. That covers one process, every batch inside a loop but
-the last, and the last batch and after-the-loop calls whenever every process holds the same shapes (one
-exchange of row counts per epoch tells). Where the processes hold different numbers of rows
+the last, and the last batch and after-the-loop calls whenever every process holds the same shapes (the gather's
+own check tells, in the same collective). Where the processes hold different numbers of rows
 (``even_batches=False``: Accelerate's gather fails there), hasten gathers each process's rows at their sizes:
 
 - on the last batch, when they match the loader's layout, the padded samples are dropped; otherwise every
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import DistributedOperationException
-from ..runtime.operations import gather, gather_object, gather_with_sizes
+from ..runtime.operations import UNEVEN, gather, gather_if_even, gather_object, gather_with_sizes
 from ..runtime.tree import _leaves, recursively_apply
 from ..state import GradientState, warn_once
 from .sharding import FinalRound
@@ -63,6 +63,9 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
         return _as_accelerate_does(input_data, use_gather_object, state)
     if loader is None:
         input_data = _with_missing_last_batch(input_data, _EpochLayout.of(state.last_dataloader()))
+    gathered = gather_if_even(input_data)
+    if gathered is not UNEVEN:  # the same shapes everywhere (one collective): Accelerate's result
+        return _cut_to_remainder(gathered, False, state)
     rows = _exchange_rows(input_data)
     if rows is None:  # another process passed something else than tensors
         return _gather_objects(input_data)
@@ -93,6 +96,11 @@ def _as_accelerate_does(data, use_gather_object: bool, state: GradientState):
     as_objects = use_gather_object or not _tensors_or_empty(data)
     if _distributed():
         data = _gather_objects(data) if as_objects else gather(data)
+    return _cut_to_remainder(data, as_objects, state)
+
+
+def _cut_to_remainder(data, as_objects: bool, state: GradientState):
+    """Accelerate's cut of gathered ``data``: on the last batch keep the first ``remainder`` rows."""
     remainder = state.remainder
     if not state.end_of_dataloader or remainder <= 0:
         return data

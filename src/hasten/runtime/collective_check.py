@@ -1,20 +1,26 @@
 """Every hasten collective first checks, in every mode, that all processes are about to run the same thing.
 
-Before its data moves, a collective exchanges a fixed-size header of three integers per process: its
-collective number, a code of the operation's name and a digest of what must agree across processes
-for that operation (its tensors' shapes, dtypes and devices, and arguments such as ``from_process``;
-each collective of :mod:`hasten.runtime.operations` says what). The header's size never depends on the
-inputs, so the exchange itself cannot go wrong whatever the processes pass. When the operations or
-the digests differ, every process sees it in the same headers, so all of them exchange a readable
-description of their inputs and raise the same
-:class:`~hasten.errors.DistributedOperationException`, naming the operation and each process's
-collective number, shapes and dtypes. Without the header, gloo aborts one process and returns a
-wrong tensor on the other (shapes), or returns wrong numbers on every process (dtypes).
+The check is one all-gather (the *exchange*) whose size every process knows beforehand: ``room`` bytes of
+payload followed by a fixed header of four integers (the collective's number, a code of the operation's name, a
+digest of what must agree across processes for that operation: its tensors' shapes, dtypes and devices, and
+arguments such as ``from_process``; each collective of :mod:`hasten.runtime.operations` says what; and the
+number of payload bytes this process wants to send). ``room`` is part of the processes' shared history: it is
+set after each exchange from what every process saw in it (the payload size of that collective, rounded up to a
+power of two, at most :data:`RIDE_LIMIT`; 0 when it could not travel this way), so it is the same on every
+process at every call, and the exchange's size cannot go wrong whatever the processes pass.
 
-The cost is one small all-gather per collective call (none inside DDP's ``backward``, which hasten does
-not run). With a CPU-only backend (gloo) the header travels over the default group; with NCCL or
-another device backend it travels over a gloo group created beside it on the first collective, so the
-check never waits for the device.
+A payload that fits in ``room`` travels inside the exchange: in a loop that gathers or reduces data of the same
+sizes at every step (metrics, a logged loss) each collective is this one all-gather, as in a raw loop. A payload
+that does not fit (the first call, a larger one, a device tensor) travels in a second collective once the headers
+agree, in the operation's own form. When the operations or the digests differ, every process sees it in the same
+headers, so all of them exchange a readable description of their inputs and raise the same
+:class:`~hasten.errors.DistributedOperationException`, naming the operation and each process's collective number,
+shapes and dtypes; whatever payload came with the headers is dropped. Without the check, gloo aborts one process
+and returns a wrong tensor on the other (shapes), or returns wrong numbers on every process (dtypes).
+
+With a CPU-only backend (gloo) the exchange travels over the default group; with NCCL or another device backend
+it travels, with the header only, over a gloo group created beside it on the first collective, so the check never
+waits for the device, and the payload then moves on the device.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import zlib
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -29,11 +36,14 @@ import torch.distributed as dist
 
 from ..errors import DistributedOperationException
 
-_HEADER = 3  # collective number, operation code, digest
+_HEADER = 4  # collective number, operation code, digest, payload bytes (-1: this process's payload cannot ride)
+_HEADER_BYTES = _HEADER * 8
+RIDE_LIMIT = 64 * 1024  # bytes: larger payloads travel in a collective of their own (padding costs more than a trip)
 # all-gather into one flat tensor: torch 2.13 renamed it (the old name warns); torch 2.6 has only the old one
 all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 _side_group: dict[str, Any] = {}  # the gloo group for the headers when the default group cannot carry CPU tensors
-_buffers: dict[int, tuple] = {}  # world size -> this process's header and the gathered headers, with numpy views
+_room: dict[str, Any] = {"group": None, "bytes": 0}  # the exchange's payload room, for the group it was agreed on
+_buffers: dict[tuple[int, int], tuple] = {}  # (world, room) -> the send and gathered buffers, with numpy views
 
 
 def operation_code(name: str) -> int:
@@ -56,10 +66,40 @@ def header_group():
     return _side_group["group"]
 
 
-def verify(name: str, seq: int, agree: Callable, args: tuple, kwargs: dict) -> None:
-    """Exchange the header of collective ``name`` (number ``seq``); raise on every process when they disagree.
+def payloads_ride() -> bool:
+    """Whether CPU payloads can travel inside the exchange (the default group moves CPU tensors)."""
+    return header_group() is dist.group.WORLD
 
-    ``agree(*args, **kwargs)`` returns what must be equal across processes for this operation.
+
+@dataclass(frozen=True)
+class Exchanged:
+    """What one exchange established: every process agreed (or, for a lenient check, ``agreed`` says whether)."""
+
+    agreed: bool
+    sizes: tuple[int, ...]  # each process's payload bytes (-1: it had none that could ride)
+    parts: list[torch.Tensor] | None  # each process's payload bytes, when every one rode (valid until the next call)
+
+
+def exchange(
+    name: str,
+    seq: int,
+    agree: Callable,
+    args: tuple,
+    kwargs: dict,
+    size: int = -1,
+    fill: Callable[[torch.Tensor], None] | None = None,
+    lenient: bool = False,
+) -> Exchanged:
+    """Run the exchange of collective ``name`` (number ``seq``); raise on every process when they disagree.
+
+    Args:
+        agree: ``agree(*args, **kwargs)`` returns what must be equal across processes for this operation.
+        size: the bytes of this process's payload, or -1 when it has none that can ride (it is on a device, or
+            the exchange goes over a side group).
+        fill: ``fill(buffer)`` writes the payload into the CPU ``uint8`` tensor ``buffer`` of ``size`` bytes;
+            called only when the payload fits in the exchange.
+        lenient: when the operations agree but the digests do not, return ``agreed=False`` instead of raising
+            (``gather_for_metrics`` then takes its path for processes with different shapes).
     """
     try:
         key = agree(*args, **kwargs)
@@ -67,26 +107,56 @@ def verify(name: str, seq: int, agree: Callable, args: tuple, kwargs: dict) -> N
         key = ("cannot describe the inputs", type(error).__name__, str(error))
     group = header_group()
     world = dist.get_world_size()
-    header, mine, gathered, rows = _header_buffers(world)
-    mine[0], mine[1], mine[2] = seq, operation_code(name), digest(key)
-    all_gather_flat(gathered, header, group=group)
-    headers = rows.tolist()
-    if all(row[1:] == headers[0][1:] for row in headers):
-        return
+    if group is not _room["group"]:  # first exchange, or the group was rebuilt: every process starts again at 0
+        _room.update(group=group, bytes=0)
+    room = _room["bytes"]
+    send, mine, gathered, headers = _exchange_buffers(world, room)
+    if 0 < size <= room:
+        fill(send[:size])
+    mine[:] = (seq, operation_code(name), digest(key), size)
+    all_gather_flat(gathered, send, group=group)
+    rows = headers.tolist()
+    sizes = tuple(row[3] for row in rows)
+    _room["bytes"] = _next_room(sizes)
+    if any(row[1] != rows[0][1] for row in rows) or (not lenient and any(row[2] != rows[0][2] for row in rows)):
+        _raise_mismatch(name, seq, args, kwargs, group, world)
+    if any(row[2] != rows[0][2] for row in rows):
+        return Exchanged(False, sizes, None)
+    parts = None
+    if all(0 <= s <= room for s in sizes):
+        stride = room + _HEADER_BYTES
+        parts = [gathered[r * stride : r * stride + s] for r, s in enumerate(sizes)]
+    return Exchanged(True, sizes, parts)
+
+
+def _next_room(sizes: tuple[int, ...]) -> int:
+    """The room of the next exchange: this one's largest payload rounded up to a power of two (at least 16
+    bytes, so that every process's payload starts where any dtype may be viewed), or 0 when a process had no
+    payload that could ride or it was too large."""
+    largest = max(sizes)
+    if min(sizes) < 0 or largest > RIDE_LIMIT or largest == 0:
+        return 0
+    return max(16, 1 << (largest - 1).bit_length())
+
+
+def _exchange_buffers(world: int, room: int) -> tuple:
+    """Reused buffers (the exchange is synchronous) with numpy views of the headers: filling and comparing them
+    costs about a microsecond, where building tensors costs several."""
+    found = _buffers.get((world, room))
+    if found is None:
+        stride = room + _HEADER_BYTES
+        send, gathered = torch.zeros(stride, dtype=torch.uint8), torch.empty(world * stride, dtype=torch.uint8)
+        mine = send[room:].view(torch.int64).numpy()
+        headers = gathered.view(world, stride)[:, room:].view(torch.int64).numpy()
+        found = _buffers[(world, room)] = (send, mine, gathered, headers)
+    return found
+
+
+def _raise_mismatch(name: str, seq: int, args: tuple, kwargs: dict, group, world: int) -> None:
     description = (name, seq, describe(args[0]) if args else "(no inputs)", _arguments(args, kwargs))
     everyone: list = [None] * world
     dist.all_gather_object(everyone, description, group=group)
     raise DistributedOperationException(_mismatch_message(name, everyone))
-
-
-def _header_buffers(world: int) -> tuple:
-    """Reused header tensors (the exchange is synchronous) with numpy views: filling and comparing them costs
-    about a microsecond, where building tensors costs several."""
-    found = _buffers.get(world)
-    if found is None:
-        header, gathered = torch.empty(_HEADER, dtype=torch.int64), torch.empty(world * _HEADER, dtype=torch.int64)
-        found = _buffers[world] = (header, header.numpy(), gathered, gathered.numpy().reshape(world, _HEADER))
-    return found
 
 
 def _arguments(args: tuple, kwargs: dict) -> str:
