@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import sys
+import warnings
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -21,7 +23,7 @@ from ..errors import ConfigError
 from ..runtime import preemption
 from ..runtime.rng import synchronize_rng_state, synchronize_rng_states
 from ..runtime.tree import send_to_device
-from ..state import GradientState, warn_once
+from ..state import GradientState, PartialState, warn_once
 from .epoch_rng import EpochStart
 from .position import rows_in, skip_samples
 from .sharding import (
@@ -96,6 +98,7 @@ class DataLoaderStateMixin:
         self._resume: dict[str, Any] | None = None  # where the next iteration starts: {"batches"} or {"samples"}
         self._epoch_start: EpochStart | None = None  # the generators' states the running epoch started from
         self._replay: tuple[int, EpochStart] | None = None  # (epoch, states) that epoch starts from when resumed
+        self._restarted: tuple[int, int] | None = None  # (epoch, batches) a default load_state restored mid-epoch
 
     @property
     def final_round(self) -> FinalRound | None:
@@ -229,6 +232,8 @@ class DataLoaderStateMixin:
         """
         self._restore_epoch_and_random_start(state, int(state["epoch"]) + (1 if state.get("end_of_epoch") else 0))
         self._resume = None
+        batches = int(state.get("batches_yielded", 0))
+        self._restarted = (self.iteration, batches) if batches and not state.get("end_of_epoch") else None
 
     def _restore_epoch_and_random_start(self, state: Mapping[str, Any], epoch: int) -> None:
         self.iteration = epoch
@@ -246,6 +251,9 @@ class DataLoaderStateMixin:
         """Begin an iteration: (batches to skip, samples to skip or None), or None when the epoch has zero batches
         left (the iteration ends without drawing anything); resets the iteration's counters."""
         resume, self._resume = self._resume, None
+        restarted, self._restarted = self._restarted, None
+        if resume is None and restarted is not None and restarted[0] == self.iteration:
+            _warn_restart(*restarted)
         self._yielded, self._active = 0, True
         if resume is None:
             self._skipped = 0
@@ -276,6 +284,25 @@ class DataLoaderStateMixin:
             self.iteration += 1
         self._yielded = self._skipped = 0
         self._active = False
+
+
+def _warn_restart(epoch: int, batches: int) -> None:
+    """On the main process: a loader restarts the epoch a checkpoint recorded mid-way, at its first batch."""
+    if not PartialState().is_main_process:
+        return
+    frame, level = sys._getframe(1), 2
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("hasten."):
+        frame, level = frame.f_back, level + 1  # up to the loop iterating the loader
+    warnings.warn(
+        f"A prepared dataloader starts epoch {epoch} at its first batch, but the checkpoint load_state restored was "
+        f"saved after batch {batches} of that epoch: the loop trains on those batches again. To continue after them, "
+        f"iterate accelerator.skip_first_batches(loader, {batches}) for this epoch (then the loader itself), or "
+        "prepare with DataLoaderConfiguration(use_stateful_dataloader=True), with which load_state restores the "
+        "position. A loop that skips them itself (`if step < resume_step: continue`) can use skip_first_batches "
+        "instead, which does not load them.",
+        UserWarning,
+        stacklevel=level,
+    )
 
 
 @contextlib.contextmanager
