@@ -21,6 +21,7 @@ PKG_STAMP := $(VENV)/.hasten-installed
 ALIAS_STAMP := $(VENV)/.accelerate-alias
 ECO_STAMP := $(VENV)/.ecosystem
 DS_OPS_STAMP := $(VENV)/.deepspeed-ops
+EXT_DIR_STAMP := $(VENV)/.torch-extensions-dir
 COMPILED_STAMP := $(VENV)/.compiled
 TORCH_EXT_DIR := $(abspath $(VENV))/torch_extensions
 # What hasten's accelerate distribution is built from (its version comes from _version.py).
@@ -37,7 +38,7 @@ REFERENCE_STAMP := $(REFERENCE_DIR)/.installed
 
 .PHONY: setup reference demo test test-fast lint bench torch-check clean
 
-setup: $(PKG_STAMP) $(ALIAS_STAMP) $(ECO_STAMP) $(DS_OPS_STAMP) $(COMPILED_STAMP)
+setup: $(PKG_STAMP) $(ALIAS_STAMP) $(ECO_STAMP) $(EXT_DIR_STAMP) $(DS_OPS_STAMP) $(COMPILED_STAMP)
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -74,12 +75,21 @@ $(COMPILED_STAMP): $(PKG_STAMP) $(ALIAS_STAMP) $(ECO_STAMP)
 	$(PY) -m compileall -qq -j 0 $$($(PY) -c "import sysconfig; print(sysconfig.get_paths()['purelib'])") || true
 	@touch $@
 
+# Every Python process of the venv builds and finds torch extensions (DeepSpeed's ops) in the venv's own folder,
+# activated or not, unless TORCH_EXTENSIONS_DIR names another: a .pth file in site-packages sets that default when
+# the interpreter starts. Without it a user's shell used torch's ~/.cache/torch_extensions, and the first DeepSpeed
+# run there compiled the ops that make had built, for minutes, saying nothing. The folder is also the venv's torch's
+# own: ~/.cache is shared by every venv of the machine, whatever torch each has.
+$(EXT_DIR_STAMP): | $(PY)
+	printf '%s\n' 'import os, sys; os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))' \
+		> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/hasten-torch-extensions.pth"
+	@touch $@
+
 # DeepSpeed compiles its CPU Adam and shared-memory ops on first use (minutes); build them once here instead of
-# inside the first test that needs them, into the venv's own extension folder (make test and make bench point
-# TORCH_EXTENSIONS_DIR there). Not torch's shared ~/.cache: a build killed there leaves a lock file that every
-# later build on the machine waits on for ever. Make is the only builder of this folder, so a lock in it is stale;
-# the time limit turns any other hang into a failed step.
-$(DS_OPS_STAMP): $(PKG_STAMP)
+# inside the first test or example that needs them, into the venv's extension folder (above). A build killed there
+# leaves a lock file that every later build waits on for ever, so locks left from before are deleted first (do not
+# run make while a job of the venv compiles an op); the time limit turns any other hang into a failed step.
+$(DS_OPS_STAMP): $(PKG_STAMP) $(EXT_DIR_STAMP)
 	@mkdir -p $(TORCH_EXT_DIR) && find $(TORCH_EXT_DIR) -name lock -delete
 	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) timeout 1800 $(PY) -c "from deepspeed.ops.op_builder import CPUAdamBuilder; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; CPUAdamBuilder().load(); ShareMemCommBuilder().load()"
 	@touch $@

@@ -13,6 +13,7 @@ import functools
 import os
 import platform
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -461,6 +462,21 @@ def config_home() -> Path:
 def default_config_file() -> Path:
     """Path of ``default_config.yaml`` in :func:`config_home`."""
     return config_home() / "default_config.yaml"
+
+
+def torch_extensions_dir() -> Path:
+    """The folder where torch builds and finds JIT-compiled extensions (DeepSpeed's ops) in processes started from this
+    one: ``$TORCH_EXTENSIONS_DIR`` (the venv ``make`` builds sets it to its own ``torch_extensions`` folder), else
+    torch's default, ``~/.cache/torch_extensions/py<version>_<cpu or cuXYZ>`` (imports torch)."""
+    explicit = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    import torch
+    from torch.utils.cpp_extension import get_default_build_root
+
+    build = "cpu" if torch.version.cuda is None else f"cu{torch.version.cuda.replace('.', '')}"
+    python = f"py{sys.version_info.major}{sys.version_info.minor}{getattr(sys, 'abiflags', '')}"
+    return Path(get_default_build_root()) / f"{python}_{build}"
 
 
 def accelerate_config_home() -> Path:

@@ -34,7 +34,9 @@ def _launch_variables(settings) -> dict[str, str]:
 
 
 def _launch_warnings(settings) -> list[str]:
-    """A multi-machine launcher hasten does not use."""
+    """A multi-machine launcher hasten does not use; the CPU ops the job compiles before it trains."""
+    from .op_builds import build_note
+
     config = settings.config
     launcher = config.deepspeed_config.deepspeed_multinode_launcher
     if config.num_machines > 1 and launcher not in (None, "standard"):
@@ -42,9 +44,10 @@ def _launch_warnings(settings) -> list[str]:
         return [
             f"deepspeed_multinode_launcher={launcher!r} (from {source}) is not used: hasten launch starts the "
             "processes of this machine only, so run the same command on every machine with its --machine_rank "
-            "(DeepSpeed's 'standard' launcher)."
+            "(DeepSpeed's 'standard' launcher).",
+            *build_note(settings),
         ]
-    return []
+    return build_note(settings)
 
 
 def _explain_failure(env: dict, exitcode: int) -> str | None:

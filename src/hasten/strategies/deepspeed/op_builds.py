@@ -1,0 +1,59 @@
+"""The launcher's line about DeepSpeed's CPU ops that a job will compile before it trains.
+
+DeepSpeed compiles an op the first time a process needs it (``deepspeed_shm_comm`` for the collectives of CPU
+processes, ``cpu_adam`` for the Adam optimizer of an optimizer offloaded to the CPU or NVMe) into the torch extensions
+folder, and says nothing while it does: a minute or two per op on a 2-core machine. ``make`` builds both into the
+venv's folder, which every process of that venv uses; elsewhere, or after that folder was removed, ``hasten launch``
+says which ops the job compiles first, where, and about how long it takes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ... import environment
+from ...errors import HastenError
+from .config import get_value, load_config
+
+BUILD_TIME = "about 1-2 minutes per op on 2 free cores, more on busy ones"
+"""How long DeepSpeed takes to compile one CPU op (cpu_adam and deepspeed_shm_comm measured on a 2-core machine)."""
+
+
+def ops_to_build(settings) -> list[str]:
+    """The CPU ops the launch ``settings`` need that the workers' torch extensions folder does not hold yet."""
+    import torch
+
+    config = settings.config
+    needed = []
+    if config.use_cpu or not torch.cuda.is_available():
+        needed.append("deepspeed_shm_comm")
+    if _offloaded_optimizer(config.deepspeed_config) in ("cpu", "nvme"):
+        needed.append("cpu_adam")
+    folder = environment.torch_extensions_dir()
+    return [op for op in needed if not (folder / op / f"{op}.so").is_file()]
+
+
+def _offloaded_optimizer(section) -> str | None:
+    """Where the optimizer state goes: the launch setting, else the DeepSpeed config file's (None when unknown)."""
+    if section.offload_optimizer_device is not None:
+        return section.offload_optimizer_device
+    if not section.deepspeed_config_file or not Path(section.deepspeed_config_file).is_file():
+        return None
+    try:
+        config, _ = load_config(section.deepspeed_config_file)
+    except HastenError:  # the processes report a broken file themselves
+        return None
+    return get_value(config, "zero_optimization.offload_optimizer.device")
+
+
+def build_note(settings) -> list[str]:
+    """One line saying which ops the job compiles first, where, and about how long it takes (none when all are
+    built)."""
+    ops = ops_to_build(settings)
+    if not ops:
+        return []
+    return [
+        f"DeepSpeed compiles its {' and '.join(ops)} op{'s' if len(ops) > 1 else ''} into "
+        f"{environment.torch_extensions_dir()} before the first step ({BUILD_TIME}); later runs reuse "
+        f"{'them' if len(ops) > 1 else 'it'}. `make` builds both ahead, into the venv's folder."
+    ]
