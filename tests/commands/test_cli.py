@@ -41,7 +41,10 @@ FROZEN_LAUNCH_FLAGS = """
 --gradient_accumulation_steps --gradient_clipping --zero3_init_flag --zero3_save_16bit_model --deepspeed_hostfile
 --deepspeed_exclusion_filter --deepspeed_inclusion_filter --deepspeed_multinode_launcher
 --deepspeed_moe_layer_cls_names --parallelism_config_dp_replicate_size --parallelism_config_dp_shard_size
---parallelism_config_tp_size --parallelism_config_cp_size --parallelism_config_sp_size --fsdp_version
+--parallelism_config_tp_size --parallelism_config_cp_size --parallelism_config_cp_backend
+--parallelism_config_cp_comm_strategy --parallelism_config_sp_size --parallelism_config_sp_backend
+--parallelism_config_sp_seq_length --parallelism_config_sp_seq_length_is_variable
+--parallelism_config_sp_attn_implementation --fsdp_version
 --fsdp_offload_params --fsdp_min_num_params --fsdp_sharding_strategy
 --fsdp_reshard_after_forward --fsdp_auto_wrap_policy --fsdp_transformer_layer_cls_to_wrap --fsdp_backward_prefetch
 --fsdp_state_dict_type --fsdp_forward_prefetch --fsdp_use_orig_params --fsdp_cpu_ram_efficient_loading
@@ -451,58 +454,6 @@ def test_a_killed_worker_gets_the_running_engines_advice(script, capsys):
     assert "A DeepSpeed process was killed by the operating system" in capsys.readouterr().err
     runners._explain_failures(launch_cmd.prepare_launch(_args("--num_processes", "2", script), hardware=CPU), killed)
     assert capsys.readouterr().err == ""
-
-
-def test_hang_report_summary(tmp_path):
-    stack = (
-        '  File "/work/train.py", line 9, in <module>\n    run()\n'
-        '  File "/work/train.py", line 5, in run\n    gather(x)\n'
-        '  File "/venv/hasten/operations.py", line 238, in wrapper\n    with checked():\n'
-        '  File "/venv/torch/distributed/distributed_c10d.py", line 4287, in all_gather\n    work.wait()\n'
-        "    ^^^^^^^^^^^\n"
-    )
-    peers = (
-        "  - rank 0: last entered collective #2 `barrier`, status: waiting\n"
-        "  - rank 2: has not entered any hasten collective\n"
-    )
-    report = {"rank": 3, "operation": "gather", "collective": 2, "waited_s": 2, "stack": stack, "peers": peers}
-    (tmp_path / "hang_rank3.json").write_text(json.dumps(report))
-    (tmp_path / "hang_rank1.json").write_text("{not json")
-    lines = runners.summarize_hang_reports(tmp_path).splitlines()
-    assert lines[0] == "hasten launch: debug mode: rank(s) 1, 3 were stuck in a collective:"
-    assert lines[1].startswith("  rank 1 waited in (unreadable report ")
-    assert lines[2:] == [
-        "  rank 3 waited for 2.0 s in gather (collective #2)",
-        "    other ranks:",
-        "      rank 0: last entered collective #2 `barrier`, status: waiting",
-        "      rank 2: has not entered any hasten collective",
-        "    innermost frames of your code:",
-        '      File "/work/train.py", line 9, in <module>',
-        "      run()",
-        '      File "/work/train.py", line 5, in run',
-        "      gather(x)",
-    ]
-    assert runners.summarize_hang_reports(tmp_path / "empty") is None
-
-
-def test_hang_report_summary_shows_the_last_attempt_only(tmp_path):
-    """Under --max_restarts, a hang of attempt 0 is not why attempt 1 ended: its report is left out."""
-    for rank, restart in ((0, 0), (1, 1)):
-        report = {
-            "rank": rank,
-            "restart": restart,
-            "operation": "all_reduce",
-            "collective": 4,
-            "waited_s": 3,
-            "stack": "",
-            "peers": "",
-        }
-        (tmp_path / f"hang_rank{rank}.json").write_text(json.dumps(report))
-    lines = runners.summarize_hang_reports(tmp_path).splitlines()
-    assert lines == [
-        "hasten launch: debug mode: rank(s) 1 were stuck in a collective:",
-        "  rank 1 waited for 3.0 s in all_reduce (collective #4)",
-    ]
 
 
 # ------------------------------------------------------------------------------ config / env commands

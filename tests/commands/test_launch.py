@@ -1,5 +1,5 @@
 """`hasten launch` and `hasten test` starting real processes: an Accelerate-written config, a simulated
-two-machine job, debug-mode hang reports, single-process paths, exported settings and mpirun."""
+two-machine job, the hang report summary, single-process paths, exported settings and mpirun."""
 
 from __future__ import annotations
 
@@ -92,28 +92,34 @@ def test_two_simulated_machines_form_one_job(env, tmp_path):
 
 
 @pytest.mark.slow
-def test_debug_mode_reports_stuck_ranks(env, tmp_path):
-    result = _run(
-        [HASTEN, "launch", "--debug", "--num_processes", "2", str(SCRIPTS / "cli_hang_report.py")], env, tmp_path
-    )
+def test_the_launcher_summarises_a_hang_report_in_every_mode(env, tmp_path):
+    # Before, only `--debug` gave the processes a folder for hang reports, so outside debug mode no summary came.
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    env = {**env, "TMPDIR": str(temporary)}
+    result = _run([HASTEN, "launch", "--num_processes", "2", str(SCRIPTS / "cli_hang_report.py")], env, tmp_path)
     assert result.returncode == 3
     err = result.stderr
     assert "hasten launch: 1 of 2 process(es) failed (their output is above):" in err
-    assert "  rank 1 (local rank 1, pid " in err and "): exit code 3" in err
     assert (
-        "hasten launch: debug mode: rank(s) 1 were stuck in a collective:\n  rank 1 waited for 12.5 s in "
-        "hasten.runtime.operations.reduce" in err
-    )
-    assert "    other ranks: rank 0 finished the script" in err
-    frames = err[err.index("innermost frames of your code:") :].splitlines()[1:5]
-    assert [line.strip() for line in frames] == [
-        'File "train.py", line 40, in <module>',
-        "main()",
-        'File "train.py", line 31, in main',
-        "total = accelerator.reduce(loss)",
+        "  rank 1 (local rank 1, pid " in err
+        and "): exit code 3; ended by the hang watchdog after it waited in collective #12 of the default process group"
+        in err
+    ), err
+    summary = err[err.index("hasten launch: the job hung") :].splitlines()
+    assert summary == [
+        "hasten launch: the job hung in collective #12 of the default process group: rank 0 did not arrive "
+        "(HASTEN_HANG_TIMEOUT=12):",
+        "  rank 0 exited without arriving (its last collective there is #11)",
+        "  rank 1 waited 12.5 s in it, inside `hasten.runtime.operations.reduce`; its hang watchdog ended the job; it "
+        "was at:",
+        '      File "train.py", line 40, in <module>',
+        "        main()",
+        '      File "train.py", line 31, in main',
+        "        total = accelerator.reduce(loss)",
+        "  Every process's stacks are in rank 1's hang report above.",
     ]
-    hang_dir = next(line.split()[2] for line in err.splitlines() if line.strip().startswith("hang reports"))
-    assert not Path(hang_dir).exists()  # the launcher's temporary folder is removed
+    assert not list(temporary.glob("hasten-hang-*"))  # the launcher's temporary folder is removed
 
 
 @pytest.mark.slow

@@ -19,7 +19,6 @@ import importlib.util
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from .. import environment
@@ -40,6 +39,7 @@ from ..launchers import check_port_free
 from ..settings.command import command_name
 from ..settings.engines import Engine
 from ..settings.fp8 import unsupported_backend
+from . import hang_summary
 from .config_location import ConfigLocation, file_to_read, speaks_accelerate
 from .launch_args import HelpFormatter, add_launch_arguments, flag_settings
 from .launch_plan import LaunchPlan, parse_rdzv_conf
@@ -143,7 +143,7 @@ def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -
     _add_process_environment(plan, hardware_once)
     _add_accelerate_alias(plan)
     if config.debug:
-        _prepare_hang_reports(plan)
+        hang_summary.prepare(plan)
     if loaded is not None and loaded.notes:
         plan.notes.append(
             f"{loaded.path} uses older keys ({'; '.join(loaded.notes)}); `{command_name()} config update --config_file "
@@ -403,16 +403,6 @@ def _physical_cores() -> int:
     import psutil
 
     return psutil.cpu_count(logical=False) or os.cpu_count() or 1
-
-
-def _prepare_hang_reports(plan: LaunchPlan) -> None:
-    folder = environment.get_str("HANG_REPORT_DIR")
-    if folder:
-        plan.hang_dir = Path(folder)
-    else:
-        plan.hang_dir = Path(tempfile.mkdtemp(prefix="hasten-hang-"))
-        plan.owns_hang_dir = True
-    plan.env["HASTEN_HANG_REPORT_DIR"] = str(plan.hang_dir)
 
 
 def format_summary(plan: LaunchPlan) -> str:

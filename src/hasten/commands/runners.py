@@ -6,7 +6,6 @@ process directly, several through torch's elastic agent (in this process, as ``t
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import shutil
 import signal
@@ -18,16 +17,16 @@ from pathlib import Path
 from .. import environment
 from ..errors import ConfigError
 from ..settings.command import command_name
-from . import preempted, worker_bootstrap
+from . import hang_summary, preempted, worker_bootstrap
 from .launch_plan import LaunchPlan, parse_rdzv_conf
-
-_FRAMES = 4
 
 
 def run_plan(plan: LaunchPlan) -> int:
     """Start the job described by ``plan`` and wait for it; returns its exit code."""
     config = plan.settings.config
     preempted.prepare(plan)
+    if plan.hang_dir is None and config.num_processes > 1:
+        hang_summary.prepare(plan)
     try:
         if config.mpirun_config.mpirun_hostfile:
             code = run_mpirun(plan)
@@ -36,8 +35,8 @@ def run_plan(plan: LaunchPlan) -> int:
         else:
             code = run_elastic(plan)
         code = preempted.conclude(plan, code, signalled=code - 128 in (signal.SIGTERM, signal.SIGUSR1))
-        if code != 0 and plan.hang_dir is not None:
-            report = summarize_hang_reports(plan.hang_dir)
+        if code != 0:
+            report = hang_summary.summarize(plan.hang_dir)
             if report:
                 print(report, file=sys.stderr, flush=True)
         return code
@@ -147,7 +146,8 @@ def run_elastic(plan: LaunchPlan) -> int:
     except ChildFailedError as exc:
         if preempted.saved_record(plan) is None:  # a worker signalled alone: its group saved and exited with 75
             machine = config.machine_rank if config.num_machines > 1 else None
-            print(describe_failures(exc.failures, config.num_processes, machine), file=sys.stderr, flush=True)
+            hang = hang_summary.load(plan.hang_dir)
+            print(describe_failures(exc.failures, config.num_processes, machine, hang), file=sys.stderr, flush=True)
         _explain_failures(plan, exc.failures)
         first = exc.get_first_failure()[1].exitcode
         return first if first > 0 else 1
@@ -187,16 +187,20 @@ def describe_exit(code: int) -> str:
     return f"exit code {code}" if code >= 0 else f"killed by signal {_signal_name(-code)}"
 
 
-def describe_failures(failures: dict, world_size: int, machine: int | None = None) -> str:
-    """A few lines saying which ranks failed and how (their own output is above)."""
+def describe_failures(failures: dict, world_size: int, machine: int | None = None, hang: list | None = None) -> str:
+    """A few lines saying which ranks failed and how (their own output is above); ``hang``: the hang reports
+    (:func:`hang_summary.load`), which say which process did not arrive and which ones waited."""
     where = f" on machine {machine}" if machine is not None else ""
     lines = [f"hasten launch: {len(failures)} of {world_size} process(es) failed{where} (their output is above):"]
     others_failed = any(failure.exitcode > 0 for failure in failures.values())
     for rank, failure in sorted(failures.items()):
         code = failure.exitcode
         how = describe_exit(code)
+        in_hang = hang_summary.role(hang or [], rank)
         if code == -signal.SIGTERM and others_failed:
-            how = "stopped by the launcher (SIGTERM) after another process failed"
+            how = "stopped by the launcher (SIGTERM)" + ("" if in_hang else " after another process failed")
+        if in_hang:
+            how += f"; {in_hang}"
         lines.append(f"  rank {rank} (local rank {failure.local_rank}, pid {failure.pid}): {how}")
     return "\n".join(lines)
 
@@ -255,59 +259,3 @@ def run_mpirun(plan: LaunchPlan) -> int:
     command, env = mpirun_command(plan, flavour)
     with subprocess.Popen(command, env={**os.environ, **env}) as process:
         return _wait(process)
-
-
-def summarize_hang_reports(folder: Path) -> str | None:
-    """Summarise the ``hang_rank<N>.json`` files written by stuck ranks (None if there are none).
-
-    Under ``--max_restarts`` only the reports of the last attempt that wrote any are shown: a hang of an
-    earlier attempt is not the reason the job ended (unreadable reports are always shown)."""
-    reports = []
-    for path in Path(folder).glob("hang_rank*.json"):
-        try:
-            reports.append(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError) as exc:
-            reports.append(
-                {"rank": path.stem.removeprefix("hang_rank"), "operation": f"(unreadable report {path}: {exc})"}
-            )
-    last = max((r["restart"] for r in reports if isinstance(r.get("restart"), int)), default=0)
-    reports = [r for r in reports if r.get("restart", last) == last]
-    if not reports:
-        return None
-    reports.sort(key=lambda r: int(r.get("rank")) if str(r.get("rank", "")).isdigit() else -1)
-    ranks = ", ".join(str(r.get("rank", "?")) for r in reports)
-    lines = [f"hasten launch: debug mode: rank(s) {ranks} were stuck in a collective:"]
-    for report in reports:
-        waited = report.get("waited_s")
-        waited_text = f" for {float(waited):.1f} s" if isinstance(waited, (int, float)) else ""
-        collective = f" (collective #{report['collective']})" if report.get("collective") is not None else ""
-        lines.append(
-            f"  rank {report.get('rank', '?')} waited{waited_text} in {report.get('operation', '?')}{collective}"
-        )
-        peers = [
-            line.strip().removeprefix("- ") for line in str(report.get("peers") or "").splitlines() if line.strip()
-        ]
-        if len(peers) == 1:
-            lines.append(f"    other ranks: {peers[0]}")
-        elif peers:
-            lines.append("    other ranks:")
-            lines += [f"      {line}" for line in peers]
-        frames = _user_frames(str(report.get("stack") or ""))
-        if frames:
-            lines.append("    innermost frames of your code:")
-            lines += [f"      {line}" for frame in frames for line in frame]
-    return "\n".join(lines)
-
-
-def _user_frames(stack: str) -> list[list[str]]:
-    """The innermost frames of a formatted stack, leaving out torch's, hasten's and the standard library's."""
-    frames: list[list[str]] = []
-    for line in stack.splitlines():
-        text = line.strip()
-        if text.startswith('File "'):
-            frames.append([text])
-        elif text and frames and not set(text) <= set("^~ "):
-            frames[-1].append(text)
-    library = ("/torch/", "/hasten/", "/contextlib.py", "/threading.py", "runpy")
-    mine = [frame for frame in frames if not any(part in frame[0] for part in library)]
-    return (mine or frames)[-_FRAMES:]

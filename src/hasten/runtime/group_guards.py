@@ -22,8 +22,9 @@ from . import debug_mode, hang_watchdog, oom_recovery, operations
 def default_group_timeout() -> timedelta | None:
     """The process group's timeout when the user gave none: the hang timeout plus a margin.
 
-    It bounds what hasten's hang watchdog cannot see (DDP's gradient all-reduce inside ``backward``),
-    while hasten's own collectives still end with the watchdog's report first. ``HASTEN_HANG_TIMEOUT=0``
+    A backstop: the hang watchdog reports a wait in any collective at the hang timeout, before this one
+    fires; it still ends a wait the watchdog could not report (the rendezvous store gone). PyTorch's
+    default (30 minutes for gloo) would leave such a job waiting long after. ``HASTEN_HANG_TIMEOUT=0``
     keeps PyTorch's default.
     """
     hang = environment.get_float("HANG_TIMEOUT", hang_watchdog.DEFAULT_HANG_TIMEOUT)

@@ -29,6 +29,8 @@ import time
 import traceback
 from pathlib import Path
 
+_LIBRARY = ("/site-packages/", "/dist-packages/", "/hasten/", "/contextlib.py", "/threading.py", "runpy")
+
 DUMP_SIGNAL = getattr(signal, "SIGUSR2", None)
 _DUMP_WAIT = 2.0  # seconds a signalled process gets to write its stacks
 _installed: dict = {}  # pid -> (path, open file) of this process's dump file
@@ -129,3 +131,24 @@ def describe_children(pid: int, path: str | None) -> str:
         stacks = _signal_and_read(child.pid, path) if forked and path and _catches_dump_signal(child.pid) else None
         parts.append(f"Child process {child.pid} ({status}): {kind}\n{stacks or '(no Python stack available)'}")
     return "\n".join(parts)
+
+
+def user_frames(stack: str, count: int = 3) -> list[list[str]]:
+    """The innermost ``count`` frames of a process's stacks as :func:`own_threads` or faulthandler write them,
+    leaving out torch's, hasten's and the standard library's; each frame a list of lines (the ``File`` line, then
+    the source line when there is one). The main thread is read (faulthandler: the thread it marks current)."""
+    blocks = [block for block in stack.split("\n\n") if 'File "' in block]
+    current = next((block for block in blocks if block.startswith("Current thread")), None)
+    block = current or (blocks[0] if blocks else "")
+    first_thread = block.split("\nThread ", 1)[0]
+    frames: list[list[str]] = []
+    for line in first_thread.splitlines():
+        text = line.strip()
+        if text.startswith('File "'):
+            frames.append([text])
+        elif text and frames and not set(text) <= set("^~ "):
+            frames[-1].append(text)
+    if "most recent call first" in first_thread:
+        frames.reverse()
+    mine = [frame for frame in frames if not any(part in frame[0] for part in _LIBRARY)]
+    return (mine or frames)[-count:]

@@ -1,0 +1,87 @@
+"""The launcher's end-of-job summary of a hang: the process that did not arrive is named as the cause, the ones
+that waited as waiting, in the list of failed processes and in the summary below it."""
+
+from __future__ import annotations
+
+import json
+import signal
+from types import SimpleNamespace
+
+from hasten.commands import hang_summary, runners
+
+_REPORT = {
+    "rank": 0,
+    "restart": 0,
+    "operation": None,
+    "collective": 10,
+    "group": "the default process group",
+    "waited_s": 30.4,
+    "timeout_s": 30.0,
+    "ranks": {
+        "0": {
+            "role": "waiting",
+            "detail": "waited 30.4 s in it; its hang watchdog ended the job",
+            "frames": [['File "/work/train.py", line 12, in <module>', "accelerator.backward(loss)"]],
+        },
+        "1": {
+            "role": "cause",
+            "detail": "did not arrive (its last collective there is #9) and waits in no collective: it holds the "
+            "others up",
+            "frames": [['File "/work/train.py", line 20, in sleep_instead', "time.sleep(120)"]],
+        },
+        "2": {"role": "waiting", "detail": "waits in it too", "frames": []},
+    },
+}
+
+
+def test_the_summary_names_the_rank_that_did_not_arrive_first(tmp_path):
+    (tmp_path / "hang_rank0.json").write_text(json.dumps(_REPORT))
+    assert hang_summary.summarize(tmp_path).splitlines() == [
+        "hasten launch: the job hung in collective #10 of the default process group: rank 1 did not arrive "
+        "(HASTEN_HANG_TIMEOUT=30):",
+        "  rank 1 did not arrive (its last collective there is #9) and waits in no collective: it holds the others up "
+        "(the cause); it was at:",
+        '      File "/work/train.py", line 20, in sleep_instead',
+        "        time.sleep(120)",
+        "  rank 0 waited 30.4 s in it; its hang watchdog ended the job; it was at:",
+        '      File "/work/train.py", line 12, in <module>',
+        "        accelerator.backward(loss)",
+        "  rank 2 waits in it too",
+        "  Every process's stacks are in rank 0's hang report above.",
+    ]
+    assert hang_summary.summarize(tmp_path / "empty") is None
+    assert hang_summary.summarize(None) is None
+
+
+def test_the_failed_processes_are_labelled_with_their_part_in_the_hang(tmp_path):
+    # Before, the waiting rank 0 (exit code 1, first) read as the failure and rank 1 as "stopped by the launcher
+    # after another process failed".
+    (tmp_path / "hang_rank0.json").write_text(json.dumps(_REPORT))
+    failures = {
+        0: SimpleNamespace(exitcode=1, local_rank=0, pid=100),
+        1: SimpleNamespace(exitcode=-signal.SIGTERM, local_rank=1, pid=101),
+        2: SimpleNamespace(exitcode=-signal.SIGTERM, local_rank=2, pid=102),
+    }
+    lines = runners.describe_failures(failures, 3, hang=hang_summary.load(tmp_path)).splitlines()
+    assert lines[1:] == [
+        "  rank 0 (local rank 0, pid 100): exit code 1; ended by the hang watchdog after it waited in collective #10 "
+        "of the default process group",
+        "  rank 1 (local rank 1, pid 101): stopped by the launcher (SIGTERM); the cause of the hang: it did not arrive "
+        "at collective #10 of the default process group",
+        "  rank 2 (local rank 2, pid 102): stopped by the launcher (SIGTERM); waited in collective #10 of the default "
+        "process group",
+    ]
+    plain = runners.describe_failures(failures, 3).splitlines()
+    assert plain[2].endswith("stopped by the launcher (SIGTERM) after another process failed")
+
+
+def test_an_unreadable_report_is_named_and_only_the_last_attempt_counts(tmp_path):
+    # Under --max_restarts, a hang of attempt 0 is not why attempt 1 ended: its report is left out.
+    (tmp_path / "hang_rank0.json").write_text(json.dumps({**_REPORT, "restart": 0}))
+    (tmp_path / "hang_rank1.json").write_text(json.dumps({**_REPORT, "rank": 1, "restart": 1}))
+    (tmp_path / "hang_rank2.json").write_text("{not json")
+    reports = hang_summary.load(tmp_path)
+    assert [report["rank"] for report in reports] == [1, "2"]
+    lines = hang_summary.summarize(tmp_path).splitlines()
+    assert lines[0].startswith("hasten launch: the job hung in collective #10")
+    assert lines[-1].startswith("hasten launch: unreadable hang report of rank 2 (")
