@@ -48,10 +48,10 @@ def _engine_variables() -> dict[str, str]:
 SETTINGS: dict[str, str] = {
     **LAUNCH.env_help(),
     "HANG_TIMEOUT": (
-        "seconds a rank may wait in one hasten collective before the job ends with a hang report (default: the "
+        "seconds a rank may wait in any collective before the job ends with a hang report (default: the "
         "InitProcessGroupKwargs timeout, else 300; 0 turns it off)"
     ),
-    "HANG_REPORT_DIR": "folder where a rank stuck in a collective writes hang_rank<N>.json for the launcher",
+    "HANG_REPORT_DIR": "folder where the rank that reports a hang writes hang_rank<N>.json for the launcher",
     "LOG_LEVEL": "default level of loggers made by hasten.logging.get_logger",
     "TORCH_DEVICE": "override the device string of every process (e.g. cuda:1)",
     **DYNAMO.env_help(),

@@ -21,7 +21,9 @@ WORKER = str(SCRIPTS / "fault_worker.py")
 LAUNCH = [sys.executable, "-m", "hasten.commands.main", "launch"]
 
 
-def _start_machines(port: int, scripts: list[list[str]], tmp_path: Path) -> list[subprocess.Popen]:
+def _start_machines(
+    port: int, scripts: list[list[str]], tmp_path: Path, env: dict | None = None
+) -> list[subprocess.Popen]:
     common = [
         "--num_machines",
         "2",
@@ -35,7 +37,7 @@ def _start_machines(port: int, scripts: list[list[str]], tmp_path: Path) -> list
     return [
         subprocess.Popen(
             [*LAUNCH, *common, "--machine_rank", str(rank), *script],
-            env=clean_env(),
+            env=env or clean_env(),
             cwd=tmp_path,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -94,6 +96,22 @@ def test_a_worker_failing_on_machine_1_ends_both_launchers_within_seconds(tmp_pa
         assert end - failed_at < 30, err
     assert "rank 1: " + cause in ended[0][1] and "the job failed on machine 1" in ended[0][1]
     assert "failed on machine 1 (their output is above):" in ended[1][1] and cause in ended[1][1]
+
+
+@pytest.mark.slow
+def test_a_hang_across_machines_names_the_rank_that_did_not_arrive_on_every_machine(tmp_path):
+    # Rank 0 (machine 0) waits in DDP's gradient all-reduce while rank 1 (machine 1) sleeps. Before, machine 1's
+    # launcher said only "rank 0: exit code 1", blaming the rank that waited.
+    script = [str(SCRIPTS / "fault_runtime_hang.py"), "backward"]
+    env = clean_env(HASTEN_HANG_TIMEOUT="5")
+    ended = _finish(_start_machines(free_port(), [script, script], tmp_path, env))
+    cause = "the job hung in collective #10 of the default process group: rank 1 did not arrive (HASTEN_HANG_TIMEOUT=5)"
+    for code, err, _ in ended:
+        assert code == 1 and cause in err, err
+    remote = ended[1][1]
+    assert "launch: machine 1 stopped: the job failed on machine 0 (" in remote, remote
+    assert "  rank 0: exit code 1; ended by the hang watchdog after it waited in collective #10 of the" in remote
+    assert "  rank 1 did not arrive (its last collective there is #9) and waits in no collective" in remote
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@ import json
 import signal
 from types import SimpleNamespace
 
-from hasten.commands import hang_summary, runners
+from hasten.commands import hang_summary, job_agent, runners
 
 _REPORT = {
     "rank": 0,
@@ -47,7 +47,7 @@ def test_the_summary_names_the_rank_that_did_not_arrive_first(tmp_path):
         '      File "/work/train.py", line 12, in <module>',
         "        accelerator.backward(loss)",
         "  rank 2 waits in it too",
-        "  Every process's stacks are in rank 0's hang report above.",
+        "  Every process's stacks are in the hang report that rank 0 printed.",
     ]
     assert hang_summary.summarize(tmp_path / "empty") is None
     assert hang_summary.summarize(None) is None
@@ -85,3 +85,22 @@ def test_an_unreadable_report_is_named_and_only_the_last_attempt_counts(tmp_path
     lines = hang_summary.summarize(tmp_path).splitlines()
     assert lines[0].startswith("hasten launch: the job hung in collective #10")
     assert lines[-1].startswith("hasten launch: unreadable hang report of rank 2 (")
+
+
+def test_another_machine_learns_which_rank_did_not_arrive(tmp_path):
+    # The waiting rank's machine publishes the failure for the others; before, they read "rank 0: exit code 1" only.
+    (tmp_path / "hang_rank0.json").write_text(json.dumps(_REPORT))
+    failures = {0: SimpleNamespace(exitcode=1, local_rank=0, pid=100, timestamp=1.0)}
+    record = job_agent.failure_record(1, failures, runners.describe_exit, hang_summary.load(tmp_path))
+    lines = job_agent.JobFailure(json.loads(json.dumps(record))).describe().splitlines()
+    assert lines[1] == (
+        "  rank 0: exit code 1; ended by the hang watchdog after it waited in collective #10 of the default process "
+        "group (local rank 0, pid 100)"
+    )
+    assert lines[2] == (
+        "hasten launch: the job hung in collective #10 of the default process group: rank 1 did not arrive "
+        "(HASTEN_HANG_TIMEOUT=30):"
+    )
+    assert lines[-1] == "  Every process's stacks are in the hang report that rank 0 printed."
+    plain = job_agent.JobFailure(job_agent.failure_record(1, failures, runners.describe_exit)).describe()
+    assert plain.splitlines()[1:] == ["  rank 0: exit code 1 (local rank 0, pid 100)"]

@@ -117,7 +117,7 @@ def test_the_launcher_summarises_a_hang_report_in_every_mode(env, tmp_path):
         "        main()",
         '      File "train.py", line 31, in main',
         "        total = accelerator.reduce(loss)",
-        "  Every process's stacks are in rank 1's hang report above.",
+        "  Every process's stacks are in the hang report that rank 1 printed.",
     ]
     assert not list(temporary.glob("hasten-hang-*"))  # the launcher's temporary folder is removed
 

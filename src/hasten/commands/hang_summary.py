@@ -72,9 +72,13 @@ def role(reports: list[dict], rank: int) -> str | None:
 
 
 def summarize(folder: Path | None) -> str | None:
-    """The summary of the hang reports in ``folder`` (None if there are none): the rank(s) that did not arrive
-    first, with what they were doing, then the waiting ones."""
-    reports = load(folder)
+    """The summary of the hang reports in ``folder`` (None if there are none): see :func:`summary_of`."""
+    return summary_of(load(folder))
+
+
+def summary_of(reports: list[dict]) -> str | None:
+    """The summary of hang reports (:func:`load`; None if there are none): the rank(s) that did not arrive first,
+    with what they were doing, then the waiting ones."""
     if not reports:
         return None
     lines = []
@@ -104,5 +108,5 @@ def summarize(folder: Path | None) -> str | None:
                 for frame in frames
                 for index, line in enumerate(frame)
             ]
-        lines.append(f"  Every process's stacks are in rank {report.get('rank')}'s hang report above.")
+        lines.append(f"  Every process's stacks are in the hang report that rank {report.get('rank')} printed.")
     return "\n".join(lines)

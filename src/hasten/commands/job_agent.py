@@ -20,6 +20,7 @@ import os
 import socket
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from torch.distributed import PrefixStore, TCPStore
@@ -33,6 +34,9 @@ from torch.distributed.elastic.rendezvous.api import RendezvousError
 from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+from .. import environment
+from . import hang_summary
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +66,7 @@ class JobFailure(Exception):
         ranks = record.get("ranks") or {}
         lines = [f"the job failed on {machine} ({record.get('host', '?')}):"]
         lines += [f"  rank {rank}: {cause}" for rank, cause in ranks.items()] or [f"  {record.get('cause')}"]
-        return "\n".join(lines)
+        return "\n".join(lines + ([record["hang"]] if record.get("hang") else []))
 
     @property
     def exitcode(self) -> int:
@@ -207,7 +211,8 @@ class JobAgent(LocalElasticAgent):
         """
         try:
             store = _raw_store(self._store)
-            record = failure_record(self.machine_rank, result.failures, self._describe_exit)
+            hang = hang_summary.load(_hang_folder())
+            record = failure_record(self.machine_rank, result.failures, self._describe_exit, hang)
             stored = store.compare_set(_FAILURE, "", json.dumps(record)).decode()
             if json.loads(stored).get("machine") != self.machine_rank:
                 # another machine failed first (often the cause: this machine's workers saw its peers vanish)
@@ -230,6 +235,12 @@ class JobAgent(LocalElasticAgent):
             raise
         except Exception as exc:
             return _lost_store(exc)
+
+
+def _hang_folder() -> Path | None:
+    """The folder the workers of this machine write their hang reports into (``hasten launch`` sets it)."""
+    folder = environment.get_str("HANG_REPORT_DIR")
+    return Path(folder) if folder else None
 
 
 def _wait_for_count(store, key: str, target: int, seconds: float = ACK_SECONDS, add: int = 1) -> None:
@@ -256,12 +267,15 @@ def _lost_store(exc: Exception) -> JobFailure:
     )
 
 
-def failure_record(machine_rank: int, failures: dict, describe_exit) -> dict:
-    """The record another machine prints: where, which ranks, how each ended (``describe_exit(code)``)."""
-    ranks = {
-        str(rank): f"{describe_exit(f.exitcode)} (local rank {f.local_rank}, pid {f.pid})"
-        for rank, f in sorted(failures.items())
-    }
+def failure_record(machine_rank: int, failures: dict, describe_exit, hang: list | None = None) -> dict:
+    """The record another machine prints: where, which ranks, how each ended (``describe_exit(code)``), and when a
+    hang ended the job, each rank's part in it and the summary (``hang``: :func:`hang_summary.load`'s reports)."""
+    ranks = {}
+    for rank, f in sorted(failures.items()):
+        part = hang_summary.role(hang or [], rank)
+        ranks[str(rank)] = (
+            f"{describe_exit(f.exitcode)}{'; ' + part if part else ''} (local rank {f.local_rank}, pid {f.pid})"
+        )
     first = min(failures.values(), key=lambda f: f.timestamp, default=None)
     return {
         "machine": machine_rank,
@@ -269,6 +283,7 @@ def failure_record(machine_rank: int, failures: dict, describe_exit) -> dict:
         "ranks": ranks,
         "exitcode": first.exitcode if first is not None else 1,
         "cause": "its processes were stopped" if not ranks else next(iter(ranks.values())),
+        "hang": hang_summary.summary_of(hang or []),
     }
 
 

@@ -1,6 +1,6 @@
 """How ``hasten launch`` starts the processes of a :class:`~hasten.commands.launch.LaunchPlan`: one
 process directly, several through torch's elastic agent (in this process, as ``torchrun`` does), or
-``mpirun``; then how a failed job is reported, with the debug-mode hang reports of stuck ranks.
+``mpirun``; then how a failed job is reported, with the summary of a hang (:mod:`.hang_summary`).
 """
 
 from __future__ import annotations

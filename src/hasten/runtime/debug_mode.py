@@ -3,8 +3,7 @@
 hasten's own collectives check their inputs across processes in every mode (see
 :mod:`hasten.runtime.collective_check`), so debug mode adds only what Accelerate's adds beyond that:
 functions that a script decorates with ``verify_operation`` are checked too (the shapes of their first
-argument must match on every process), and ``hasten launch --debug`` summarises the hang reports of
-:mod:`hasten.runtime.hang_watchdog` after the job.
+argument must match on every process). Hang reports (:mod:`hasten.runtime.hang_watchdog`) come in every mode.
 """
 
 from __future__ import annotations
