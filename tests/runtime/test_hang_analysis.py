@@ -121,3 +121,15 @@ def test_the_report_names_the_rank_that_did_not_arrive_as_the_cause():
     assert record["ranks"]["1"]["frames"][-1] == ['File "/work/train.py", line 20, in sleep_instead', "time.sleep(120)"]
     assert record["peers"] == lines[4] and record["peer_stacks"] == f"Stack of rank 1:\n{_OWN}"
     assert (record["collective"], record["group"], record["waited_s"]) == (10, "the default process group", 30.4)
+
+
+def test_a_rank_that_went_on_asynchronously_waits_in_the_first_collective_another_did_not_issue():
+    # NCCL: rank 0 queued collectives #10 to #13 before something waited for the GPU; rank 1 stopped after #9
+    positions = {0: _at(**{"0": 13}), 1: _at(**{"0": 9})}
+    wait = hang_analysis.find_wait(0, positions)
+    assert wait == Wait("0", 10, {1: 9}, issued=13)
+    hang = hang_report.Hang(0, wait, 30.0, 30, None, positions, {0: "", 1: ""})
+    assert hang_report.build(hang)[0].splitlines()[1] == (
+        "[hasten] rank 0 has waited 30.0 s (HASTEN_HANG_TIMEOUT=30) in collective #10 of the default process group "
+        "(it issued up to #13: the collectives run asynchronously); rank 1 did not arrive."
+    )

@@ -60,12 +60,15 @@ def describe_group(key: str) -> str:
 
 @dataclass
 class Wait:
-    """A collective some members have not issued: ``group``'s collective number ``collective``; ``behind``: the
-    members that did not arrive, with their own count (None: unknown, the process published none)."""
+    """A collective some members have not issued: ``group``'s collective number ``collective``, the first one that a
+    member did not issue; ``behind``: the members that did not arrive, with their own count (None: unknown, the
+    process published none); ``issued``: the waiting rank's own count when it issued later ones too (NCCL runs
+    collectives asynchronously, so a rank goes on until something waits for the GPU), else None."""
 
     group: str
     collective: int
     behind: dict[int, int | None] = field(default_factory=dict)
+    issued: int | None = None
 
 
 def _count(position: dict | None, group: str) -> int | None:
@@ -94,7 +97,9 @@ def find_wait(rank: int, positions: dict[int, dict | None]) -> Wait | None:
             if other != rank and (count is None or count < mine[group]):
                 behind[other] = count
         if behind:
-            return Wait(group, mine[group], behind)
+            known = [count for count in behind.values() if count is not None]
+            first = min(known) + 1 if known else mine[group]
+            return Wait(group, first, behind, mine[group] if mine[group] > first else None)
     return None
 
 

@@ -38,6 +38,12 @@ def _cause_line(hang: Hang, roles: dict[int, str]) -> str:
     return "every rank arrived, as far as their published positions tell"
 
 
+def _issued(wait: Wait) -> str:
+    if wait.issued is None:
+        return ""
+    return f" (it issued up to #{wait.issued}: the collectives run asynchronously)"
+
+
 def _ranks(ranks: list[int]) -> str:
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
 
@@ -86,7 +92,7 @@ def build(hang: Hang) -> tuple[str, dict]:
     lines = [
         "",
         f"[hasten] rank {hang.rank} has waited {hang.waited:.1f} s (HASTEN_HANG_TIMEOUT={hang.timeout:g}) in "
-        f"collective #{wait.collective} of {group}{inside}; {_cause_line(hang, roles)}.",
+        f"collective #{wait.collective} of {group}{inside}{_issued(wait)}; {_cause_line(hang, roles)}.",
         "Where every rank is:",
     ]
     ranks, where = {}, {}
