@@ -9,7 +9,8 @@ on one GPU, each precision in its own process (the precision is process-wide sta
   converted to fp32 as Accelerate does, the loss outside autocast, ``accelerator.backward``.
 * ``hasten-keep``: the same with ``AutocastKwargs(convert_outputs_to_fp32=False)`` and the loss under
   ``accelerator.autocast()``: the raw loop's math (no fp32 copy of the logits).
-* ``accelerate``: as ``hasten``, with Accelerate (when it is importable).
+* ``accelerate``: as ``hasten``, with HuggingFace's Accelerate (when the workers can import it: ``--accelerate-path``,
+  the repository's ``.reference/accelerate-*``, or the installed one; never hasten's ``accelerate`` alias).
 
 Rounds alternate the contestants (A B C, then C B A); each round builds the model from the same initial weights,
 runs ``--warmup`` untimed steps and ``--steps`` timed steps (``torch.cuda.synchronize()`` at both ends). Reported
@@ -20,16 +21,13 @@ pinned ``DataLoader``; the script checks that their losses after the timed steps
 of the loss expression, freed before backward; ``--hold-logits`` keeps them until after backward in every loop,
 as a loop that keeps ``outputs = model(inputs)`` does (then the default's fp32 copy is held through backward).
 
-**fp8** (``--fp8``): ``hasten`` in bf16 and in fp8 (torchao float8 linear layers), both compiled with regional
-compilation, on a model large enough for float8 matmuls to pay (``--size wide``: 8 layers of width 4096, ~1.8B
-parameters), on a learnable token stream, with the loss of every step side by side. On a CPU (``--smoke``) the
-float8 matmuls are emulated.
+Compiled steps and fp8 are measured by ``bench/bench_gpu_compile.py``, which reuses this file's model and loader.
 
 Without CUDA the script says so and exits 0. ``--smoke`` runs a tiny model on the CPU instead, to check the script
 itself anywhere (its timings mean nothing; its CPU memory figures compare the contestants). ``--json PATH`` writes
 every figure.
 
-Usage: python bench/bench_gpu_lm.py [--precisions bf16 fp16] [--rounds 5] [--steps 30] [--batch 8] [--fp8]
+Usage: python bench/bench_gpu_lm.py [--precisions bf16 fp16] [--rounds 5] [--steps 30] [--batch 8]
 """
 
 from __future__ import annotations
@@ -38,7 +36,6 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import subprocess
 import sys
 import tempfile
@@ -47,7 +44,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import describe, has_module, paired_ratio_range, ratio_of_medians, round_order  # noqa: E402
+from _common import describe, paired_ratio_range, ratio_of_medians, round_order  # noqa: E402
+from compiled_runs import real_accelerate, worker_environment  # noqa: E402
 
 SIZES = {
     "gpt2": {"layers": 12, "width": 768, "heads": 12, "vocab": 50257, "sequence": 1024},
@@ -237,9 +235,7 @@ class Framework:
     under ``accelerator.autocast()``, as in the raw loop.
     """
 
-    def __init__(
-        self, name: str, module: str, precision: str, device, keep: bool = False, compile_regions: bool = False
-    ):
+    def __init__(self, name: str, module: str, precision: str, device, keep: bool = False):
         import importlib
 
         self.name, self.device, self.keep = name, device, keep
@@ -249,20 +245,14 @@ class Framework:
         options = {"dataloader_config": utils.DataLoaderConfiguration(non_blocking=True), "kwargs_handlers": []}
         if keep:
             options["kwargs_handlers"].append(utils.AutocastKwargs(convert_outputs_to_fp32=False))
-        if precision == "fp8" and device.type == "cpu":  # no float8 matmuls on this CPU: torchao's emulation
-            from torchao.float8 import Float8LinearConfig
-
-            options["kwargs_handlers"].append(utils.AORecipeKwargs(config=Float8LinearConfig(emulate=True)))
-        if compile_regions:
-            options["dynamo_plugin"] = utils.TorchDynamoPlugin(backend="inductor", use_regional_compilation=True)
         self.accelerator = package.Accelerator(mixed_precision=precision, **options)
 
-    def run(self, init, config, args, learnable: bool = False) -> dict:
+    def run(self, init, config, args) -> dict:
         accelerator = self.accelerator
         model = _gpt(config)
         model.load_state_dict(init)
         optimizer = _optimizer(model.to(self.device), self.device)
-        loader = _loader(config, args.batch, args.warmup + args.steps + 1, self.device.type == "cuda", learnable)
+        loader = _loader(config, args.batch, args.warmup + args.steps + 1, self.device.type == "cuda")
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
         def step(inputs, targets):
@@ -289,7 +279,7 @@ def _device(args):
 
 
 def worker(args) -> None:
-    """Run one precision's rounds (or the fp8 comparison) in this process and write the results as JSON."""
+    """Run one precision's rounds in this process and write the results as JSON."""
     import torch
 
     if args.threads:
@@ -297,22 +287,19 @@ def worker(args) -> None:
     device = _device(args)
     config = SIZES[args.size]
     torch.manual_seed(0)
-    model = _gpt(config)  # built once: the 1.8B model of the fp8 comparison takes seconds to initialise
+    model = _gpt(config)  # built once; every round loads these weights
     init = {k: v.clone() for k, v in model.state_dict().items()}
     params = sum(p.numel() for p in model.parameters())
     del model
     gpu = "cpu (smoke)" if args.smoke else torch.cuda.get_device_name(device)
-    if args.precision == "fp8":
-        results = _fp8_comparison(init, config, args, device)
-    else:
-        results = _throughput_rounds(init, config, args, device)
+    results = _throughput_rounds(init, config, args, device)
     Path(args.output).write_text(json.dumps({"results": results, "params": params, "device": gpu, "config": config}))
 
 
 def _throughput_rounds(init, config, args, device) -> dict:
     contestants = [Raw(args.precision, device), Framework("hasten", "hasten", args.precision, device)]
     contestants.append(Framework("hasten-keep", "hasten", args.precision, device, keep=True))
-    if has_module("accelerate"):
+    if real_accelerate() is not None:
         contestants.append(Framework("accelerate", "accelerate", args.precision, device))
     names = [c.name for c in contestants]
     by_name = {c.name: c for c in contestants}
@@ -328,35 +315,6 @@ def _throughput_rounds(init, config, args, device) -> dict:
         if round_index >= 0:
             line = "  ".join(f"{n} {results[n]['tokens_per_s'][-1]:,.0f} tok/s" for n in names)
             print(f"[{args.precision}] round {round_index + 1}: {line}", flush=True)
-    return results
-
-
-def _fp8_comparison(init, config, args, device) -> dict:
-    """bf16 then fp8 through hasten (regionally compiled on a GPU, loss under autocast), one run each."""
-    import torch
-
-    results = {}
-    tokens = args.steps * args.batch * config["sequence"]
-    for precision in ("bf16", "fp8"):
-        from hasten.state import reset_state
-
-        reset_state()
-        contestant = Framework(
-            f"hasten-{precision}", "hasten", precision, device, keep=True, compile_regions=device.type == "cuda"
-        )
-        outcome = contestant.run(init, config, args, learnable=True)
-        results[contestant.name] = {
-            "tokens_per_s": [tokens / outcome["seconds"]],
-            "peak_gib": [outcome["peak_gib"]],
-            "curve": outcome["losses"],
-        }
-        print(
-            f"[fp8] {contestant.name}: {tokens / outcome['seconds']:,.0f} tok/s, peak {outcome['peak_gib']:.3f} GiB",
-            flush=True,
-        )
-        del contestant
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
     return results
 
 
@@ -391,40 +349,24 @@ def _report(precision: str, data: dict) -> tuple[list[str], list[str]]:
     return lines, ratios
 
 
-def _report_fp8(data: dict) -> list[str]:
-    results = data["results"]
-    bf16, fp8 = results["hasten-bf16"], results["hasten-fp8"]
-    lines = [f"fp8 vs bf16: {data['params'] / 1e6:.1f}M parameters ({data['config']}) on {data['device']}"]
-    for name, values in results.items():
-        lines.append(f"{name}: {values['tokens_per_s'][0]:,.0f} tokens/s, peak {values['peak_gib'][0]:.3f} GiB")
-    lines.append(f"ratio fp8/bf16 tokens/s: {fp8['tokens_per_s'][0] / bf16['tokens_per_s'][0]:.3f}")
-    shown = sorted(set(range(0, len(bf16["curve"]), max(1, len(bf16["curve"]) // 10))) | {len(bf16["curve"]) - 1})
-    lines.append(
-        "loss curves (step: bf16 fp8): "
-        + ", ".join(f"{i}: {bf16['curve'][i]:.3f} {fp8['curve'][i]:.3f}" for i in shown)
-    )
-    return lines
-
-
 def main() -> None:
-    """Launch one worker per precision (and the fp8 comparison) and print throughput, memory and the ratios last."""
+    """Launch one worker per precision and print throughput, memory and the ratios last."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--precisions", nargs="*", default=["bf16", "fp16"], choices=["bf16", "fp16"])
-    parser.add_argument("--fp8", action="store_true", help="also compare fp8 with bf16 (torchao float8 layers)")
     parser.add_argument(
         "--size", choices=sorted(SIZES), help="model of the throughput runs (default: gpt2; smoke with --smoke)"
-    )
-    parser.add_argument(
-        "--fp8-size", choices=sorted(SIZES), help="model of the fp8 comparison (default: wide; smoke with --smoke)"
     )
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds per contestant (after one warm-up round)")
     parser.add_argument("--steps", type=int, default=30, help="timed steps per round")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps at the start of each round")
     parser.add_argument("--batch", type=int, default=8, help="sequences per step")
-    parser.add_argument("--fp8-steps", type=int, default=40, help="timed steps of the fp8 comparison")
-    parser.add_argument("--fp8-batch", type=int, default=4, help="sequences per step in the fp8 comparison")
     parser.add_argument("--threads", type=int, default=0, help="torch threads per worker (0: torch's default)")
     parser.add_argument("--hold-logits", action="store_true", help="every loop keeps the logits until after backward")
+    parser.add_argument(
+        "--accelerate-path",
+        help="folder holding HuggingFace's accelerate package, put first on the workers' PYTHONPATH (default: "
+        ".reference/accelerate-* of the repository when present, else the installed accelerate)",
+    )
     parser.add_argument(
         "--smoke", action="store_true", help="tiny model on the CPU: checks the script, measures nothing"
     )
@@ -437,7 +379,6 @@ def main() -> None:
         worker(args)
         return
     args.size = args.size or ("smoke" if args.smoke else "gpt2")
-    args.fp8_size = args.fp8_size or ("smoke" if args.smoke else "wide")
     import torch
 
     if not args.smoke and not torch.cuda.is_available():
@@ -447,42 +388,20 @@ def main() -> None:
         )
         return
     lines, ratios, figures = [], [], {}
+    env = worker_environment(args.accelerate_path)
     with tempfile.TemporaryDirectory() as folder:
-        for precision in args.precisions + (["fp8"] if args.fp8 else []):
+        for precision in args.precisions:
             output = Path(folder) / f"{precision}.json"
-            fp8 = precision == "fp8"
-            steps, batch, size = (
-                (args.fp8_steps, args.fp8_batch, args.fp8_size) if fp8 else (args.steps, args.batch, args.size)
-            )
-            command = [
-                sys.executable,
-                str(Path(__file__).resolve()),
-                "--worker",
-                "--precision",
-                precision,
-                "--output",
-                str(output),
-            ]
-            command += [
-                "--rounds",
-                str(args.rounds),
-                "--steps",
-                str(steps),
-                "--warmup",
-                str(args.warmup),
-                "--batch",
-                str(batch),
-            ]
-            command += ["--size", size, "--threads", str(args.threads)] + (["--smoke"] if args.smoke else [])
+            command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--precision", precision]
+            command += ["--output", str(output), "--rounds", str(args.rounds), "--steps", str(args.steps)]
+            command += ["--warmup", str(args.warmup), "--batch", str(args.batch), "--size", args.size]
+            command += ["--threads", str(args.threads)] + (["--smoke"] if args.smoke else [])
             command += ["--hold-logits"] if args.hold_logits else []
-            subprocess.run(command, check=True, env=os.environ.copy())
+            subprocess.run(command, check=True, env=env)
             figures[precision] = json.loads(output.read_text())
-            if fp8:
-                lines += _report_fp8(figures[precision])
-            else:
-                more_lines, more_ratios = _report(precision, figures[precision])
-                lines += more_lines
-                ratios += more_ratios
+            more_lines, more_ratios = _report(precision, figures[precision])
+            lines += more_lines
+            ratios += more_ratios
     print()
     print("\n".join(lines + ratios))
     if args.json:

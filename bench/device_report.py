@@ -1,6 +1,7 @@
 """The two ends of bench/device_check.sh: what the machine is (``--environment FILE``), and the one JSON and the
-one Markdown table of a run (``--report WORK OUT``), read from the parts' outputs in WORK, with the issue's
-targets marked met or missed. The table is what bench/README.md's GPU section shows."""
+one Markdown table of a run (``--report WORK OUT``), read from the parts' outputs in WORK, with the issues'
+targets marked met or missed (the compiled part's tables and targets are ``bench_gpu_compile.report_lines``). The
+table is what bench/README.md's GPU section shows."""
 
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ import xml.etree.ElementTree as ElementTree
 from importlib import metadata
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_gpu_compile import report_lines as compiled_report  # noqa: E402
+from compiled_runs import reference_accelerate  # noqa: E402
+
 TARGET_KEEP = 0.99  # hasten-keep tokens/s over raw's, bf16 and fp16
 TARGET_MEMORY = 1.02  # hasten-keep peak memory over raw's
 
@@ -23,6 +29,18 @@ def _version(package: str) -> str | None:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return None
+
+
+def _accelerate() -> str | None:
+    """The Accelerate the benchmarks compare with: the reference copy's version (bench workers put it first on their
+    path), else the installed distribution's unless it is hasten's alias (``+hasten`` in its version)."""
+    reference = reference_accelerate()
+    if reference is not None:
+        found = sorted(reference.glob("accelerate-*.dist-info"))
+        version = found[-1].name.removeprefix("accelerate-").removesuffix(".dist-info") if found else "?"
+        return f"{version} (the copy in {reference.name})"
+    installed = _version("accelerate")
+    return None if installed is None or "hasten" in installed else installed
 
 
 def environment() -> dict:
@@ -49,7 +67,7 @@ def environment() -> dict:
         "cuda": torch.version.cuda,
         "torchao": torchao,
         "torchao_error": torchao_error,
-        "accelerate": _version("accelerate"),
+        "accelerate": _accelerate(),
         "cpu_count": __import__("os").cpu_count(),
     }
 
@@ -120,32 +138,6 @@ def _targets(marks: dict) -> list[str]:
     return lines
 
 
-def _fp8_lines(data: dict) -> list[str]:
-    results = data["results"]
-    bf16, fp8 = results["hasten-bf16"], results["hasten-fp8"]
-    lines = [
-        "fp8 vs bf16 through hasten "
-        f"({'regionally compiled' if 'cpu' not in data['device'] else 'eager, emulated fp8'}): "
-        f"{data['params'] / 1e6:,.1f}M parameters "
-        f"({data['config']['layers']} layers, width {data['config']['width']}, vocabulary {data['config']['vocab']}, "
-        f"sequence {data['config']['sequence']})",
-        "",
-        "| | tokens/s | peak GiB |",
-        "|---|---|---|",
-        f"| bf16 | {bf16['tokens_per_s'][0]:,.0f} | {bf16['peak_gib'][0]:.3f} |",
-        f"| fp8 | {fp8['tokens_per_s'][0]:,.0f} | {fp8['peak_gib'][0]:.3f} |",
-        f"| fp8 / bf16 | {fp8['tokens_per_s'][0] / bf16['tokens_per_s'][0]:.3f} "
-        f"| {fp8['peak_gib'][0] / max(bf16['peak_gib'][0], 1e-12):.3f} |",
-        "",
-        "| step | loss bf16 | loss fp8 |",
-        "|---|---|---|",
-    ]
-    steps = len(bf16["curve"])
-    for step in sorted(set(range(0, steps, max(1, steps // 8))) | {steps - 1}):
-        lines.append(f"| {step} | {bf16['curve'][step]:.4f} | {fp8['curve'][step]:.4f} |")
-    return lines
-
-
 def report(work: Path, out: Path) -> None:
     """Write device_check.json and device_check.md to ``out`` and print the table."""
     env = _read_json(work / "environment.json") or {}
@@ -154,7 +146,7 @@ def report(work: Path, out: Path) -> None:
         if (work / "parts.jsonl").is_file()
         else []
     )
-    throughput, fp8 = _read_json(work / "lm_throughput.json"), (_read_json(work / "fp8_vs_bf16.json") or {}).get("fp8")
+    throughput, compiled = _read_json(work / "lm_throughput.json"), _read_json(work / "compiled.json")
     tests = _cuda_tests(work / "cuda_tests.xml")
     card = ", ".join(env.get("cards") or ["no GPU (dry run on a CPU)"])
     lines = [
@@ -178,13 +170,16 @@ def report(work: Path, out: Path) -> None:
             f"{len(tests['skipped'])} skipped.",
         ]
         lines += [f"- failed: {name}" for name in tests["failed"]] + [f"- skipped: {name}" for name in tests["skipped"]]
+    if compiled:
+        lines += ["", *compiled_report(compiled)]
     marks = {}
     if throughput:
         rows, marks = _throughput_rows(throughput)
         some = next(iter(throughput.values()))
         lines += [
             "",
-            f"LM throughput: {some['params'] / 1e6:.1f}M parameters, sequences of {some['config']['sequence']} tokens "
+            f"Eager LM throughput: {some['params'] / 1e6:.1f}M parameters, sequences of "
+            f"{some['config']['sequence']} tokens "
             "(tokens/s median and min-max over the rounds; peak memory; ratios to raw PyTorch).",
             "",
         ]
@@ -194,8 +189,6 @@ def report(work: Path, out: Path) -> None:
             *rows,
         ]
         lines += ["", "Targets:", *_targets(marks)]
-    if fp8:
-        lines += ["", *_fp8_lines(fp8)]
     table = "\n".join(lines) + "\n"
     (out / "device_check.md").write_text(table)
     everything = {
@@ -203,7 +196,7 @@ def report(work: Path, out: Path) -> None:
         "parts": parts,
         "cuda_tests": tests,
         "lm_throughput": throughput,
-        "fp8_vs_bf16": fp8,
+        "compiled": compiled,
     }
     (out / "device_check.json").write_text(json.dumps(everything, indent=1))
     print(table)
