@@ -47,7 +47,6 @@ from .plugins.training import resolve_accumulation
 from .preparation import PreparationHelpers, _mark_prepared
 from .process_control import ProcessControl
 from .runtime import operations, preemption
-from .runtime.compilation import compile_model
 from .runtime.memory import release_memory
 from .runtime.precision import Precision
 from .scheduler import AcceleratedScheduler
@@ -293,7 +292,7 @@ class Accelerator(
             [result[i] for i, k in enumerate(kinds) if k == "dataloader"],
         )
         for i, model in zip(model_idx, models):
-            model = compile_model(model, self.state.dynamo_plugin)
+            model = self._strategy.compile_model(model, self.state.dynamo_plugin)
             result[i] = model
             self._models.append(self._strategy.tracked_model(model))
         for i, raw, optimizer in zip(opt_idx, [args[i] for i in opt_idx], optimizers):
@@ -313,7 +312,7 @@ class Accelerator(
             return model
         self._check_model(model)
         place = self.device_placement if device_placement is None else device_placement
-        prepared = compile_model(
+        prepared = self._strategy.compile_model(
             self._strategy.setup_model(model, place, evaluation_mode=evaluation_mode), self.state.dynamo_plugin
         )
         self._models.append(self._strategy.tracked_model(prepared))

@@ -13,7 +13,15 @@ from hasten import Accelerator
 from hasten.enums import DynamoBackend
 from hasten.errors import ConfigError
 from hasten.plugins.dynamo import TorchDynamoPlugin, build_dynamo_plugin
-from hasten.runtime.compilation import compile_model, compile_regions, compile_regions_fsdp2
+from hasten.runtime.compilation import (
+    compile_model,
+    compile_regions,
+    compile_regions_deepspeed,
+    compile_regions_fsdp2,
+    compile_regions_in_place,
+    has_repeated_blocks,
+    is_repeated_blocks,
+)
 from hasten.runtime.wrappers import extract_model_from_parallel, has_compiled_regions, is_compiled_module
 
 sys.path.insert(0, str(SCRIPTS))
@@ -45,12 +53,11 @@ def test_plugin_defaults_and_environment(monkeypatch):
         "fullgraph": True,
         "dynamic": False,
     }
-    assert plugin.to_kwargs() == {
+    assert plugin.to_kwargs() == {  # torch.compile's arguments, as Accelerate's: no use_regional_compilation
         "backend": "inductor",
         "mode": "max-autotune",
         "fullgraph": True,
         "dynamic": False,
-        "use_regional_compilation": True,
     }
     assert TorchDynamoPlugin(backend="eager", disable=True).enabled is False
 
@@ -89,20 +96,60 @@ def test_compiled_models_unwrap_to_the_original():
     assert list(extract_model_from_parallel(outer, keep_torch_compile=False).state_dict()) == list(model.state_dict())
 
 
-def test_regional_compilation_compiles_repeated_blocks_in_place():
+def _graphs_of_one_step(model) -> int:
+    """Unique graphs dynamo makes for one forward and backward of ``model`` (caches and counters reset first)."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    loss_fn(model, batches(1)[0]).backward()
+    return counters["stats"]["unique_graphs"]
+
+
+def test_regional_compilation_compiles_blocks_and_the_other_parts_in_place():
+    """As Accelerate's regions: each block, and embedding, norm and head whole; in place, names kept. Before, only the
+    blocks were compiled (1 graph instead of 4)."""
     model = make_model()
     names = list(model.state_dict())
-    assert compile_regions_fsdp2(model, backend="eager") is model and has_compiled_regions(model)
-    assert all(layer._compiled_call_impl is not None for layer in model.layers) and model._compiled_call_impl is None
+    assert compile_model(model, TorchDynamoPlugin(backend="eager", use_regional_compilation=True)) is model
+    compiled = [name for name, m in model.named_modules() if m._compiled_call_impl is not None]
+    assert compiled == ["embed", "layers.0", "layers.1", "norm", "head"] and has_compiled_regions(model)
     assert list(model.state_dict()) == names, "in-place compilation keeps parameter names"
+    assert _graphs_of_one_step(model) == 4, "Embedding, Block (shared by both layers), LayerNorm, Linear"
     tokens = batches(1)[0]
     assert torch.allclose(loss_fn(model, tokens), loss_fn(make_model(), tokens))
     flat = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
-    compile_regions_fsdp2(flat, backend="eager")
+    compile_regions_in_place(flat, backend="eager")
     assert flat._compiled_call_impl is not None, "without repeated blocks the whole model is compiled in place"
     assert compile_model(model, TorchDynamoPlugin(backend="eager")) is model, (
         "a model with compiled regions is not compiled again"
     )
+
+
+def test_in_place_helpers_of_fsdp2_and_deepspeed_are_accelerates():
+    """The same regions with nn.Module.compile alone, which dynamo does not trace for torch's own modules (so these
+    run eagerly, as under Accelerate); compile_regions_fsdp2 returns the module, compile_regions_deepspeed None."""
+    model = make_model()
+    assert compile_regions_fsdp2(model, backend="eager") is model
+    compiled = [name for name, m in model.named_modules() if m._compiled_call_impl is not None]
+    assert compiled == ["embed", "layers.0", "layers.1", "norm", "head"]
+    assert _graphs_of_one_step(model) == 1, "only the blocks' graph"
+    other = make_model()
+    assert compile_regions_deepspeed(other, backend="eager") is None
+    assert [name for name, m in other.named_modules() if m._compiled_call_impl is not None] == compiled
+
+
+def test_repeated_blocks_and_compiled_regions_are_recognised_as_accelerate_does():
+    block = torch.nn.Linear(2, 2)
+    assert is_repeated_blocks(torch.nn.ModuleList([block]))
+    assert not is_repeated_blocks(torch.nn.ModuleList())
+    subclass_after = torch.nn.ModuleList([torch.nn.Module(), torch.nn.Linear(2, 2)])
+    subclass_first = torch.nn.ModuleList([torch.nn.Linear(2, 2), torch.nn.Module()])
+    assert is_repeated_blocks(subclass_after) and not is_repeated_blocks(subclass_first)
+    assert has_repeated_blocks(torch.nn.Sequential(torch.nn.ModuleList([block])))
+    assert not has_repeated_blocks(torch.nn.Sequential(torch.nn.ModuleList()))
+    assert has_compiled_regions(torch.compile(torch.nn.Linear(2, 2))), "the wrapper itself counts, as in Accelerate"
+    assert not has_compiled_regions(torch.nn.Linear(2, 2))
 
 
 class _Tagged(torch.nn.Module):

@@ -42,9 +42,11 @@ class TorchDynamoPlugin(KwargsHandler):
         options: backend options (a dict passed to ``torch.compile``); cannot be combined with a ``mode``
             other than ``"default"``.
         disable: turn compilation off while keeping the other settings.
-        use_regional_compilation: compile each repeated block (the layers of an ``nn.ModuleList``) on its
-            own, in place, instead of the whole model: much faster to compile, the same speed for models
-            made of identical blocks. Default: ``HASTEN_DYNAMO_USE_REGIONAL_COMPILATION`` or False.
+        use_regional_compilation: compile the model by region, in place, instead of as a whole: each repeated
+            block (the items of an ``nn.ModuleList`` of one class) on its own, and every other part on the way to
+            them (embeddings, final norm, head) whole, as Accelerate does; identical blocks share one graph, so
+            compiling is much faster, at the same speed for models made of identical blocks. Default:
+            ``HASTEN_DYNAMO_USE_REGIONAL_COMPILATION`` or False.
     """
 
     backend: DynamoBackend | str | None = None
@@ -81,8 +83,9 @@ class TorchDynamoPlugin(KwargsHandler):
         return data
 
     def to_kwargs(self) -> dict[str, Any]:
-        """The fields whose value differs from the defaults (the defaults of the class, not of the environment)."""
-        return {k: v for k, v in self.to_dict().items() if _DEFAULTS[k] != v}
+        """The ``torch.compile`` arguments whose value differs from the defaults (the defaults of the class, not of the
+        environment), as Accelerate's: ``use_regional_compilation`` is not one of them."""
+        return {k: v for k, v in self.to_dict().items() if k != "use_regional_compilation" and _DEFAULTS[k] != v}
 
     def compile_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``torch.compile`` (``backend``, ``fullgraph``, ``dynamic``, and ``mode`` or

@@ -1,9 +1,17 @@
-"""``torch.compile`` for prepared models: the whole model, or each repeated block in place (regional compilation).
+"""``torch.compile`` for prepared models: the whole model, or its regions (regional compilation), as Accelerate does.
 
-Whole-model compilation returns torch's ``OptimizedModule`` wrapper (``unwrap_model`` removes it and
-every state dict hasten writes is keyed by the original names). The Accelerator's regional compilation
-compiles each block of an ``nn.ModuleList`` of identical layers in place with ``nn.Module.compile``, so the
-model keeps its class, its attributes and its parameter names: there is no ``_orig_mod.`` anywhere to strip.
+The regions are Accelerate's: every item of a repeated-blocks list (an ``nn.ModuleList`` whose items are all
+instances of the first's class: the decoder layers of a transformer) and, on the way down to such lists, every
+other child whole (embeddings, final norm, head). A module with no repeated blocks below it is one region.
+Identical blocks share one compiled graph, so compiling regions is much faster than compiling the whole model.
+
+``Accelerator.prepare`` compiles regions in place with ``nn.Module.compile``, on every engine (Accelerate does so
+under FSDP2 and DeepSpeed; with one process and DDP it returns a twin instead): the prepared model keeps its
+object, its class and its state dict names, with no ``_orig_mod.`` anywhere. Whole-model compilation returns
+``torch.compile``'s wrapper, as Accelerate's does (``unwrap_model`` removes it; state dicts hasten writes use the
+original names). Where and how an engine compiles (DeepSpeed's engine compiles its module itself; FSDP2 sets
+dynamo's flags for compiled blocks under activation checkpointing) is the strategy's ``compile_model``.
+
 :func:`compile_regions`, called by hand, returns a compiled twin of the model as Accelerate's does.
 """
 
@@ -26,16 +34,26 @@ def compile_model(model: torch.nn.Module, dynamo_plugin: TorchDynamoPlugin | Non
         dynamo_plugin: the Accelerator's settings; None or backend ``"no"`` compiles nothing.
 
     Returns:
-        The compiled model (``torch.compile``'s wrapper), ``model`` itself compiled in place (regional
-        compilation), or ``model`` unchanged.
+        The compiled model (``torch.compile``'s wrapper), ``model`` itself compiled in place by region
+        (:func:`compile_regions_in_place`), or ``model`` unchanged.
     """
-    if dynamo_plugin is None or not dynamo_plugin.enabled or is_compiled_module(model) or has_compiled_regions(model):
+    kwargs = compile_settings(model, dynamo_plugin)
+    if kwargs is None:
         return model
+    if dynamo_plugin.use_regional_compilation:
+        return compile_regions_in_place(model, **kwargs)
+    return torch.compile(model, **kwargs)
+
+
+def compile_settings(model: torch.nn.Module, dynamo_plugin: TorchDynamoPlugin | None) -> dict | None:
+    """The keyword arguments of ``torch.compile`` for ``model``, or None when nothing is to be compiled (no plugin,
+    backend ``"no"``, disabled, or ``model`` compiled already, wholly or by region); raises
+    :class:`~hasten.errors.ConfigError` when the backend is not available."""
+    if dynamo_plugin is None or not dynamo_plugin.enabled or is_compiled_module(model) or has_compiled_regions(model):
+        return None
     kwargs = dynamo_plugin.compile_kwargs()
     _check_backend(kwargs["backend"])
-    if dynamo_plugin.use_regional_compilation:
-        return _compile_in_place(model, **kwargs)
-    return torch.compile(model, **kwargs)
+    return kwargs
 
 
 def _check_backend(name: str) -> None:
@@ -47,28 +65,111 @@ def _check_backend(name: str) -> None:
         )
 
 
-def _repeated_blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
-    """The layers of every ``nn.ModuleList`` made of two or more modules of one class (outermost lists only)."""
-    blocks: list[torch.nn.Module] = []
-    for child in module.children():
-        if isinstance(child, torch.nn.ModuleList) and len(child) > 1 and len({type(layer) for layer in child}) == 1:
-            blocks.extend(child)
+def is_repeated_blocks(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is a non-empty ``nn.ModuleList`` whose items are all instances of the first item's class
+    (subclasses included): blocks that regional compilation compiles one by one, reusing the first one's graph."""
+    return (
+        isinstance(module, torch.nn.ModuleList)
+        and len(module) > 0
+        and all(isinstance(item, type(module[0])) for item in module)
+    )
+
+
+def has_repeated_blocks(module: torch.nn.Module) -> bool:
+    """Whether ``module`` is or holds repeated blocks (:func:`is_repeated_blocks`) at any depth."""
+    return any(is_repeated_blocks(submodule) for submodule in module.modules())
+
+
+_CONTAINERS = (torch.nn.ModuleList, torch.nn.ModuleDict)
+
+
+def _regions(module: torch.nn.Module):
+    """The regions of ``module``, in module order: each item of a repeated-blocks list; for a module holding repeated
+    blocks below it, the regions of each of its children; any other module whole (a model without repeated blocks
+    is one region, itself). A container (``nn.ModuleList``, ``nn.ModuleDict``) is never called, so where it would be
+    a region its children's regions are taken instead."""
+    if is_repeated_blocks(module):
+        for block in module.children():
+            if isinstance(block, _CONTAINERS):
+                yield from _regions(block)
+            else:
+                yield block
+    elif has_repeated_blocks(module) or isinstance(module, _CONTAINERS):
+        for child in module.children():
+            yield from _regions(child)
+    else:
+        yield module
+
+
+def compile_regions_in_place(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
+    """Compile each region of ``module`` in place, as ``torch.compile`` wrappers of the regions would be; returns
+    ``module``.
+
+    The regions are Accelerate's: each item of a repeated-blocks list (:func:`is_repeated_blocks`) and, on the way
+    down to such lists, every other child whole; a model without repeated blocks is compiled whole. Each region gets
+    ``nn.Module.compile``, except that a region whose ``forward`` dynamo does not trace on its own (torch's
+    ``nn.Embedding``, ``nn.LayerNorm``, ``nn.Linear``, ...) is given the extra frame ``torch.compile(module)`` gives
+    it, so that it is compiled as in Accelerate's :func:`compile_regions` twin (``nn.Module.compile`` alone leaves
+    such modules running eagerly). The model keeps its object, class, attributes and state dict keys.
+    """
+    from torch._dynamo import external_utils
+
+    for region in _regions(module):
+        if _traced_only_from_a_frame_of_its_own(region):
+            region._compiled_call_impl = torch.compile(external_utils.wrap_inline(region._call_impl), **compile_kwargs)
         else:
-            blocks.extend(_repeated_blocks(child))
-    return blocks
+            region.compile(**compile_kwargs)
+    return module
+
+
+def _traced_only_from_a_frame_of_its_own(module: torch.nn.Module) -> bool:
+    """Whether ``torch.compile(module)`` wraps the module in an extra frame: its ``forward`` is one that dynamo's
+    trace rules do not start a frame in (torch's own modules), or the extra frame is configured for everyone."""
+    from torch._dynamo import config, trace_rules
+
+    forward = module.forward
+    return bool(config.wrap_top_frame or (isinstance(forward, MethodType) and trace_rules.check(forward)))
+
+
+def _compile_each_region(module: torch.nn.Module, compile_kwargs: dict) -> None:
+    for region in _regions(module):
+        region.compile(**compile_kwargs)
+
+
+def compile_regions_fsdp2(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
+    """Compile each region of ``module`` in place with ``nn.Module.compile``, as Accelerate's does for a model to
+    shard with FSDP2 (hooks that ``fully_shard`` adds afterwards still run); returns ``module``.
+
+    The regions are those of :func:`compile_regions_in_place`; as in Accelerate, a region that is one of torch's
+    own modules (an embedding, a norm, a head ``nn.Linear``) gets ``nn.Module.compile`` too, which dynamo does not
+    trace: it keeps running eagerly.
+    """
+    _compile_each_region(module, compile_kwargs)
+    return module
+
+
+def compile_regions_deepspeed(module: torch.nn.Module, **compile_kwargs) -> None:
+    """Compile each region of ``module`` (the model inside a DeepSpeed engine, ``engine.module``) in place with
+    ``nn.Module.compile``, as Accelerate's does: a ``torch.compile`` wrapper would bypass the engine's hooks and
+    offloaded parameters. Returns None, as Accelerate's does. The regions, and torch's own modules among them, are
+    as in :func:`compile_regions_fsdp2`."""
+    _compile_each_region(module, compile_kwargs)
 
 
 def compile_regions(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
-    """A twin of ``module`` whose repeated blocks are compiled, each on its own (the whole twin compiled when it
-    has none); ``module`` itself is left as it was.
+    """A twin of ``module`` whose regions (those of :func:`compile_regions_in_place`) are ``torch.compile``
+    wrappers; ``module`` itself is left uncompiled, as Accelerate's ``compile_regions`` does.
 
-    Repeated blocks are the items of an ``nn.ModuleList`` of one class (:func:`is_repeated_blocks`, the decoder
-    layers of a transformer): each becomes a ``torch.compile`` wrapper, and the compiled code of the first is
-    reused for the others, so compilation is much faster than for the whole model. The twin is a new object of
-    ``module``'s class that shares its parameters, buffers and attributes; methods bound to ``module`` (a
-    patched ``forward``) are bound to the twin, and ``twin.__dict__["_orig_mod"]`` is ``module``, so
-    ``unwrap_model(twin, keep_torch_compile=False)`` returns it. ``Accelerator.prepare`` compiles in place instead
-    (:func:`compile_regions_fsdp2`), which keeps the model's object and parameter names.
+    A repeated-blocks list becomes a new ``nn.ModuleList`` of compiled blocks; a module holding repeated blocks
+    becomes a new object of its class that shares its attributes (parameters, buffers, hooks, config: the same
+    dictionaries), whose methods bound to ``module`` (a patched ``forward``) are bound to the twin and whose children
+    are the children's twins; any other module becomes ``torch.compile(module)``. ``twin.__dict__["_orig_mod"]`` is
+    ``module``, so ``unwrap_model(twin, keep_torch_compile=False)`` returns it. ``Accelerator.prepare`` compiles in
+    place instead (:func:`compile_regions_in_place`), which keeps the model's object and parameter names.
+
+    Unlike Accelerate's, a container (``nn.ModuleList``, ``nn.ModuleDict``) that would be a region (a list of lists
+    of blocks, a list of blocks of several classes beside repeated blocks) is split into its children's regions:
+    Accelerate's twin wraps it in ``torch.compile``, which cannot be iterated, so the model's forward fails.
 
     Args:
         module: the model.
@@ -84,55 +185,20 @@ def compile_regions(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Modul
 
 def _compiled_twin(module: torch.nn.Module, compile_kwargs: dict) -> torch.nn.Module:
     if is_repeated_blocks(module):
-        return torch.nn.ModuleList(torch.compile(block, **compile_kwargs) for block in module)
-    if not has_repeated_blocks(module):
+        return torch.nn.ModuleList(_compiled_block(block, compile_kwargs) for block in module)
+    if not (has_repeated_blocks(module) or isinstance(module, _CONTAINERS)):
         return torch.compile(module, **compile_kwargs)
     twin = type(module).__new__(type(module))
     twin.__dict__.update(module.__dict__)
     for name, value in module.__dict__.items():
         if isinstance(value, MethodType) and value.__self__ is module:
             twin.__dict__[name] = MethodType(value.__func__, twin)
-    twin.__dict__["_parameters"] = dict(module._parameters)
-    twin.__dict__["_buffers"] = dict(module._buffers)
-    twin.__dict__["_modules"] = {
-        name: None if child is None else _compiled_twin(child, compile_kwargs)
-        for name, child in module._modules.items()
-    }
+    twin.__dict__["_modules"] = {name: _compiled_twin(child, compile_kwargs) for name, child in module.named_children()}
     return twin
 
 
-def _compile_in_place(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
-    """Compile each repeated block of ``module`` in place (``nn.Module.compile``), the whole module when it has
-    none: ``module`` keeps its class, attributes and state dict keys."""
-    blocks = _repeated_blocks(module)
-    for block in blocks or [module]:
-        block.compile(**compile_kwargs)
-    return module
-
-
-def compile_regions_deepspeed(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
-    """Regional compilation in place, for a model inside a DeepSpeed engine: each repeated block of ``module`` (the
-    whole module when it has none) is compiled with ``nn.Module.compile``; returns ``module``."""
-    return _compile_in_place(module, **compile_kwargs)
-
-
-def compile_regions_fsdp2(module: torch.nn.Module, **compile_kwargs) -> torch.nn.Module:
-    """Regional compilation in place, for a model sharded with FSDP2 (hooks that ``fully_shard`` adds later still
-    run): each repeated block of ``module`` (the whole module when it has none) is compiled with
-    ``nn.Module.compile``; returns ``module``."""
-    return _compile_in_place(module, **compile_kwargs)
-
-
-def is_repeated_blocks(module: torch.nn.Module) -> bool:
-    """Whether ``module`` is a non-empty ``nn.ModuleList`` whose items are all of the class of the first one."""
-    return (
-        isinstance(module, torch.nn.ModuleList)
-        and len(module) > 0
-        and all(isinstance(m, type(module[0])) for m in module)
-    )
-
-
-def has_repeated_blocks(module: torch.nn.Module) -> bool:
-    """Whether ``module`` holds repeated blocks (:func:`is_repeated_blocks`) at any depth: regional compilation
-    (:func:`compile_regions`) then compiles one block and reuses it."""
-    return any(is_repeated_blocks(submodule) for submodule in module.modules())
+def _compiled_block(block: torch.nn.Module, compile_kwargs: dict) -> torch.nn.Module:
+    """The twin of one item of a repeated-blocks list: compiled whole, or split when it is a container."""
+    if isinstance(block, _CONTAINERS):
+        return _compiled_twin(block, compile_kwargs)
+    return torch.compile(block, **compile_kwargs)

@@ -1,7 +1,7 @@
 """Recognising and removing the wrappers hasten and torch put around a model (DDP, DeepSpeed, compile, autocast).
 
 FSDP2 adds no wrapper (``fully_shard`` shards the model in place), and the Accelerator's regional compilation
-compiles blocks in place, so neither needs unwrapping; the twin that
+compiles regions in place, so neither needs unwrapping; the twin that
 :func:`hasten.runtime.compilation.compile_regions` returns unwraps to the module it was made from.
 """
 
@@ -20,16 +20,15 @@ def is_compiled_module(module) -> bool:
 
 
 def has_compiled_regions(module: torch.nn.Module) -> bool:
-    """True when part of ``module`` was compiled on its own: a ``torch.compile`` wrapper among its
-    submodules, or a module compiled in place with ``nn.Module.compile`` (regional compilation)."""
+    """True when ``module`` or a module inside it was compiled: a ``torch.compile`` wrapper (as Accelerate's answers,
+    ``module`` itself included), or a module compiled in place with ``nn.Module.compile``. Accelerate's answers False
+    for the latter, which is how hasten's ``prepare`` compiles regions on every engine (and Accelerate's under FSDP2
+    and DeepSpeed)."""
     if not isinstance(module, torch.nn.Module):
         return False
-    for sub in module.modules():
-        if sub is not module and is_compiled_module(sub):
-            return True
-        if getattr(sub, "_compiled_call_impl", None) is not None:
-            return True
-    return False
+    return any(
+        is_compiled_module(sub) or getattr(sub, "_compiled_call_impl", None) is not None for sub in module.modules()
+    )
 
 
 def _inner(model):

@@ -14,6 +14,7 @@ from typing import Any, ClassVar, Iterable, Mapping
 import torch
 
 from ..enums import DistributedType
+from ..runtime.compilation import compile_model
 from ..runtime.precision import Precision
 from ..runtime.weights.offloaded import cpu_state_dict, has_offloaded_weights
 
@@ -108,6 +109,13 @@ class Strategy(ABC):
     ) -> torch.optim.Optimizer:
         """Return the optimizer to wrap; engines that replace parameters rebind it here."""
         return optimizer
+
+    def compile_model(self, model: torch.nn.Module, dynamo_plugin) -> torch.nn.Module:
+        """Compile a model :meth:`prepare` or :meth:`setup_model` returned, as ``dynamo_plugin`` (a
+        :class:`~hasten.utils.TorchDynamoPlugin`, or None) says: ``torch.compile``'s wrapper around it, or its regions
+        compiled in place (:func:`hasten.runtime.compilation.compile_model`). Engines that compile elsewhere or with
+        other settings override this."""
+        return compile_model(model, dynamo_plugin)
 
     # ---------------------------------------------------------------------------------- training
 

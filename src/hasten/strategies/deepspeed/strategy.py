@@ -22,6 +22,7 @@ import torch
 from ...enums import DistributedType
 from ...errors import CheckpointError, ConfigError, NotSupportedError
 from ...logging import get_logger
+from ...runtime.compilation import compile_regions_deepspeed, compile_settings
 from ...runtime.operations import barrier
 from ...scheduler import AcceleratedScheduler
 from ...state import GradientState, warn_once
@@ -254,6 +255,19 @@ class DeepSpeedStrategy(Strategy):
             split = any(getattr(loader, "split_batches", False) for loader in dataloaders)
             script.scheduler = _scheduler_values(self._dummy_scheduler, self._dummy_optimizer, 1 if split else num)
         return script
+
+    def compile_model(self, model: torch.nn.Module, dynamo_plugin) -> torch.nn.Module:
+        """The engine compiles its module in place, as under Accelerate: ``engine.compile`` for the whole model, or
+        the module's regions (:func:`~hasten.runtime.compilation.compile_regions_deepspeed`); the engine is returned.
+        Models outside the engine (inference only) are compiled as by the base strategy."""
+        kwargs = compile_settings(model, dynamo_plugin)
+        if model is not self.engine or kwargs is None:
+            return super().compile_model(model, dynamo_plugin)
+        if dynamo_plugin.use_regional_compilation:
+            compile_regions_deepspeed(model.module, **kwargs)
+        else:
+            model.compile(backend=kwargs.pop("backend"), compile_kwargs=kwargs)
+        return model
 
     def setup_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False

@@ -17,6 +17,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...enums import DistributedType
 from ...errors import CheckpointError, ConfigError
+from ...runtime.compilation import compile_regions_fsdp2, compile_settings
 from ...runtime.parallelism import data_parallel_mesh
 from ...runtime.wrappers import is_compiled_module
 from ..base import Strategy
@@ -199,6 +200,18 @@ class FSDPStrategy(Strategy):
         for parameter in inner.parameters():
             self._sharded[parameter] = True
         return model
+
+    def compile_model(self, model: torch.nn.Module, dynamo_plugin) -> torch.nn.Module:
+        """As the base strategy (the sharded model, whole or by region in place); compiling regions also turns on
+        dynamo's ``capture_scalar_outputs`` and ``skip_fwd_side_effects_in_bwd_under_checkpoint`` for the process, as
+        Accelerate does under FSDP2 (torchtitan's recipe for compiled blocks: data-dependent shapes such as MoE
+        routing, and no replay of forward side effects when checkpointed blocks recompute)."""
+        kwargs = compile_settings(model, dynamo_plugin)
+        if kwargs is None or not dynamo_plugin.use_regional_compilation:
+            return super().compile_model(model, dynamo_plugin)
+        torch._dynamo.config.capture_scalar_outputs = True
+        torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+        return compile_regions_fsdp2(model, **kwargs)
 
     def _weights_to_broadcast(self, model: torch.nn.Module) -> dict | None:
         """Process 0's full state dict when its weights are broadcast at setup (``{}`` on other processes)."""
