@@ -164,14 +164,19 @@ def _framework(spec: Spec, model, device, backend: str, loader):
 
 
 def _fp8_facts(model, optimizer) -> dict:
-    """How many layers compute in float8, and how many of the model's parameters the optimizer does not update."""
+    """How many layers compute in float8, and how much of the model the optimizer does not update (parameter
+    tensors and their values)."""
     inner = getattr(optimizer, "optimizer", optimizer)
     held = {id(p) for group in inner.param_groups for p in group["params"]}
-    params = list(getattr(model, "_orig_mod", model).parameters())
+    module = getattr(model, "_orig_mod", model)
+    params = list(module.parameters())
+    missing = [p for p in params if id(p) not in held]
     return {
-        "float8_layers": sum(type(m).__name__ == "Float8Linear" for m in getattr(model, "_orig_mod", model).modules()),
-        "params_not_in_optimizer": sum(id(p) not in held for p in params),
+        "float8_layers": sum(type(m).__name__ == "Float8Linear" for m in module.modules()),
+        "params_not_in_optimizer": len(missing),
+        "values_not_in_optimizer": sum(p.numel() for p in missing),
         "params": len(params),
+        "values": sum(p.numel() for p in params),
     }
 
 
