@@ -180,6 +180,7 @@ class _Worker:
             )
         self.started = time.monotonic()
         self.current: tuple[str, float] | None = None
+        self.first_step: float | None = None
         self._read = 0
 
     def events(self) -> list[dict]:
@@ -190,8 +191,22 @@ class _Worker:
         fresh = [json.loads(line) for line in lines[self._read :] if line.strip()]
         self._read += len(fresh)
         for event in fresh:
-            self.current = (event["spec"], time.monotonic()) if event["event"] == "start" else None
+            if event["event"] == "start":
+                self.current, self.first_step = (event["spec"], time.monotonic()), None
+            elif event["event"] == "progress":
+                self.first_step = event.get("first_step_s")
+            else:
+                self.current = None
         return [event for event in fresh if event["event"] == "result"]
+
+    def where(self) -> str:
+        """Where the running contestant is, and the end of the worker's log, for a contestant stopped on time."""
+        phase = (
+            f"its first step (compilation) took {self.first_step:.0f} s"
+            if self.first_step is not None
+            else "it had not finished its first step (building, preparing, compiling)"
+        )
+        return f"{phase}; log: {_tail(self.log, 4)}"
 
 
 def run_specs(
@@ -237,14 +252,15 @@ def _watch(worker: _Worker, results: dict, limit: float, deadline: float | None)
         running = worker.current
         if running and now - running[1] > limit:
             _stop(worker.process)
-            results[running[0]] = {"spec": running[0], "status": "timeout", "reason": f"no result within {limit:.0f} s"}
+            reason = f"no result within {limit:.0f} s: {worker.where()}"
+            results[running[0]] = {"spec": running[0], "status": "timeout", "reason": reason}
         elif deadline is not None and now > deadline:
             _stop(worker.process)
             if running:
                 results[running[0]] = {
                     "spec": running[0],
                     "status": "budget",
-                    "reason": f"stopped after {now - running[1]:.0f} s: the time budget was spent",
+                    "reason": f"stopped after {now - running[1]:.0f} s, the time budget spent: {worker.where()}",
                 }
         elif not done:
             time.sleep(0.5)
@@ -306,6 +322,6 @@ def _prewarm_poll(worker: _Worker, deadline: float) -> list[dict]:
         _stop(worker.process)
         if worker.current:
             status = "crashed" if finished else "budget"
-            results.append({"spec": worker.current[0], "status": status, "reason": _tail(worker.log, 3)})
+            results.append({"spec": worker.current[0], "status": status, "reason": worker.where()})
             print(f"prewarm [{worker.current[0]}] {status}", flush=True)
     return results

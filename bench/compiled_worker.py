@@ -180,8 +180,9 @@ def _fp8_facts(model, optimizer) -> dict:
     }
 
 
-def _timed(step, batches, device, args) -> dict:
-    """Warm-up steps (the first one compiles), then the timed segments; losses of every step, peak memory."""
+def _timed(step, batches, device, args, note) -> dict:
+    """Warm-up steps (the first one compiles; ``note`` is told its seconds), then the timed segments; losses of every
+    step, peak memory."""
     import torch
 
     losses = []
@@ -189,6 +190,7 @@ def _timed(step, batches, device, args) -> dict:
     losses.append(step(*next(batches)).detach())
     _sync(device)
     first = time.perf_counter() - start
+    note(first_step_s=first)
     for _ in range(args.warmup - 1):
         losses.append(step(*next(batches)).detach())
     _sync(device)
@@ -205,8 +207,9 @@ def _timed(step, batches, device, args) -> dict:
     return {"first_step_s": first, "seconds": seconds, "peak_gib": peak, "losses": [float(x) for x in losses]}
 
 
-def run_one(spec: Spec, args, device, watch: DynamoWatch) -> dict:
-    """Build, prepare and train one contestant; its result (without the status)."""
+def run_one(spec: Spec, args, device, watch: DynamoWatch, note) -> dict:
+    """Build, prepare and train one contestant; its result (without the status). ``note(**fields)`` reports progress
+    (the first step's seconds) before the result."""
     import torch
 
     config = dict(SIZES[args.size], **({"layers": args.layers} if args.layers else {}))
@@ -226,7 +229,7 @@ def run_one(spec: Spec, args, device, watch: DynamoWatch) -> dict:
         _sync(device)
         result = {"first_step_s": time.perf_counter() - start}
     else:
-        result = _timed(step, batches, device, args)
+        result = _timed(step, batches, device, args, note)
         tokens = args.segment_steps * args.batch * config["sequence"]
         result["tokens_per_s"] = [tokens / s for s in result.pop("seconds")]
     result["dynamo"] = watch.stop()
@@ -258,6 +261,11 @@ def _forget(device) -> None:
         torch.cuda.empty_cache()
 
 
+def _progress_writer(write, text: str):
+    """``note(**fields)`` for :func:`run_one`: a ``progress`` event of contestant ``text``."""
+    return lambda **fields: write({"event": "progress", "spec": text, **fields})
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every ``--specs`` contestant in turn; one ``start`` and one ``result`` JSON line each in ``--output``."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -282,20 +290,23 @@ def main(argv: list[str] | None = None) -> int:
     watch = DynamoWatch()
     watch.install()
     with open(args.output, "a") as out:
+
+        def write(event: dict) -> None:
+            out.write(json.dumps(event) + "\n")
+            out.flush()
+
         for text in args.specs:
             spec = Spec.parse(text)
-            out.write(json.dumps({"event": "start", "spec": text}) + "\n")
-            out.flush()
+            write({"event": "start", "spec": text})
             try:
-                event = {"status": "ok", **run_one(spec, args, device, watch)}
+                event = {"status": "ok", **run_one(spec, args, device, watch, _progress_writer(write, text))}
             except Unavailable as error:
                 event = {"status": "skipped", "reason": str(error)}
             except Exception as error:  # noqa: BLE001 - reported; the next contestant still runs
                 traceback.print_exc()
                 event = {"status": "failed", "reason": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
             _forget(device)
-            out.write(json.dumps({"event": "result", "spec": text, **event}) + "\n")
-            out.flush()
+            write({"event": "result", "spec": text, **event})
     return 0
 
 
