@@ -232,6 +232,8 @@ def run_specs(
         tag = f"{'prewarm' if prewarm else 'run'}-{remaining[0].text.replace('/', '-')}-{attempt}"
         worker = _Worker(remaining, options, folder, env, prewarm, tag)
         _watch(worker, results, limit, deadline)
+        if deadline is not None and time.monotonic() > deadline:
+            break
         left = [spec for spec in remaining if spec.text not in results]
         if len(left) == len(remaining):  # the worker died before it finished anything: it would again
             reason = f"worker exit {worker.process.returncode} before any result: {_tail(worker.log)}"
