@@ -16,6 +16,7 @@ the same script trains with torch's AdamW and a linear schedule.
 
 import argparse
 import json
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,13 @@ from hasten import Accelerator
 from hasten.utils import DummyOptim, DummyScheduler, set_seed
 
 SHOWN_KEYS = ("train_micro_batch_size_per_gpu", "train_batch_size", "gradient_accumulation_steps", "gradient_clipping")
+
+# DeepSpeed's ZeRO-2 step gathers the updated parameters with torch.distributed.all_gather_into_tensor, which torch
+# 2.13 deprecates: a FutureWarning at the first step of every process. The call still works, and only a DeepSpeed
+# release can change it.
+warnings.filterwarnings(
+    "ignore", message=r"`torch\.distributed\.all_gather_into_tensor` is deprecated", category=FutureWarning
+)
 
 
 def datasets(seed: int, features: int = 16, classes: int = 4):

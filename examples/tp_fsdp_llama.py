@@ -15,6 +15,7 @@ source files (a byte-level model, 256 tokens); the held-out loss falls from ln 2
 
 import argparse
 import importlib.util
+import warnings
 from pathlib import Path
 
 import torch
@@ -27,6 +28,11 @@ from hasten import Accelerator, ParallelismConfig
 from hasten.utils import set_seed
 
 CORPUS_MODULES = ("textwrap", "string", "fnmatch", "glob", "shlex", "queue", "bisect", "heapq")
+
+# torch's FSDP2 warns at the first forward that the model returned a view: the logits of the tensor-parallel lm_head
+# are one (DTensor.to_local returns a view of the gathered tensor), and an in-place op on them (`logits /= t`) would
+# skip FSDP's pre-backward hook. This script never changes them in place, so the warning says nothing about it.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module \(.*\) returned a view tensor", category=UserWarning)
 
 
 def byte_windows(block_size: int) -> TensorDataset:

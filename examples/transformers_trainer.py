@@ -122,6 +122,11 @@ def main():
         report_to="none",
         disable_tqdm=True,
         seed=0,
+        # Every parameter of GPT-2 gets a gradient: DDP's search for unused ones (Trainer's default without gradient
+        # checkpointing) only costs a traversal of the graph per step, and DDP warns about it.
+        ddp_find_unused_parameters=False,
+        # Pinned memory is for copies to a GPU; without one, torch's DataLoader warns that it is not used.
+        dataloader_pin_memory=torch.cuda.is_available(),
     )
     trainer = Trainer(
         model=model,

@@ -1,4 +1,5 @@
-"""Every example runs exactly as docs/quick_tour.md says: the commands of its table, run as written.
+"""Every example runs exactly as docs/quick_tour.md says: the commands of its table, run as written, and prints no
+Python or torch warning (a warning the user cannot act on is fixed, or filtered in the example with its reason).
 
 The commands are read from the table's last column and run with this venv's ``hasten`` or ``accelerate`` command,
 from a scratch folder in which ``examples`` is the repository's (so the folders they write stay there). The one
@@ -58,6 +59,10 @@ def run_documented(example: str, workdir: Path) -> list[subprocess.CompletedProc
                 f"`{command}` failed ({proc.returncode}):\n"
                 f"--- stdout ---\n{proc.stdout[-6000:]}\n--- stderr ---\n{proc.stderr[-8000:]}"
             )
+        noise = [line for line in proc.stderr.splitlines() if "Warning: " in line]
+        assert not noise, f"`{command}` printed warnings (an example prints none a user cannot act on):\n" + "\n".join(
+            noise
+        )
         runs.append(proc)
     return runs
 
