@@ -49,7 +49,12 @@ _GENERAL_ROWS = (
         default="NO",
         question=Question("Which type of machine are you using?", "NO"),
     ),
-    _option("config_file", GENERAL, "Launch config file to use (default: the file written by `hasten config`)."),
+    _option(
+        "config_file",
+        GENERAL,
+        "Launch config file to use (default: $HASTEN_CONFIG_FILE, else the file written by the `config` command: "
+        "hasten's, or Accelerate's under the accelerate command).",
+    ),
     _option("quiet", GENERAL, "Do not print the summary of the settings in force.", switch=True, short="-q"),
     _option("module", GENERAL, "Run the training script as a module (python -m).", switch=True, short="-m"),
     _option("no_python", GENERAL, "Run the training script as an executable, without `python`.", switch=True),
