@@ -232,10 +232,14 @@ class Framework:
     """hasten's (or accelerate's) loop: the prepared model runs under autocast, ``backward`` scales.
 
     ``keep``: outputs stay in the autocast dtype (hasten's ``convert_outputs_to_fp32=False``) and the loss runs
-    under ``accelerator.autocast()``, as in the raw loop.
+    under ``accelerator.autocast()``, as in the raw loop. ``compile_regions``: regional compilation with inductor
+    (``TorchDynamoPlugin(backend="inductor", use_regional_compilation=True)``). ``../shared/probes/
+    gpu_compile_side.py`` builds this class with these arguments: keep them.
     """
 
-    def __init__(self, name: str, module: str, precision: str, device, keep: bool = False):
+    def __init__(
+        self, name: str, module: str, precision: str, device, keep: bool = False, compile_regions: bool = False
+    ):
         import importlib
 
         self.name, self.device, self.keep = name, device, keep
@@ -245,14 +249,20 @@ class Framework:
         options = {"dataloader_config": utils.DataLoaderConfiguration(non_blocking=True), "kwargs_handlers": []}
         if keep:
             options["kwargs_handlers"].append(utils.AutocastKwargs(convert_outputs_to_fp32=False))
+        if precision == "fp8" and device.type == "cpu":  # no float8 matmuls on this CPU: torchao's emulation
+            from torchao.float8 import Float8LinearConfig
+
+            options["kwargs_handlers"].append(utils.AORecipeKwargs(config=Float8LinearConfig(emulate=True)))
+        if compile_regions:
+            options["dynamo_plugin"] = utils.TorchDynamoPlugin(backend="inductor", use_regional_compilation=True)
         self.accelerator = package.Accelerator(mixed_precision=precision, **options)
 
-    def run(self, init, config, args) -> dict:
+    def run(self, init, config, args, learnable: bool = False) -> dict:
         accelerator = self.accelerator
         model = _gpt(config)
         model.load_state_dict(init)
         optimizer = _optimizer(model.to(self.device), self.device)
-        loader = _loader(config, args.batch, args.warmup + args.steps + 1, self.device.type == "cuda")
+        loader = _loader(config, args.batch, args.warmup + args.steps + 1, self.device.type == "cuda", learnable)
         model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
 
         def step(inputs, targets):
