@@ -7,10 +7,13 @@ then the ratio of medians to raw PyTorch last.
 
 from __future__ import annotations
 
-import importlib.util
+import os
 import socket
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def summary(samples: Sequence[float]) -> tuple[float, float, float]:
@@ -46,9 +49,38 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def has_module(name: str) -> bool:
-    """True when ``name`` is importable (used to add ``accelerate`` / ``lightning`` as contestants)."""
+def reference_accelerate(path: str | None = None) -> Path | None:
+    """The folder holding HuggingFace's ``accelerate`` package for the workers: ``path`` when given, else the
+    repository's ``.reference/accelerate-*`` when present, else None (the installed one)."""
+    if path:
+        return Path(path).resolve()
+    found = sorted((ROOT / ".reference").glob("accelerate-*/accelerate"))
+    return found[-1].parent if found else None
+
+
+def worker_environment(accelerate_path: str | None = None, **variables: str) -> dict:
+    """This process's environment for a worker: the reference copy of Accelerate (:func:`reference_accelerate`)
+    first on ``PYTHONPATH``, then hasten's ``src``; unbuffered output; plus ``variables``."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **variables)
+    reference = reference_accelerate(accelerate_path)
+    paths = ([str(reference)] if reference else []) + [str(ROOT / "src")]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    return env
+
+
+def real_accelerate() -> str | None:
+    """The version of HuggingFace's Accelerate that ``import accelerate`` gives this process, or None when there is
+    none or it is hasten under Accelerate's name (its alias distribution)."""
     try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
+        import accelerate
+    except ImportError:
+        return None
+    if not getattr(accelerate, "Accelerator", type).__module__.startswith("accelerate."):
+        return None
+    return getattr(accelerate, "__version__", "?")
+
+
+def accelerate_available(path: str | None = None) -> bool:
+    """Whether processes started with :func:`worker_environment` (``path``) import HuggingFace's Accelerate: a
+    reference copy is there, or the installed ``accelerate`` is not hasten's alias of it."""
+    return reference_accelerate(path) is not None or real_accelerate() is not None

@@ -19,7 +19,6 @@ Usage: python bench/bench_import.py [--runs 7]
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import describe, has_module, round_order  # noqa: E402
+from _common import accelerate_available, describe, round_order, worker_environment  # noqa: E402
 
 OPTIONAL = (
     "deepspeed",
@@ -71,7 +70,7 @@ def _time(command: list[str]) -> float:
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        env=worker_environment(PYTHONDONTWRITEBYTECODE="1"),  # HuggingFace's Accelerate first, not the alias
     )
     return time.perf_counter() - start
 
@@ -103,7 +102,7 @@ def main() -> None:
         "from hasten import Accelerator": _python("from hasten import Accelerator"),
         "hasten --help": [*_hasten_cli(), "--help"],
     }
-    if has_module("accelerate"):
+    if accelerate_available():
         commands["import accelerate"] = _python("import accelerate")
         commands["from accelerate import Accelerator"] = _python("from accelerate import Accelerator")
     for command in commands.values():

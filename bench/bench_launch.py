@@ -12,7 +12,6 @@ Usage: python bench/bench_launch.py [--runs 7]
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import statistics
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import has_module  # noqa: E402
+from _common import accelerate_available, worker_environment  # noqa: E402
 
 
 def _hasten_command() -> list[str]:
@@ -49,16 +48,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         noop = Path(folder) / "noop.py"
         noop.write_text("")
-        env = {
-            **os.environ,
-            "HASTEN_HOME": folder,
-            "HF_HOME": folder,
-        }  # no config file: every launcher starts from its defaults
+        # no config file: every launcher starts from its defaults; HuggingFace's Accelerate first, not the alias
+        env = worker_environment(HASTEN_HOME=folder, HF_HOME=folder)
         commands = {
             "hasten launch": [*_hasten_command(), "launch", "--num_processes", "2", str(noop)],
             "torchrun": [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(noop)],
         }
-        if has_module("accelerate"):
+        if accelerate_available():
             accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
             commands["accelerate launch"] = [
                 *accelerate,

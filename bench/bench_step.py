@@ -40,7 +40,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import describe, free_port, has_module, paired_ratio_range, ratio_of_medians, round_order  # noqa: E402
+from _common import (  # noqa: E402
+    describe,
+    free_port,
+    paired_ratio_range,
+    ratio_of_medians,
+    real_accelerate,
+    round_order,
+    worker_environment,
+)
 
 BATCH = 32
 WIDTH, HIDDEN = 256, 512
@@ -292,7 +300,7 @@ class FrameworkLoop:
 
 def _contestants(world: int) -> list:
     contestants = [RawTorch(world), FrameworkLoop("hasten", "hasten")]
-    if has_module("accelerate"):
+    if real_accelerate() is not None:  # HuggingFace's Accelerate, not hasten's alias of it
         contestants.append(FrameworkLoop("accelerate", "accelerate"))
     return contestants
 
@@ -392,7 +400,7 @@ def _launch(processes: int, args, output: Path) -> dict:
         "--master_port",
         str(free_port()),
     ]
-    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    env = worker_environment(args.accelerate_path, OMP_NUM_THREADS=str(args.threads))
     subprocess.run([*launcher, *script], check=True, env=env)
     return json.loads(output.read_text())
 
@@ -458,6 +466,11 @@ def main() -> None:
         help="MLP input/output width (a tiny model, e.g. 4, shows the framework cost alone)",
     )
     parser.add_argument("--hidden", type=int, default=HIDDEN, help="MLP hidden width")
+    parser.add_argument(
+        "--accelerate-path",
+        help="folder holding HuggingFace's accelerate package (default: the repository's .reference copy, else the "
+        "installed one when it is not hasten's alias)",
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--output", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from _common import real_accelerate, reference_accelerate, worker_environment  # noqa: F401  (re-exported)
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "compiled_worker.py"
 
@@ -101,37 +103,6 @@ class RunOptions:
         args += ["--backend", self.backend, "--threads", str(self.threads)]
         args += ["--layers", str(self.layers)] if self.layers else []
         return args + (["--cpu"] if self.cpu else [])
-
-
-def reference_accelerate(path: str | None = None) -> Path | None:
-    """The folder holding HuggingFace's ``accelerate`` package for the workers: ``path`` when given, else the
-    repository's ``.reference/accelerate-*`` when present, else None (the installed one)."""
-    if path:
-        return Path(path).resolve()
-    found = sorted((ROOT / ".reference").glob("accelerate-*/accelerate"))
-    return found[-1].parent if found else None
-
-
-def worker_environment(accelerate_path: str | None = None, **variables: str) -> dict:
-    """This process's environment for a worker: the reference copy of Accelerate (:func:`reference_accelerate`)
-    first on ``PYTHONPATH``, then hasten's ``src``; unbuffered output; plus ``variables``."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **variables)
-    reference = reference_accelerate(accelerate_path)
-    paths = ([str(reference)] if reference else []) + [str(ROOT / "src")]
-    env["PYTHONPATH"] = os.pathsep.join(paths + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    return env
-
-
-def real_accelerate() -> str | None:
-    """The version of HuggingFace's Accelerate that ``import accelerate`` gives this process, or None when there is
-    none or it is hasten under Accelerate's name (its alias distribution)."""
-    try:
-        import accelerate
-    except ImportError:
-        return None
-    if not getattr(accelerate, "Accelerator", type).__module__.startswith("accelerate."):
-        return None
-    return getattr(accelerate, "__version__", "?")
 
 
 def _stop(process: subprocess.Popen) -> None:
