@@ -5,23 +5,32 @@ thread each). Each round times ``--calls`` calls of every contestant, alternatin
 rounds; printed are the median microseconds per call with the min-max spread and the ratio of
 medians hasten/raw, for a 1-element tensor (latency-bound: any fixed overhead shows), a 64k-float
 tensor (a typical metrics gather) and a pair of 32x256 tensors (``gather_for_metrics((predictions,
-labels))``, which raw PyTorch gathers one by one and hasten in one buffer). Every hasten call also
-exchanges the 3-integer header of :mod:`hasten.runtime.collective_check` first. Then, in one process,
-the cost of the watchdog's record (enter + leave) and of computing the header's digest.
+labels))``, which raw PyTorch gathers one by one and hasten in one buffer). Every hasten call is checked
+(:mod:`hasten.runtime.collective_check`): a payload of at most 64 KiB repeated with the same size travels
+inside the check's one all-gather, a larger one after it. HuggingFace's Accelerate is a third contestant when
+the workers can import it (the repository's reference copy, ``--accelerate-path``). Then, in one process, the
+cost of the watchdog's record (enter + leave) and of computing the header's digest.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import describe, free_port, paired_ratio_range, ratio_of_medians, round_order  # noqa: E402
+from _common import (  # noqa: E402
+    describe,
+    free_port,
+    paired_ratio_range,
+    ratio_of_medians,
+    real_accelerate,
+    round_order,
+    worker_environment,
+)
 
 SIZES = {"1 float": 1, "64k floats": 65536}
 PAIR = {"2 x 32x256 floats": 32 * 256}
@@ -48,11 +57,18 @@ def _contestants():
     def raw_gather_pair(pair):
         return tuple(raw_gather(t) for t in pair)
 
-    return {
-        "gather": ({"raw": raw_gather, "hasten": gather}, SIZES),
-        "reduce": ({"raw": raw_reduce, "hasten": lambda t: reduce(t, "mean")}, SIZES),
-        "gather pair": ({"raw": raw_gather_pair, "hasten": gather}, PAIR),
-    }
+    gathers = {"raw": raw_gather, "hasten": gather}
+    reduces = {"raw": raw_reduce, "hasten": lambda t: reduce(t, "mean")}
+    pairs = {"raw": raw_gather_pair, "hasten": gather}
+    if real_accelerate() is not None:
+        from accelerate import PartialState
+        from accelerate.utils import gather as accelerate_gather
+        from accelerate.utils import reduce as accelerate_reduce
+
+        PartialState(cpu=True)  # joins the process group hasten created
+        gathers["accelerate"] = pairs["accelerate"] = accelerate_gather
+        reduces["accelerate"] = lambda t: accelerate_reduce(t, "mean")
+    return {"gather": (gathers, SIZES), "reduce": (reduces, SIZES), "gather pair": (pairs, PAIR)}
 
 
 def worker(args) -> None:
@@ -120,6 +136,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--output", default="")
+    parser.add_argument("--accelerate-path", help="folder holding HuggingFace's accelerate (default: .reference)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -127,7 +144,7 @@ def main() -> None:
         return
     output = Path(args.output or "outputs/bench_collectives.json")
     output.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env = worker_environment(args.accelerate_path, OMP_NUM_THREADS="1")
     command = [
         sys.executable,
         "-m",
@@ -156,10 +173,13 @@ def main() -> None:
             print(describe(f"  {case:26s} {name:7s}", values, unit="us", scale=1e6, digits=digits))
         if "raw" not in samples:
             continue
-        fastest = min(samples["hasten"]) / min(samples["raw"])
-        median, low, high = paired_ratio_range(samples["hasten"], samples["raw"])
-        ratio = ratio_of_medians(samples["hasten"], samples["raw"])
-        print(f"  {case:26s} hasten/raw: {ratio:.3f} (per-round {low:.3f}-{high:.3f}; fastest rounds {fastest:.3f})")
+        for name in [n for n in samples if n != "raw"]:
+            fastest = min(samples[name]) / min(samples["raw"])
+            median, low, high = paired_ratio_range(samples[name], samples["raw"])
+            ratio = ratio_of_medians(samples[name], samples["raw"])
+            print(
+                f"  {case:26s} {name}/raw: {ratio:.3f} (per-round {low:.3f}-{high:.3f}; fastest rounds {fastest:.3f})"
+            )
 
 
 if __name__ == "__main__":
