@@ -32,10 +32,19 @@ def script(tmp_path) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("port", ["99999", "0", "-1", "65536"])
+@pytest.mark.parametrize("port", ["99999", "-1", "65536"])
 def test_a_port_outside_1_to_65535_is_a_clear_error(script, port):
     with pytest.raises(ConfigError, match=rf"main_process_port={port} \(from flag --main_process_port\) is not a TCP"):
         launch_cmd.prepare_launch(_args("--num_processes", "2", "--main_process_port", port, script), hardware=CPU)
+
+
+def test_port_0_is_a_free_port_on_one_machine_as_in_accelerate(script):
+    plan = launch_cmd.prepare_launch(_args("--num_processes", "2", "--main_process_port", "0", script), hardware=CPU)
+    assert plan.settings.config.main_process_port is None  # the launcher's free port (it used 29500)
+    assert "HASTEN_MAIN_PROCESS_PORT" not in plan.env
+    argv = ["--num_machines", "2", "--num_processes", "2", "--main_process_ip", "10.0.0.1", "--machine_rank", "1"]
+    with pytest.raises(ConfigError, match=r"main_process_port=0 \(from flag --main_process_port\) asks for a free"):
+        launch_cmd.prepare_launch(_args(*argv, "--main_process_port", "0", script), hardware=CPU)
 
 
 def test_a_port_of_the_config_file_names_the_file(tmp_path, script, capsys):

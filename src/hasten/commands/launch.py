@@ -236,18 +236,31 @@ def _check_machines(settings: ResolvedSettings) -> int:
             f"machine_rank={config.machine_rank} (from {sources['machine_rank']}) must be between 0 and "
             f"num_machines - 1 = {config.num_machines - 1}."
         )
-    port = config.main_process_port
-    if port is not None and not 1 <= port <= 65535:
-        raise ConfigError(
-            f"main_process_port={port} (from {sources['main_process_port']}) is not a TCP port: give a number from 1 "
-            "to 65535, or leave it out on a single machine to get a free one (29500 on several machines)."
-        )
+    _check_port(settings)
     if config.num_machines > 1 and not config.main_process_ip:
         raise ConfigError(
             f"num_machines={config.num_machines} needs the address of machine rank 0: pass --main_process_ip <address> "
             "(the same on every machine), or set main_process_ip in the config file."
         )
     return config.num_processes // config.num_machines
+
+
+def _check_port(settings: ResolvedSettings) -> None:
+    """A TCP port, or 0: a free one (Accelerate's ``--main_process_port 0``), which only a single machine can pick."""
+    config, source = settings.config, settings.sources["main_process_port"]
+    port = config.main_process_port
+    if port == 0 and config.num_machines == 1:
+        config.main_process_port = None  # the launcher picks a free port when none is given
+    elif port == 0:
+        raise ConfigError(
+            f"main_process_port=0 (from {source}) asks for a free port, which each of the {config.num_machines} "
+            "machines would pick on its own: give them all the same port, e.g. --main_process_port 29500."
+        )
+    elif port is not None and not 1 <= port <= 65535:
+        raise ConfigError(
+            f"main_process_port={port} (from {source}) is not a TCP port: give a number from 1 to 65535, or 0 (or "
+            "nothing) on a single machine for a free one."
+        )
 
 
 def _gpu_ids(settings: ResolvedSettings, available: int) -> list[int] | None:
