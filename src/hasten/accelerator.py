@@ -299,6 +299,10 @@ class Accelerator(
             result[i] = self._wrap_optimizer(optimizer, device_placement[i], raw)
         for i, scheduler in zip(sched_idx, schedulers):
             result[i] = self._wrap_scheduler(scheduler)
+        if model_idx:  # as in Accelerate, loaders prepared with the model are split for its sequence parallelism
+            for i, kind in enumerate(kinds):
+                if kind == "dataloader":
+                    result[i] = self._strategy.sequence_parallel_loader(result[i], result[model_idx[0]])
         for i in model_idx:
             _mark_prepared(result[i])
         return result[0] if len(result) == 1 else tuple(result)

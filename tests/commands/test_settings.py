@@ -141,6 +141,18 @@ class Effect:
     hardware: Hardware = CPU
 
 
+def _sequence_option(axis: str, option: str) -> Callable[[Any], Any]:
+    """What the process's ``ParallelismConfig`` with ``<axis>_size=2`` holds as ``option`` (on itself or its
+    handler)."""
+
+    def read(plan):
+        config = ParallelismConfig(**{f"{axis}_size": 2})
+        handler = getattr(config, f"{axis}_handler")
+        return getattr(config, option) if hasattr(config, option) else getattr(handler, option)
+
+    return read
+
+
 def _outcome(build: Callable[[], Any], name: str) -> Any:
     """``build().name``, or the name of the error building it raises."""
     try:
@@ -201,6 +213,23 @@ LAUNCH_EFFECTS = {
     "mpirun_config.mpirun_hostfile": Effect(
         "HOSTFILE", _mpirun, ["mpirun", "--hostfile", "HOSTFILE"], {**TWO_MACHINES, "use_cpu": True}
     ),
+    **{
+        f"parallelism_config.parallelism_config_{key}": Effect(text, _sequence_option(axis, option), expected, needs)
+        for key, axis, option, text, expected, needs in (
+            ("cp_comm_strategy", "cp", "cp_comm_strategy", "alltoall", "alltoall", {}),
+            ("sp_backend", "sp", "sp_backend", "accelerate", "accelerate", {}),
+            ("sp_seq_length", "sp", "sp_seq_length", "64", 64, {}),
+            ("sp_attn_implementation", "sp", "sp_attn_implementation", "flash_attention_2", "flash_attention_2", {}),
+            (
+                "sp_seq_length_is_variable",
+                "sp",
+                "sp_seq_length_is_variable",
+                "false",
+                False,
+                {"parallelism_config.parallelism_config_sp_seq_length": 64},
+            ),
+        )
+    },
     "deepspeed_config.deepspeed_config_file": Effect(
         "DSFILE", lambda plan: _outcome(_deepspeed_plugin, "config_name"), "DSFILE", {"distributed_type": "DEEPSPEED"}
     ),
@@ -225,20 +254,7 @@ NO_EFFECT = {
         (f"deepspeed_config.deepspeed_{key}" for key in ("hostfile", "exclusion_filter", "inclusion_filter")),
         "DeepSpeed's own multi-machine launcher, which hasten does not use",
     ),
-    **dict.fromkeys(
-        (
-            f"parallelism_config.parallelism_config_{key}"
-            for key in (
-                "cp_backend",
-                "cp_comm_strategy",
-                "sp_backend",
-                "sp_seq_length",
-                "sp_seq_length_is_variable",
-                "sp_attn_implementation",
-            )
-        ),
-        "context/sequence-parallel details; their sizes above 1 are refused",
-    ),
+    "parallelism_config.parallelism_config_cp_backend": "its one value, torch, is the default",
     **dict.fromkeys(
         (
             f"fp8_config.{key}"

@@ -1,14 +1,12 @@
 """The rarely used members of Accelerate's ``Accelerator`` that hasten keeps for compatibility.
 
 They live here so the facade stays about the training loop. The parallelism ranks read the
-``ParallelismConfig``'s device mesh; what hasten does not implement (context, sequence and pipeline
-parallelism, Megatron-LM, ``torch_tp_plugin``, LOMO optimizers) answers with the values of a pure
-data-parallel job, or raises :class:`~hasten.errors.NotSupportedError` when asked to act.
+``ParallelismConfig``'s device mesh, and the sequence/context-parallel members ask the strategy; what hasten does
+not implement (pipeline parallelism, Megatron-LM, ``torch_tp_plugin``, LOMO optimizers) answers with the values of a
+pure data-parallel job, or raises :class:`~hasten.errors.NotSupportedError` when asked to act.
 """
 
 from __future__ import annotations
-
-import contextlib
 
 from ..errors import NotSupportedError
 
@@ -66,7 +64,9 @@ class AcceleratorCompatibility:
         """The device mesh of the FSDP strategy (None for other strategies).
 
         With a ``ParallelismConfig`` its dimensions are the config's axes above 1 (of ``dp_replicate``,
-        ``dp_shard``, ``tp``), and ``mesh["dp"]`` is the flattened data-parallel sub-mesh (None when every size is 1).
+        ``dp_shard``, ``cp``, ``sp``, ``tp``), and ``mesh["dp"]`` is the flattened data-parallel sub-mesh (None when
+        every size is 1); with sequence parallelism every engine has one (``mesh["sp"].get_group()`` is the group
+        Accelerate's loss recipe gathers over).
         """
         return getattr(self._strategy, "device_mesh", None)
 
@@ -103,12 +103,15 @@ class AcceleratorCompatibility:
 
     @property
     def context_parallel_rank(self) -> int:
-        """Always 0: no context parallelism."""
-        return 0
+        """This process's rank among its context-parallel peers (0 without context parallelism)."""
+        return self._mesh_rank("cp", 0)
 
     def maybe_context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
-        """A no-op context manager: context parallelism is not enabled (and not supported) in hasten."""
-        return contextlib.nullcontext()
+        """Context parallel training for the block (torch's ``context_parallel`` over the ``cp`` ranks, FSDP2 on CUDA):
+        ``buffers`` (inputs, labels, position ids, ...) are split along ``buffer_seq_dims`` for the block and restored
+        after it, except ``no_restore_buffers``. Without ``cp_size`` above 1 it does nothing (a warning says so once),
+        as in Accelerate. Enter it anew for each step."""
+        return self._strategy.context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
 
     def lomo_backward(self, loss, learning_rate: float) -> None:
         """LOMO/AdaLomo fused backward: not supported by hasten."""
@@ -118,5 +121,8 @@ class AcceleratorCompatibility:
         )
 
     def deepspeed_ulysses_dl_adapter(self, dl, model):
-        """DeepSpeed Ulysses sequence-parallel dataloader adapter: not supported by hasten."""
-        raise NotSupportedError("DeepSpeed Ulysses sequence parallelism is not supported by hasten.")
+        """``dl`` (prepared apart from ``model``, as transformers' Trainer does) split for the sequence parallelism of
+        ``model``: DeepSpeed's ``UlyssesSPDataLoaderAdapter`` under ``sp_backend="deepspeed"``, hasten's adapter under
+        ``"accelerate"``; ``dl`` itself without sequence parallelism. A loader already adapted is returned as it is
+        (``prepare`` adapts the loaders it gets with the model)."""
+        return self._strategy.sequence_parallel_loader(dl, model)

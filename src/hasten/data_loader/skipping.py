@@ -15,6 +15,7 @@ from torch.utils.data import DataLoader, IterableDataset
 from ..errors import ConfigError
 from .dispatcher import DataLoaderDispatcher
 from .loaders import DataLoaderShard, DataLoaderStateMixin, _ItselfOnInstances, _loader_kwargs
+from .sequence_sharding import SequenceShardingLoader
 from .sharding import SkipBatchSampler
 
 
@@ -94,6 +95,8 @@ def skip_first_batches(dataloader, num_batches: int = 0):
     """
     if num_batches < 0:
         raise ConfigError(f"skip_first_batches(num_batches={num_batches}): give a number >= 0.")
+    if isinstance(dataloader, SequenceShardingLoader):  # sequence parallelism's split of a prepared loader
+        return dataloader.over(skip_first_batches(dataloader.loader, num_batches))
     if isinstance(dataloader, (DataLoaderShard, DataLoaderDispatcher)):
         return _view(dataloader, num_batches)
     if (

@@ -3,9 +3,11 @@
 The mesh has a dimension for each axis of size above 1, in the order ``dp_replicate``, ``dp_shard``, ``cp``,
 ``sp``, ``tp`` (Accelerate's layout: ``tp`` innermost, so tensor-parallel peers are neighbours, on GPUs the
 same machine), and flattened sub-meshes: ``dp`` (the data-parallel ranks, which read different batches),
-``dp_shard_cp`` (what FSDP shards over) and ``dp_cp`` (the ranks a loss is averaged over). Tensor-parallel
-peers (``tp``) share a batch and split each layer's weights. Context and sequence parallelism build (their
-options are checked as Accelerate checks them) but an ``Accelerator`` refuses to run them.
+``dp_shard_cp`` (what FSDP shards over: ``dp_shard`` with the ``cp`` and ``sp`` ranks, which hold parts of the same
+sequences) and ``dp_cp`` (the ranks gradients are averaged over). Tensor-parallel peers (``tp``) share a batch and
+split each layer's weights; sequence-parallel peers (``sp``, Ulysses) and context-parallel peers (``cp``, ring
+attention, CUDA only) share a batch and split its sequence. ``sp`` ranks are consecutive, as DeepSpeed's sequence
+groups are.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from .parallelism_handlers import (
 )
 
 __all__ = [
+    "SP_BACKENDS",
     "DeepSpeedSequenceParallelConfig",
     "ParallelismConfig",
     "TorchContextParallelConfig",
@@ -32,6 +35,9 @@ __all__ = [
 ]
 
 MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+# "deepspeed": DeepSpeed's ALST/Ulysses (the DeepSpeed engine only); "accelerate": hasten's own Ulysses, under any
+# engine (the name Accelerate's development branch gives its own FSDP2/DDP backend).
+SP_BACKENDS = ("deepspeed", "accelerate")
 _SIZES = tuple(f"{axis}_size" for axis in MESH_ORDER)
 
 
@@ -56,10 +62,10 @@ class ParallelismConfig:
     Accelerate's ``PARALLELISM_CONFIG_*`` variables are read too), else 1; an unset ``dp_shard_size`` then
     takes the processes the other sizes leave when the mesh is built. An ``Accelerator`` needs the product
     of the sizes to equal the number of processes. ``dp_shard_size`` shards parameters (FSDP2),
-    ``dp_replicate_size`` replicates the shards (HSDP), ``tp_size`` splits layers as the model's
-    tensor-parallel plan says. A layout with context or sequence parallelism (``cp_size``/``sp_size`` above
-    1) builds, with its handler, but an ``Accelerator`` refuses it with :class:`~hasten.errors.NotSupportedError`
-    (see docs/parallelism.md).
+    ``dp_replicate_size`` replicates the model (DDP) or its shards (HSDP), ``tp_size`` splits layers as the model's
+    tensor-parallel plan says, ``sp_size`` splits each sequence over Ulysses attention (``sp_backend``: ``"deepspeed"``,
+    DeepSpeed's, under the DeepSpeed engine; ``"accelerate"``, hasten's own, under DDP, FSDP2 or DeepSpeed; left
+    unset, the engine decides), ``cp_size`` splits it over ring attention (FSDP2 on CUDA). See docs/parallelism.md.
     """
 
     dp_replicate_size: int | None = None
@@ -77,6 +83,8 @@ class ParallelismConfig:
         self.device_mesh = None
         environment.fill_unset(self, PARALLELISM.rows)
         self.cp_backend = self.cp_backend or launch_option("cp_backend", "torch")
+        # Accelerate's default; an engine settles a backend nobody chose (resolve_sp_backend)
+        self._sp_backend_explicit = self.sp_backend is not None or launch_option("sp_backend") is not None
         self.sp_backend = self.sp_backend or launch_option("sp_backend", "deepspeed")
         for name in _SIZES:
             value = getattr(self, name)
@@ -84,12 +92,13 @@ class ParallelismConfig:
                 raise ConfigError(
                     f"ParallelismConfig({name}={value!r}): sizes are whole numbers of processes, at least 1."
                 )
-        for name, value, known in (
-            ("cp_backend", self.cp_backend, "torch"),
-            ("sp_backend", self.sp_backend, "deepspeed"),
-        ):
-            if value != known:
-                raise ConfigError(f"ParallelismConfig({name}={value!r}): the only {name} is {known!r}.")
+        if self.cp_backend != "torch":
+            raise ConfigError(f"ParallelismConfig(cp_backend={self.cp_backend!r}): the only cp_backend is 'torch'.")
+        if self.sp_backend not in SP_BACKENDS:
+            raise ConfigError(
+                f"ParallelismConfig(sp_backend={self.sp_backend!r}): sp_backend is 'deepspeed' (DeepSpeed's Ulysses, "
+                "under the DeepSpeed engine) or 'accelerate' (hasten's own, under any engine)."
+            )
         self._default_handlers()
         if self.cp_enabled and self.sp_enabled:
             raise ConfigError(
@@ -144,17 +153,33 @@ class ParallelismConfig:
             )
         return sizes
 
-    def check_supported(self) -> None:
-        """Raise :class:`NotSupportedError` for a layout hasten cannot run: context or sequence parallelism."""
-        unsupported = {
-            f"{axis}_size": getattr(self, f"{axis}_size") for axis in ("cp", "sp") if getattr(self, f"{axis}_size") > 1
-        }
-        if unsupported:
+    def resolve_sp_backend(self, engine: str) -> str | None:
+        """Settle ``sp_backend`` for the engine that trains (``"deepspeed"``, ``"fsdp"``, ``"ddp"``, ...), as
+        Accelerate's development branch does: left unset, ``"deepspeed"`` under DeepSpeed and ``"accelerate"``
+        otherwise; ``"deepspeed"`` asked for under another engine runs hasten's own Ulysses (``"accelerate"``), which
+        needs no DeepSpeed. Returns a line saying so in that last case (else None)."""
+        if not self.sp_enabled:
+            return None
+        if not self._sp_backend_explicit:
+            self.sp_backend = "deepspeed" if engine == "deepspeed" else "accelerate"
+        elif self.sp_backend == "deepspeed" and engine != "deepspeed":
+            self.sp_backend = "accelerate"
+            return (
+                f"ParallelismConfig(sp_backend='deepspeed') needs the DeepSpeed engine; under {engine} the sequence is "
+                "split by hasten's own Ulysses attention instead (sp_backend='accelerate'), with the same results."
+            )
+        return None
+
+    def check_supported(self, device_type: str) -> None:
+        """Raise :class:`NotSupportedError` for a layout that cannot run on ``device_type``: context parallelism off
+        CUDA."""
+        if self.cp_enabled and device_type != "cuda":
             raise NotSupportedError(
-                f"ParallelismConfig({', '.join(f'{k}={v}' for k, v in unsupported.items())}): context and sequence "
-                "parallelism are not supported by hasten (torch's context_parallel needs CUDA scaled-dot-product "
-                "attention kernels). Use dp_shard_size and tp_size to fit long sequences, or activation checkpointing; "
-                "see docs/parallelism.md."
+                f"ParallelismConfig(cp_size={self.cp_size}) on {device_type}: torch's context_parallel (ring "
+                "attention) runs on CUDA only. On the CPU it fails inside scaled_dot_product_attention (torch 2.13: "
+                "'Operator aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding strategy "
+                "registered'). Split long sequences with sequence parallelism instead (sp_size, Ulysses), which runs "
+                "on every device; see docs/parallelism.md."
             )
 
     def _get_mesh(self) -> tuple:
@@ -171,10 +196,10 @@ class ParallelismConfig:
     def build_device_mesh(self, device_type: str):
         """The ``DeviceMesh`` of this layout over the initialised process group's ranks: one dimension per axis of
         size above 1, with the flattened ``dp``, ``dp_shard_cp`` and ``dp_cp`` sub-meshes where they have a
-        dimension. None when no axis is above 1, or with DeepSpeed sequence parallelism (DeepSpeed makes its
-        own groups). An unset ``dp_shard_size`` is settled here from the number of processes."""
-        if self.sp_enabled and self.sp_backend == "deepspeed":
-            return None
+        dimension. None when no axis is above 1. An unset ``dp_shard_size`` is settled here from the number of
+        processes. With DeepSpeed's sequence parallelism the mesh is built too (Accelerate builds none), over the
+        ranks of DeepSpeed's own groups, so that ``mesh["sp"].get_group()`` (Accelerate's documented loss recipe)
+        works under every backend."""
         import torch.distributed as dist
         from torch.distributed.device_mesh import init_device_mesh
 
@@ -230,14 +255,21 @@ class ParallelismConfig:
         return [axis for axis, on in (("tp", self.tp_enabled), ("cp", self.cp_enabled), ("sp", self.sp_enabled)) if on]
 
     @property
+    def sequence_dim_names(self) -> list[str]:
+        """The mesh dimensions whose ranks hold parts of the same sequences (``cp``, ``sp``; those above 1)."""
+        return [axis for axis, on in (("cp", self.cp_enabled), ("sp", self.sp_enabled)) if on]
+
+    @property
     def dp_shard_cp_dim_names(self) -> list[str]:
-        """The mesh dimensions flattened into ``dp_shard_cp``, over which FSDP shards the model."""
-        return [axis for axis, on in (("dp_shard", self.dp_shard_enabled), ("cp", self.cp_enabled)) if on]
+        """The mesh dimensions flattened into ``dp_shard_cp``, over which FSDP shards the model: ``dp_shard`` and the
+        sequence dimensions (their ranks' gradients are parts of one sample's, which FSDP's reduce-scatter sums)."""
+        return (["dp_shard"] if self.dp_shard_enabled else []) + self.sequence_dim_names
 
     @property
     def dp_cp_dim_names(self) -> list[str]:
-        """The mesh dimensions flattened into ``dp_cp``, over which a loss is averaged."""
-        return self.dp_dim_names + (["cp"] if self.cp_enabled else [])
+        """The mesh dimensions flattened into ``dp_cp``, over which gradients are averaged: the data-parallel and the
+        sequence dimensions."""
+        return self.dp_dim_names + self.sequence_dim_names
 
     @property
     def fsdp_dim_names(self) -> list[str]:
@@ -281,10 +313,10 @@ class ParallelismConfig:
 
     @property
     def cp_enabled(self) -> bool:
-        """Whether sequences are split across context-parallel ranks (an ``Accelerator`` refuses it)."""
+        """Whether sequences are split across context-parallel ranks (ring attention, CUDA only)."""
         return self.cp_size > 1
 
     @property
     def sp_enabled(self) -> bool:
-        """Whether sequences are split across sequence-parallel ranks (an ``Accelerator`` refuses it)."""
+        """Whether sequences are split across sequence-parallel ranks (Ulysses attention)."""
         return self.sp_size > 1

@@ -59,13 +59,17 @@ class Argument:
         cls: import path (``"module:Class"``) of the settings object it takes.
         section: the config file section whose rows fill that object from the launch settings.
         from_launch: the object is built from the launch settings whenever one of ``section``'s variables is set
-            (``parallelism_config_*`` lays out FSDP2), which chooses the engine.
+            (``parallelism_config_*``), which chooses the engine (a ``layout`` argument only as said below).
+        layout: set for an argument that several engines take (``parallelism_config``, the N-D layout): it never
+            conflicts with the engine asked for otherwise (an argument, a switch), which takes it; when nothing else
+            asks for an engine, ``layout(value)`` tells whether the value asks for this one.
     """
 
     name: str
     cls: str
     section: Section | None = None
     from_launch: bool = False
+    layout: Callable[[Any], bool] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +109,8 @@ class Engine:
         strategy: import path of its :class:`~hasten.strategies.base.Strategy` class.
         distributed_types: what ``distributed_type`` it runs: one value for an engine that fixes it (DEEPSPEED), the
             values the device decides between otherwise (DDP: MULTI_CPU, MULTI_GPU, MULTI_XPU).
-        arguments: its ``Accelerator`` keywords; the first is its settings (plugin) class, built when the engine is
-            chosen without one.
+        arguments: its ``Accelerator`` keywords; the first that is not a ``layout`` is its settings (plugin) class,
+            built when the engine is chosen without one.
         sections: its config file sections, in the order of their ``hasten launch`` option groups.
         switch: the variable (without prefix) that chooses it, e.g. ``USE_DEEPSPEED``, meaning ``switch_help``; its
             flag is its lower case (``--use_deepspeed``), with help ``flag_help``.
@@ -154,8 +158,8 @@ class Engine:
 
     @property
     def plugin(self) -> Argument | None:
-        """Its settings argument (the first of :attr:`arguments`)."""
-        return self.arguments[0] if self.arguments else None
+        """Its settings argument (the first of :attr:`arguments` that is not a layout), or None."""
+        return next((argument for argument in self.arguments if not argument.layout), None)
 
 
 def load_engines(modules: Iterable[str]) -> tuple[Engine, ...]:
@@ -184,7 +188,8 @@ def _check_unique(engine: Engine, engines: list[Engine], module: str) -> None:
             "name": {engine.name} & {other.name},
             "distributed type": set(engine.distributed_types) & set(other.distributed_types),
             "switch variable": {engine.switch} & {other.switch} - {None},
-            "argument": {a.name for a in engine.arguments} & {a.name for a in other.arguments},
+            "argument": {a.name for a in engine.arguments if not a.layout}
+            & {a.name for a in other.arguments if not a.layout},
         }
         for what, shared in claims.items():
             if shared:

@@ -17,6 +17,7 @@ from ..enums import DistributedType
 from ..runtime.compilation import compile_model
 from ..runtime.precision import Precision
 from ..runtime.weights.offloaded import cpu_state_dict, has_offloaded_weights
+from ..state import warn_once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +166,21 @@ class Strategy(ABC):
     def step_was_skipped(self) -> bool:
         """Whether the engine skipped the last optimizer step (fp16 overflow)."""
         return False
+
+    def sequence_parallel_loader(self, loader, model: torch.nn.Module | None = None):
+        """``loader`` (prepared) adapted to this strategy's sequence parallelism: each batch's sequences split over the
+        ``sp`` ranks, for ``model`` (the prepared model it feeds). Without sequence parallelism, ``loader`` itself."""
+        return loader
+
+    def context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+        """The context manager of ``accelerator.maybe_context_parallel``: ring attention over the ``cp`` ranks where the
+        engine runs context parallelism (FSDP2 on CUDA); elsewhere nothing, with Accelerate's warning once."""
+        warn_once(
+            "context-parallel-off",
+            "Context parallel training is not enabled. This context manager will have no effect. To enable it, set "
+            "`parallelism_config.cp_size` > 1 in the `Accelerator` constructor (FSDP2 on CUDA).",
+        )
+        return contextlib.nullcontext()
 
     def gather_for_metrics(self, input_data, use_gather_object: bool = False):
         """Gather evaluation outputs from the data-parallel ranks, without the samples padded in at the end."""

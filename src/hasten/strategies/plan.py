@@ -1,11 +1,12 @@
 """Choosing the engine of an ``Accelerator``: the one place that turns its arguments and the launch into a
 :class:`~hasten.strategies.base.Strategy` class, by asking the registered engines (:mod:`hasten.settings.engines`).
 
-An engine is asked for by an ``Accelerator`` argument of its own (``deepspeed_plugin=``, ``fsdp_plugin=``,
-``parallelism_config=``, or ``strategy=`` naming it or holding its plugin), by its switch variable
-(``HASTEN_USE_DEEPSPEED``, set by ``hasten launch --use_deepspeed`` or the config file's ``distributed_type``), or by
-launch settings that only it reads (``parallelism_config_*``: FSDP). Two engines asked for at once is an error;
-none asked for runs the single-device engine on one process and DDP on several.
+An engine is asked for by an ``Accelerator`` argument of its own (``deepspeed_plugin=``, ``fsdp_plugin=``, or
+``strategy=`` naming it or holding its plugin), by its switch variable (``HASTEN_USE_DEEPSPEED``, set by
+``hasten launch --use_deepspeed`` or the config file's ``distributed_type``), or by launch settings that only it reads.
+Two engines asked for at once is an error. The N-D layout (``parallelism_config=`` or the ``parallelism_config_*``
+launch settings) goes to whichever engine is asked for; when none is, the layout chooses (FSDP2, or DDP for a layout
+that only splits sequences); with no layout either, the single-device engine runs on one process and DDP on several.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def plan_strategy(settings: EngineSettings, num_processes: int, strategy: Any = 
     """
     arguments = {name: value for name, value in settings.arguments.items() if value is not None}
     given = _given(arguments, strategy)
-    engine = _choose(given, num_processes)
+    engine = _choose(given, num_processes, arguments)
     values = _complete(engine, arguments)
     plugin = values.pop(engine.plugin.name) if engine.plugin else None
     settings = dataclasses.replace(settings, engine=engine.name, plugin=plugin, arguments=values)
@@ -80,7 +81,7 @@ def _given(arguments: dict[str, Any], strategy: Any) -> dict[str, str]:
     given: dict[str, str] = {}
     for engine in environment.ENGINES:
         for argument in engine.arguments:
-            if argument.name in arguments:
+            if argument.name in arguments and not argument.layout:
                 given.setdefault(engine.name, f"{argument.name}=")
     if isinstance(strategy, str):
         given.setdefault(_by_name(strategy).name, f"strategy={strategy!r}")
@@ -117,15 +118,18 @@ def _loaded_class(argument: Argument) -> type | None:
     return getattr(sys.modules[module], name, None) if module in sys.modules else None
 
 
-def _choose(given: dict[str, str], num_processes: int) -> Engine:
-    """The one engine asked for by the script, a switch variable or the launch settings, else the fallback."""
+def _choose(given: dict[str, str], num_processes: int, arguments: dict[str, Any]) -> Engine:
+    """The one engine asked for by the script, a switch variable or the launch settings, else the one the layout
+    asks for, else the fallback. A layout built from the launch settings is added to ``arguments``."""
     asked = dict(given)
     for engine in environment.ENGINES:
         if engine.switch and environment.get_flag(engine.switch):
             asked.setdefault(engine.name, environment.setting_source(engine.switch))
-        if not given and any(_from_launch(argument) for argument in engine.arguments):
-            sections = ", ".join(a.section.name for a in engine.arguments if _from_launch(a))
+        if not given and any(_from_launch(a) and not a.layout for a in engine.arguments):
+            sections = ", ".join(a.section.name for a in engine.arguments if _from_launch(a) and not a.layout)
             asked.setdefault(engine.name, f"the launch settings {sections}")
+    if not asked:
+        asked = _asked_by_layout(arguments)
     if len(asked) > 1:
         reasons = "; ".join(f"{name} by {why}" for name, why in asked.items())
         raise ConfigError(
@@ -137,6 +141,21 @@ def _choose(given: dict[str, str], num_processes: int) -> Engine:
         return engines[next(iter(asked))]
     wanted = "several" if num_processes > 1 else "one"
     return next(engine for engine in environment.ENGINES if engine.fallback == wanted)
+
+
+def _asked_by_layout(arguments: dict[str, Any]) -> dict[str, str]:
+    """Engine name -> why, for the engines whose layout argument's value (given, or built from the launch settings)
+    asks for them."""
+    asked: dict[str, str] = {}
+    for engine in environment.ENGINES:
+        for argument in (a for a in engine.arguments if a.layout):
+            source = "argument" if argument.name in arguments else "launch settings"
+            if argument.name not in arguments and _from_launch(argument):
+                arguments[argument.name] = _load(argument.cls)()
+            value = arguments.get(argument.name)
+            if value is not None and argument.layout(value):
+                asked.setdefault(engine.name, f"the {argument.name} {source}")
+    return asked
 
 
 def _from_launch(argument: Argument) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from ...settings.deepspeed import DEEPSPEED
 from ...settings.dialogue import ask_table
 from ...settings.engines import Argument, Dialogue, Engine, Requirement, WeightsMerge
+from ...settings.parallelism import PARALLELISM, asks_for_no_engine
 
 
 def _ask(ask, answers: dict) -> dict:
@@ -93,7 +94,16 @@ ENGINE = Engine(
     name="deepspeed",
     strategy="hasten.strategies.deepspeed.strategy:DeepSpeedStrategy",
     distributed_types=("DEEPSPEED",),
-    arguments=(Argument("deepspeed_plugin", "hasten.strategies.deepspeed.plugin:DeepSpeedPlugin", DEEPSPEED),),
+    arguments=(
+        Argument("deepspeed_plugin", "hasten.strategies.deepspeed.plugin:DeepSpeedPlugin", DEEPSPEED),
+        Argument(
+            "parallelism_config",
+            "hasten.runtime.parallelism:ParallelismConfig",
+            PARALLELISM,
+            from_launch=True,
+            layout=asks_for_no_engine,
+        ),
+    ),
     sections=(DEEPSPEED,),
     switch="USE_DEEPSPEED",
     switch_help="use the DeepSpeed strategy",

@@ -31,6 +31,7 @@ from . import config as dsc
 from . import zero3
 from .checkpoint import check_world_size, deepspeed_classes, safe_torch_load
 from .dummies import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
+from .ulysses import DeepSpeedSequenceParallel
 
 _CHECKPOINT_FOLDER = "deepspeed"
 _TAG = "state"
@@ -98,11 +99,19 @@ class DeepSpeedStrategy(Strategy):
 
     @classmethod
     def build(cls, state, precision, settings, ddp_kwargs=None) -> DeepSpeedStrategy:
-        """The engine for the settled ``DeepSpeedPlugin`` and accumulation settings."""
-        return cls(state, precision, settings.plugin, settings.accumulation)
+        """The engine for the settled ``DeepSpeedPlugin``, accumulation settings and ``ParallelismConfig``."""
+        return cls(
+            state, precision, settings.plugin, settings.accumulation, settings.arguments.get("parallelism_config")
+        )
 
-    def __init__(self, state, precision, plugin, accumulation):
+    def __init__(self, state, precision, plugin, accumulation, parallelism_config=None):
         super().__init__(state, precision)
+        self.parallelism_config = parallelism_config
+        self._sequence = (
+            DeepSpeedSequenceParallel(parallelism_config, state)
+            if parallelism_config is not None and parallelism_config.sp_enabled
+            else None
+        )
         self.plugin = _single_plugin(plugin)
         self.accumulation = accumulation
         self.plugin.select()
@@ -164,6 +173,8 @@ class DeepSpeedStrategy(Strategy):
         kwargs = {"model": model, "config": config}
         optimizer, scheduler = self._engine_optimizer(config, optimizer, scheduler, kwargs)
         self._resolve(config, model, dataloaders)
+        if self._sequence is not None:
+            self._sequence.prepare(model, config["train_micro_batch_size_per_gpu"], kwargs)
         zero3.set_moe_leaf_modules(model, self.plugin.transformer_moe_cls_names)
         engine, engine_optimizer, _, engine_scheduler = deepspeed.initialize(**kwargs)
         self.plugin.deepspeed_config = self.plugin.hf_ds_config.config = config
@@ -235,10 +246,11 @@ class DeepSpeedStrategy(Strategy):
         num = self.state.num_processes
         steps = self.accumulation.num_steps or 1
         script = dsc.ScriptValues(
-            num_processes=num, mixed_precision=dsc.mixed_precision_of(self.plugin.deepspeed_config)
+            num_processes=self._sequence.batch_processes if self._sequence else num,
+            mixed_precision=dsc.mixed_precision_of(self.plugin.deepspeed_config),
         )
         script.gradient_accumulation_steps = dsc.Setting(steps, f"Accelerator(gradient_accumulation_steps={steps})")
-        sizes = [_per_process_batch(loader, num) for loader in dataloaders]
+        sizes = [_per_process_batch(loader, self.data_parallel_world[0]) for loader in dataloaders]
         sizes = [size for size in sizes if size]
         if sizes:
             micro = min(sizes) if self.plugin.is_train_batch_min else max(sizes)
@@ -268,6 +280,29 @@ class DeepSpeedStrategy(Strategy):
         else:
             model.compile(backend=kwargs.pop("backend"), compile_kwargs=kwargs)
         return model
+
+    @property
+    def data_parallel_world(self) -> tuple[int, int]:
+        """As the base strategy; with hasten's Ulysses the ``sp`` ranks read the same batches."""
+        return self._sequence.data_parallel_world if self._sequence else super().data_parallel_world
+
+    @property
+    def device_mesh(self):
+        """With sequence parallelism, the layout's mesh (its ``sp`` dimension over DeepSpeed's groups' ranks)."""
+        return self._sequence.mesh if self._sequence else None
+
+    def sequence_parallel_loader(self, loader, model: torch.nn.Module | None = None):
+        """With sequence parallelism, ``loader`` split as Accelerate splits it (DeepSpeed's
+        ``UlyssesSPDataLoaderAdapter``) or, with ``sp_backend="accelerate"``, by hasten's adapter."""
+        return self._sequence.loader(loader, model) if self._sequence else loader
+
+    def gather_for_metrics(self, input_data, use_gather_object: bool = False):
+        """As the base strategy; with hasten's Ulysses, one copy of each sample (the ``sp`` ranks share batches)."""
+        if self._sequence is None or self._sequence.uses_deepspeed_ulysses:
+            return super().gather_for_metrics(input_data, use_gather_object)
+        from ..tensor_parallel import gather_for_metrics_over_dp
+
+        return gather_for_metrics_over_dp(input_data, self.parallelism_config.sp_size, use_gather_object)
 
     def setup_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
@@ -410,7 +445,9 @@ class DeepSpeedStrategy(Strategy):
     def load_checkpoint(self, reader, models: list, optimizers: list) -> None:
         """Restore the engine (weights, optimizer, scheduler) and the other models."""
         if any(model is self.engine for model in models):
-            check_world_size(reader.files, reader.directory, self.engine.dp_world_size)
+            # with DeepSpeed's sequence-parallel groups ZeRO partitions over the sequence-data-parallel ranks
+            partitions = self.engine.dp_world_size or getattr(self.engine, "seq_dp_world_size", None)
+            check_world_size(reader.files, reader.directory, partitions)
         for i, model in enumerate(models):
             if model is not self.engine:
                 self.unwrap_model(model).load_state_dict(reader.load_tensors(f"model{_suffix(i)}.safetensors"))

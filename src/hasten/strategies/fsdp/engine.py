@@ -1,9 +1,9 @@
 """The registration of the FSDP2 engine, with the N-D layout (``ParallelismConfig``) it runs.
 
-A ``ParallelismConfig`` is an FSDP setting, not an engine: it lays out FSDP2's mesh (``dp_replicate``, ``dp_shard``)
-and the tensor-parallel split that FSDP2 shards on top of; it has no strategy of its own and cannot be combined
-with another engine. So it is FSDP's second argument: given to ``Accelerator(parallelism_config=...)`` or set by
-the launch's ``parallelism_config_*`` settings, it chooses FSDP.
+A ``ParallelismConfig`` is a layout, not an engine: under FSDP2 it lays out the mesh (``dp_replicate``, ``dp_shard``,
+the tensor-parallel split FSDP2 shards on top of, and the sequence splits ``sp``/``cp``). DDP and DeepSpeed take it
+too (sequence parallelism), so it is a ``layout`` argument of all three: it goes to the engine asked for otherwise,
+and, when none is, chooses FSDP2 unless it only splits sequences (DDP then).
 
 Imports nothing but the settings tables (see :mod:`hasten.settings.engines`).
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from ...settings.dialogue import ask_table
 from ...settings.engines import Argument, Dialogue, Engine, WeightsMerge
 from ...settings.fsdp import FSDP
-from ...settings.parallelism import PARALLELISM
+from ...settings.parallelism import PARALLELISM, asks_for_fsdp
 
 
 def _ask(ask, answers: dict) -> dict:
@@ -43,7 +43,13 @@ ENGINE = Engine(
     distributed_types=("FSDP",),
     arguments=(
         Argument("fsdp_plugin", "hasten.strategies.fsdp.plugin:FullyShardedDataParallelPlugin", FSDP),
-        Argument("parallelism_config", "hasten.runtime.parallelism:ParallelismConfig", PARALLELISM, from_launch=True),
+        Argument(
+            "parallelism_config",
+            "hasten.runtime.parallelism:ParallelismConfig",
+            PARALLELISM,
+            from_launch=True,
+            layout=asks_for_fsdp,
+        ),
     ),
     sections=(PARALLELISM, FSDP),
     switch="USE_FSDP",

@@ -19,10 +19,11 @@ from ...enums import DistributedType
 from ...errors import CheckpointError, ConfigError
 from ...runtime.compilation import compile_regions_fsdp2, compile_settings
 from ...runtime.parallelism import data_parallel_mesh
+from ...runtime.sequence_parallel import sequence_parallel_of, settle_layout
 from ...runtime.wrappers import is_compiled_module
 from ..base import Strategy
 from . import checkpoint as fsdp_checkpoint
-from . import wrapping
+from . import layout, wrapping
 from .checkpoint import sharded_root
 from .plugin import FullyShardedDataParallelPlugin
 
@@ -61,8 +62,10 @@ class FSDPStrategy(Strategy):
     """Shards models with FSDP2 as a :class:`~hasten.strategies.fsdp.plugin.FullyShardedDataParallelPlugin` says.
 
     With a :class:`~hasten.runtime.parallelism.ParallelismConfig` the mesh is the config's (its axes above 1 of
-    ``dp_replicate``, ``dp_shard``, ``tp``): models are first split over ``tp`` as their tensor-parallel plan
-    says, then sharded over the data-parallel ranks (not at all when there is one data-parallel rank).
+    ``dp_replicate``, ``dp_shard``, ``cp``, ``sp``, ``tp``): models are first split over ``tp`` as their
+    tensor-parallel plan says, then sharded over the data-parallel ranks (not at all when there is one data-parallel
+    rank) and the ``sp``/``cp`` ranks, which hold parts of the same sequences (hasten's Ulysses attention splits them
+    over ``sp``, torch's ring attention over ``cp``).
 
     Args:
         fsdp_plugin: the settings (wrapping, resharding, offload, precision policy, state dict type, ...).
@@ -78,8 +81,7 @@ class FSDPStrategy(Strategy):
 
     def __init__(self, state, precision, fsdp_plugin: FullyShardedDataParallelPlugin, parallelism_config=None):
         super().__init__(state, precision)
-        if parallelism_config is not None:
-            parallelism_config.check_supported()
+        settle_layout(parallelism_config, "fsdp", state.device.type)
         self.parallelism_config = parallelism_config
         if not isinstance(fsdp_plugin, FullyShardedDataParallelPlugin):
             raise ConfigError(
@@ -111,8 +113,7 @@ class FSDPStrategy(Strategy):
         mesh = self.device_mesh
         if self.parallelism_config is None:
             return mesh
-        dims = self.parallelism_config.dp_dim_names
-        return mesh[dims] if dims else None
+        return layout.shard_mesh(self.parallelism_config, mesh)
 
     @property
     def data_parallel_world(self) -> tuple[int, int]:
@@ -123,13 +124,28 @@ class FSDPStrategy(Strategy):
         return (1, 0) if dp is None else (dp.size(), dp.get_local_rank())
 
     def gather_for_metrics(self, input_data, use_gather_object: bool = False):
-        """As the base strategy; with tensor parallelism, one copy of each sample (tensor-parallel peers share
-        batches)."""
-        if self.parallelism_config is None or not self.parallelism_config.tp_enabled:
+        """As the base strategy; with tensor or sequence parallelism, one copy of each sample (the ``tp``, ``sp`` and
+        ``cp`` peers share batches)."""
+        if self.parallelism_config is None or self.parallelism_config.non_data_parallel_size == 1:
             return super().gather_for_metrics(input_data, use_gather_object)
         from ..tensor_parallel import gather_for_metrics_over_dp
 
-        return gather_for_metrics_over_dp(input_data, self.parallelism_config.tp_size, use_gather_object)
+        copies = self.parallelism_config.non_data_parallel_size
+        return gather_for_metrics_over_dp(input_data, copies, use_gather_object)
+
+    def sequence_parallel_loader(self, loader, model: torch.nn.Module | None = None):
+        """With sequence parallelism (``sp``), ``loader`` splitting each batch's sequences over the ``sp`` ranks
+        (whole sequences while ``model`` evaluates)."""
+        sequence = sequence_parallel_of(self.parallelism_config, self.device_mesh)
+        return loader if sequence is None else sequence.adapt_loader(loader, model)
+
+    def context_parallel(self, buffers=None, buffer_seq_dims=None, no_restore_buffers=None):
+        """torch's ``context_parallel`` over the ``cp`` ranks (CUDA), for ``accelerator.maybe_context_parallel``."""
+        if self.parallelism_config is None or not self.parallelism_config.cp_enabled:
+            return super().context_parallel(buffers, buffer_seq_dims, no_restore_buffers)
+        return layout.context_parallel(
+            self.parallelism_config, self.device_mesh, buffers, buffer_seq_dims, no_restore_buffers
+        )
 
     def _build_mesh(self):
         from torch.distributed.device_mesh import init_device_mesh
@@ -159,7 +175,7 @@ class FSDPStrategy(Strategy):
         """The ``ParallelismConfig`` must lay out exactly ``world`` processes and leave FSDP a shard dimension."""
         config = self.parallelism_config
         sizes = config.sizes(world)
-        if sizes["dp_replicate"] > 1 and sizes["dp_shard"] == 1:
+        if sizes["dp_replicate"] > 1 and sizes["dp_shard"] == 1 and not config.sequence_dim_names:
             raise ConfigError(
                 f"ParallelismConfig(dp_replicate_size={sizes['dp_replicate']}, dp_shard_size=1): FSDP has no dimension "
                 "to shard over. Set dp_shard_size > 1 (HSDP), or train without a ParallelismConfig and FSDP plugin "
@@ -190,6 +206,7 @@ class FSDPStrategy(Strategy):
         if evaluation_mode:
             return model
         source = self._weights_to_broadcast(inner)
+        layout.split_sequences(self.parallelism_config, self.device_mesh, inner)
         if self.parallelism_config is not None and self.parallelism_config.tp_enabled:
             from ..tensor_parallel import apply_tensor_parallel
 
