@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
+import types
 from types import SimpleNamespace
 
 from hasten.commands import hang_summary, job_agent, runners
@@ -104,3 +106,14 @@ def test_another_machine_learns_which_rank_did_not_arrive(tmp_path):
     assert lines[-1] == "  Every process's stacks are in the hang report that rank 0 printed."
     plain = job_agent.JobFailure(job_agent.failure_record(1, failures, runners.describe_exit)).describe()
     assert plain.splitlines()[1:] == ["  rank 0: exit code 1 (local rank 0, pid 100)"]
+
+
+def test_the_failure_lines_name_the_command_the_user_typed(monkeypatch):
+    # Under Accelerate's name the failure summary said `hasten launch:` while every other line said
+    # `accelerate launch:`.
+    started = types.ModuleType("__main__")
+    started.__spec__ = SimpleNamespace(name="accelerate.commands.launch")
+    monkeypatch.setitem(sys.modules, "__main__", started)
+    failure = SimpleNamespace(exitcode=1, local_rank=0, pid=123)
+    text = runners.describe_failures({0: failure}, 2)
+    assert text.splitlines()[0] == "accelerate launch: 1 of 2 process(es) failed (their output is above):", text

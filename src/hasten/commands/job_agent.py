@@ -36,6 +36,7 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handl
 from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
 from .. import environment
+from ..settings.command import command_name
 from . import hang_summary
 
 logger = logging.getLogger(__name__)
@@ -197,8 +198,8 @@ class JobAgent(LocalElasticAgent):
             return
         if count < world:
             print(
-                f"hasten launch: {world - count} machine(s) still running {self._exit_barrier_timeout:.0f} s after "
-                "this machine's processes finished; not waiting longer.",
+                f"{command_name()} launch: {world - count} machine(s) still running "
+                f"{self._exit_barrier_timeout:.0f} s after this machine's processes finished; not waiting longer.",
                 file=sys.stderr,
                 flush=True,
             )

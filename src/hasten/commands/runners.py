@@ -191,7 +191,9 @@ def describe_failures(failures: dict, world_size: int, machine: int | None = Non
     """A few lines saying which ranks failed and how (their own output is above); ``hang``: the hang reports
     (:func:`hang_summary.load`), which say which process did not arrive and which ones waited."""
     where = f" on machine {machine}" if machine is not None else ""
-    lines = [f"hasten launch: {len(failures)} of {world_size} process(es) failed{where} (their output is above):"]
+    lines = [
+        f"{command_name()} launch: {len(failures)} of {world_size} process(es) failed{where} (their output is above):"
+    ]
     others_failed = any(failure.exitcode > 0 for failure in failures.values())
     for rank, failure in sorted(failures.items()):
         code = failure.exitcode
