@@ -1,9 +1,33 @@
-import os
-import sys
+"""The suite's fixtures and hooks: a fresh state for every test, skips through ``helpers.requires``, generated cases
+sampled unless ``--all-cases``, groups kept on one pytest-xdist worker, CPU time per test (``--cpu-durations``), and
+no process left behind."""
 
+import os
+import resource
+import sys
+from collections import defaultdict
+
+import helpers
 import pytest
 
 import hasten.state
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("hasten")
+    group.addoption(
+        "--all-cases",
+        action="store_true",
+        help="run every generated case of the differential and generated tests (make test-all); by default a sample",
+    )
+    group.addoption(
+        "--cpu-durations",
+        type=int,
+        default=None,
+        metavar="N",
+        help="list the N tests that took the most CPU time (the test's process and the processes it waited for) and "
+        "the CPU and wall time of every test file; 0 lists files only",
+    )
 
 
 def pytest_configure(config):
@@ -13,6 +37,41 @@ def pytest_configure(config):
     if "cuda" not in (config.option.markexpr or ""):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+    helpers.ALL_CASES = config.getoption("--all-cases")
+    if config.getoption("--cpu-durations") is not None:
+        config.pluginmanager.register(_CpuTimes(config.getoption("--cpu-durations")), "hasten-cpu-durations")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Keep together on one pytest-xdist worker (``--dist loadgroup``) what must not be split: the tests of a module
+    that share a module-scoped fixture (a launch, a venv: built once, not once per worker), and the tests marked
+    ``serial`` (their hang timeouts, signals and sleeps need the cores: never two at once; ``make test`` runs them
+    after the parallel part, alone). A test's own ``xdist_group`` mark wins."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        if item.get_closest_marker("serial") is not None:
+            item.add_marker(pytest.mark.xdist_group("serial"))
+        elif _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+
+
+def _shares_a_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(
+        definitions[-1].scope == "module" for definitions in info.name2fixturedefs.values() if definitions
+    )
+
+
+def pytest_runtest_setup(item):
+    """Skip a test whose needs (``helpers.requires``; ``cuda``-marked tests need a CUDA device) are not met here."""
+    needs = [need for mark in item.iter_markers("requires") for need in mark.args]
+    if item.get_closest_marker("cuda") is not None:
+        needs.append("cuda")
+    for need in dict.fromkeys(needs):
+        reason = helpers.missing(need)
+        if reason is not None:
+            pytest.skip(reason)
 
 
 @pytest.fixture(autouse=True)
@@ -87,3 +146,56 @@ def pytest_sessionfinish(session, exitstatus):
         reporter.write_line("")
         reporter.write_line(message, red=True)
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _cpu_seconds() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+class _CpuTimes:
+    """``--cpu-durations``: each test's CPU seconds (this process's, and those of the processes it started and waited
+    for: torchrun's workers count through torchrun) from its setup to its teardown, carried in the report's
+    ``user_properties`` (so pytest-xdist brings them to the main process) and summed per file at the end. CPU time
+    depends much less than wall time on what else the machine runs."""
+
+    def __init__(self, top: int):
+        self.top = top
+        self.tests: list[tuple[float, float, str]] = []
+        self.walls: dict[str, float] = defaultdict(float)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(self, item, nextitem):
+        item.stash[_START] = _cpu_seconds()
+        yield
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        if call.when == "teardown" and _START in item.stash:
+            outcome.get_result().user_properties.append(("cpu_s", round(_cpu_seconds() - item.stash[_START], 3)))
+
+    def pytest_runtest_logreport(self, report):
+        self.walls[report.nodeid] += report.duration
+        cpu = dict(report.user_properties).get("cpu_s") if report.when == "teardown" else None
+        if cpu is not None:
+            self.tests.append((cpu, self.walls[report.nodeid], report.nodeid))
+
+    def pytest_terminal_summary(self, terminalreporter):
+        files: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+        for cpu, wall, nodeid in self.tests:
+            row = files[nodeid.split("::")[0]]
+            row[0], row[1], row[2] = row[0] + cpu, row[1] + wall, row[2] + 1
+        write = terminalreporter.write_line
+        terminalreporter.section("CPU and wall seconds per test file (setup to teardown), tests")
+        for path, (cpu, wall, count) in sorted(files.items(), key=lambda kv: -kv[1][0]):
+            write(f"{cpu:9.1f} {wall:9.1f} {count:5d}  {path}")
+        totals = [sum(row[i] for row in files.values()) for i in range(3)]
+        write(f"{totals[0]:9.1f} {totals[1]:9.1f} {totals[2]:5d}  total")
+        if self.top:
+            terminalreporter.section(f"the {self.top} tests that took the most CPU seconds (CPU, wall)")
+            for cpu, wall, nodeid in sorted(self.tests, reverse=True)[: self.top]:
+                write(f"{cpu:9.1f} {wall:9.1f}  {nodeid}")
+
+
+_START = pytest.StashKey[float]()

@@ -1,32 +1,168 @@
-"""Helpers for tests that start real processes."""
+"""Helpers of the test suite: what a test needs to run (:func:`requires`, the suite's one way to skip), how many
+generated cases it runs (:func:`cases`), and starting real processes (:func:`torchrun`, :func:`hasten_launch`) on
+ports that parallel test workers never share (:func:`free_port`)."""
 
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import socket
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 FIXTURES_ROOT = Path(__file__).resolve().parent / "fixtures"
+REFERENCE = ROOT / ".reference" / "accelerate-1.15.0"
+
+# ------------------------------------------------------------------------------------------------ what a test needs
+
+_MAKE_SETUP = "`make setup` installs it"
+# The optional packages tests may need (import name -> how to install it): a name missing here is a typo.
+PACKAGES = {
+    "deepspeed": "pip install 'hasten[deepspeed]'",
+    "torchao": "pip install 'hasten[fp8]'",
+    "tensorboard": "pip install 'hasten[tracking]'",
+    "transformers": "pip install 'hasten[dev]'",
+    "datasets": _MAKE_SETUP,
+    "peft": _MAKE_SETUP,
+    "trl": _MAKE_SETUP,
+    "diffusers": _MAKE_SETUP,
+    "sentence_transformers": _MAKE_SETUP,
+    "setfit": _MAKE_SETUP,
+    "sklearn": _MAKE_SETUP,
+    "wandb": "pip install wandb",
+    "mlflow": "pip install mlflow",
+}
 
 
-def requires(package: str, extra: str | None = None):
-    """Skip marker for a test that needs an optional ``package``, saying how to install it."""
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _fp8_gpu() -> bool:
+    import torch
+
+    return _cuda() and torch.cuda.get_device_capability() >= (8, 9)
+
+
+def _venv_script(name: str) -> Callable[[], bool]:
+    return lambda: (Path(sys.executable).parent / name).exists()
+
+
+def _distribution_version(name: str) -> str:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+# What else a test may need: name -> (whether it is here, what is missing and how to get it).
+CONDITIONS: dict[str, tuple[Callable[[], bool], str]] = {
+    "cuda": (_cuda, "needs a CUDA device"),
+    "fp8 gpu": (_fp8_gpu, "needs a GPU with fp8 units (compute capability 8.9+)"),
+    "pre-fp8 gpu": (lambda: _cuda() and not _fp8_gpu(), "needs a GPU without fp8 units (compute capability below 8.9)"),
+    "fork": (lambda: hasattr(os, "fork"), "needs os.fork"),
+    "reference": (
+        lambda: (REFERENCE / "accelerate" / "__init__.py").is_file(),
+        f"no reference copy of accelerate 1.15 in {REFERENCE} (`make reference` installs it; pip was offline?)",
+    ),
+    "accelerate command": (
+        _venv_script("accelerate"),
+        "the `accelerate` command is not installed in this venv (`make setup` installs hasten's alias)",
+    ),
+    "accelerate alias": (
+        lambda: "+hasten." in _distribution_version("accelerate"),
+        "hasten's accelerate distribution is not installed in this venv (`make setup` installs it)",
+    ),
+    "all cases": (
+        lambda: ALL_CASES,
+        "checks the whole set of generated cases: runs with --all-cases (make test-all)",
+    ),
+    "make venv": (
+        lambda: (Path(sysconfig.get_paths()["purelib"]) / "hasten-torch-extensions.pth").is_file(),
+        "this venv was not set up by `make` (no hasten-torch-extensions.pth)",
+    ),
+}
+
+
+def requires(*needs: str):
+    """The suite's one way to skip: a mark saying what a test needs beyond hasten's core install.
+
+    Each need is an optional package's import name (a key of :data:`PACKAGES`) or a condition (a key of
+    :data:`CONDITIONS`: ``"cuda"``, ``"reference"``, ...). Use it as a decorator, as a module's ``pytestmark`` or in
+    ``pytest.param(..., marks=requires(...))``. The conftest checks the needs just before the test runs (so a check
+    costs nothing for tests not selected) and skips it with a reason saying what is missing and how to get it; an
+    unknown need fails the collection. Tests marked ``cuda`` need a CUDA device without saying so.
+    """
     import pytest
 
-    hint = f"pip install 'hasten[{extra}]'" if extra else f"pip install {package}"
-    return pytest.mark.skipif(importlib.util.find_spec(package) is None, reason=f"{package} is not installed ({hint})")
+    unknown = [need for need in needs if need not in PACKAGES and need not in CONDITIONS]
+    if unknown:
+        raise ValueError(f"requires{needs}: unknown {unknown}; add them to PACKAGES or CONDITIONS in helpers.py")
+    return pytest.mark.requires(*needs)
+
+
+def missing(need: str) -> str | None:
+    """Why a test needing ``need`` cannot run here, or None when it can (see :func:`requires`)."""
+    if need in PACKAGES:
+        if importlib.util.find_spec(need) is None:
+            return f"{need} is not installed ({PACKAGES[need]})"
+        return None
+    present, reason = CONDITIONS[need]
+    return None if present() else reason
+
+
+# ------------------------------------------------------------------------------------------------ generated cases
+
+ALL_CASES = False  # set by the conftest from ``--all-cases`` (make test-all) before any test module is imported
+SAMPLE_SHARE = 5  # the default run takes one generated case in SAMPLE_SHARE
+
+
+def cases(count: int) -> int:
+    """How many of a test's ``count`` generated cases to run: all with ``--all-cases`` (``make test-all``), else one
+    in :data:`SAMPLE_SHARE` (at least one), generated from the same seed. A check that needs the whole set (every
+    allowance still used) requires ``"all cases"``."""
+    return count if ALL_CASES else max(1, math.ceil(count / SAMPLE_SHARE))
+
+
+# Ports handed out by free_port: below Linux's ephemeral range (32768-60999), so that no socket connecting somewhere
+# is given one between the check and its use, and a block of them per pytest-xdist worker (gw0, gw1, ...), so that
+# parallel workers never pick the same one. The blocks end below 29500, torch's default port.
+_PORT_BASE = 10000
+_PORTS_PER_WORKER = 1000
+_MAX_WORKERS = 19
+_next_port: list[int] = []
 
 
 def free_port() -> int:
-    """A TCP port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A TCP port that is free now on 127.0.0.1, from this test worker's own block of ports.
+
+    Each call returns another port of the block (cycling through it from a place chosen by the process id), checked
+    free by binding it; two pytest-xdist workers never share a block, so they cannot hand out the same port.
+    """
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    low = _PORT_BASE + (int(worker) if worker.isdigit() else 0) % _MAX_WORKERS * _PORTS_PER_WORKER
+    if not _next_port:
+        _next_port.append(os.getpid() % _PORTS_PER_WORKER)
+    for _ in range(_PORTS_PER_WORKER):
+        port = low + _next_port[0] % _PORTS_PER_WORKER
+        _next_port[0] += 1
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"no free TCP port in {low}-{low + _PORTS_PER_WORKER - 1} on 127.0.0.1")
 
 
 def clean_env(**extra: str) -> dict[str, str]:

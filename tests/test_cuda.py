@@ -5,12 +5,11 @@ Skipped (with the reason) on machines without CUDA; run on a CUDA machine with `
 does, with the GPU benchmarks).
 """
 
-import importlib.util
 import sys
 
 import pytest
 import torch
-from helpers import SCRIPTS
+from helpers import SCRIPTS, requires
 
 from hasten import Accelerator, find_executable_batch_size
 from hasten.errors import ConfigError
@@ -19,7 +18,7 @@ from hasten.state import reset_state
 sys.path.insert(0, str(SCRIPTS))
 from fp8_model import TinyLM, batch, lm_loss  # noqa: E402
 
-pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+pytestmark = pytest.mark.cuda  # tests marked cuda need a CUDA device
 
 
 def small_model():
@@ -92,10 +91,6 @@ def test_optimizer_state_follows_the_model_to_the_gpu():
     opt.step()
 
 
-def _fp8_gpu() -> bool:
-    return torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)
-
-
 def _step_peak(model, inputs, targets, loss_under) -> int:
     """Bytes allocated at the peak of one forward + loss + backward, above what was allocated before it."""
     torch.cuda.synchronize()
@@ -135,8 +130,7 @@ def test_keeping_outputs_in_bf16_costs_what_raw_autocast_costs_and_the_default_o
     assert default_peak - keep_peak >= bf16_logits // 2, (default_peak, keep_peak, raw_peak)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao (pip install 'hasten[fp8]')")
-@pytest.mark.skipif(not _fp8_gpu(), reason="needs a GPU with fp8 units (compute capability 8.9+)")
+@requires("torchao", "fp8 gpu")
 def test_real_fp8_trains_a_tiny_lm_as_bf16_does():
     def train(precision):
         reset_state()
@@ -162,8 +156,7 @@ def test_real_fp8_trains_a_tiny_lm_as_bf16_does():
     assert fp8[-1] < 0.2 * fp8[0] and max(abs(a - b) / b for a, b in zip(fp8, bf16)) < 0.1, list(zip(bf16, fp8))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torchao") is None, reason="needs torchao (pip install 'hasten[fp8]')")
-@pytest.mark.skipif(not torch.cuda.is_available() or _fp8_gpu(), reason="needs a GPU without fp8 units (below 8.9)")
+@requires("torchao", "pre-fp8 gpu")
 def test_fp8_is_refused_on_a_gpu_without_fp8_units():
     with pytest.raises(ConfigError, match=r"compute capability \d\.\d; fp8 needs 8\.9\+"):
         Accelerator(mixed_precision="fp8")

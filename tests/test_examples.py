@@ -8,7 +8,6 @@ give a machine: other jobs on the machine may hold the default port.
 """
 
 import ast
-import importlib.util
 import re
 import shlex
 import subprocess
@@ -16,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import ROOT, clean_env, free_port
+from helpers import ROOT, clean_env, free_port, requires
 
 EXAMPLES = ROOT / "examples"
 QUICK_TOUR = ROOT / "docs" / "quick_tour.md"
@@ -47,10 +46,7 @@ def run_documented(example: str, workdir: Path) -> list[subprocess.CompletedProc
     for command in documented_commands()[example]:
         program, *args = shlex.split(command)
         executable = Path(sys.executable).parent / program
-        if not executable.exists():
-            pytest.skip(
-                f"`{program}` is not installed in this venv: `make setup` installs hasten's accelerate distribution"
-            )
+        assert executable.exists(), f"`{program}` is not in this venv: the test must require what installs it"
         proc = subprocess.run(
             [str(executable), *args], env=env, cwd=workdir, capture_output=True, text=True, timeout=TIMEOUT, check=False
         )
@@ -75,11 +71,6 @@ def _bar_ends(stderr: str, description: str) -> list[str]:
 def _numbers(pattern: str, text: str) -> dict[int, float]:
     """``{int(group 1): float(group 2)}`` for every match of ``pattern``."""
     return {int(step): float(value) for step, value in re.findall(pattern, text)}
-
-
-def _require(package: str) -> None:
-    if importlib.util.find_spec(package) is None:
-        pytest.skip(f"{package} is not installed (`make setup` installs it)")
 
 
 def test_the_quick_tour_documents_how_to_run_every_example():
@@ -154,8 +145,8 @@ def test_early_stopping_stops_every_rank_at_the_same_step(tmp_path):
 
 
 @pytest.mark.slow
+@requires("deepspeed")
 def test_deepspeed_config_with_auto_values(tmp_path):
-    _require("deepspeed")
     (proc,) = run_documented("deepspeed_config.py", tmp_path)
     out = proc.stdout
     resolved = (
@@ -183,9 +174,9 @@ def test_transformers_script_differs_from_its_accelerate_version_only_in_imports
 
 
 @pytest.mark.slow
+@requires("transformers")
 def test_transformers_no_trainer_script_trains_checkpoints_and_saves(tmp_path):
     # A plain `hasten launch`: transformers imports peft (installed), which imports accelerate, which is hasten here.
-    _require("transformers")
     (proc,) = run_documented("transformers_no_trainer.py", tmp_path)
     out, output_dir = proc.stdout, tmp_path / "runs" / "gpt2_tiny"
     losses = _numbers(r"step (\d+): loss ([0-9.]+)", out)
@@ -198,8 +189,8 @@ def test_transformers_no_trainer_script_trains_checkpoints_and_saves(tmp_path):
 
 
 @pytest.mark.slow
+@requires("transformers", "accelerate command")
 def test_transformers_trainer_runs_under_the_accelerate_command_and_resumes(tmp_path):
-    _require("transformers")
     first, second = run_documented("transformers_trainer.py", tmp_path)
     assert "Trainer runs on hasten (accelerate 1.15.0), 2 process(es)" in first.stdout, first.stdout[-6000:]
     losses = {int(s): float(v) for s, v in re.findall(r"^step (\d+): loss ([0-9.]+)$", first.stdout, re.MULTILINE)}
@@ -214,8 +205,8 @@ def test_transformers_trainer_runs_under_the_accelerate_command_and_resumes(tmp_
 
 
 @pytest.mark.slow
+@requires("transformers")
 def test_tp_fsdp_llama_learns_on_four_processes_holding_a_quarter_each(tmp_path):
-    _require("transformers")
     (proc,) = run_documented("tp_fsdp_llama.py", tmp_path)
     assert "mesh {'dp_shard': 2, 'tp': 2}" in proc.stdout, proc.stdout
     fractions = [float(f) for f in re.findall(r"holds ([0-9.]+) of the parameter bytes", proc.stdout)]

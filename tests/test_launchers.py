@@ -12,18 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import free_port
 
 from hasten import launchers
 from hasten.errors import ConfigError, HastenError
 from hasten.state import PartialState
 
 SCRIPTS = Path(__file__).parent / "scripts"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _fails_on_rank_one(message):
@@ -38,7 +33,7 @@ def _record(path, value):
 @pytest.mark.slow
 def test_both_launchers_run_two_processes_from_a_plain_python_process(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_"))}
-    command = [sys.executable, str(SCRIPTS / "cli_notebook_launch.py"), str(tmp_path), str(_free_port())]
+    command = [sys.executable, str(SCRIPTS / "cli_notebook_launch.py"), str(tmp_path), str(free_port())]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     for tag, precision, use_cpu in (("notebook", "bf16", None), ("debug", "no", "1")):
@@ -98,7 +93,7 @@ def test_one_process_runs_here_with_the_precision(tmp_path):
 def test_refuses_when_cuda_is_initialised(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     with pytest.raises(ConfigError, match=r"CUDA was initialised in this process before the launcher could fork it"):
-        launchers.notebook_launcher(_record, ("x", 1), num_processes=2, use_port=str(_free_port()))
+        launchers.notebook_launcher(_record, ("x", 1), num_processes=2, use_port=str(free_port()))
     with pytest.raises(ConfigError, match=r"CUDA was initialised"):
         launchers.debug_launcher(_record, ("x", 1))
 
@@ -108,13 +103,13 @@ def test_refuses_unpicklable_functions_with_spawn():
         ConfigError,
         match=r"start_method='spawn' sends \S*<lambda> and its args to new processes by pickling, and that failed",
     ):
-        launchers.notebook_launcher(lambda: None, num_processes=2, use_port=str(_free_port()), start_method="spawn")
+        launchers.notebook_launcher(lambda: None, num_processes=2, use_port=str(free_port()), start_method="spawn")
 
     def nested():
         return None
 
     with pytest.raises(ConfigError, match=r"Define the function at the top level of an importable module"):
-        launchers.notebook_launcher(nested, num_processes=2, use_port=str(_free_port()), start_method="spawn")
+        launchers.notebook_launcher(nested, num_processes=2, use_port=str(free_port()), start_method="spawn")
 
 
 def test_refuses_functions_of_an_interactive_session_with_spawn(monkeypatch):
@@ -127,7 +122,7 @@ def test_refuses_functions_of_an_interactive_session_with_spawn(monkeypatch):
     monkeypatch.setattr(main_module, "cell_function", cell_function, raising=False)
     monkeypatch.delattr(main_module, "__file__", raising=False)
     with pytest.raises(ConfigError, match=r"start_method='spawn': cell_function is defined in an interactive session"):
-        launchers.notebook_launcher(cell_function, num_processes=2, use_port=str(_free_port()), start_method="spawn")
+        launchers.notebook_launcher(cell_function, num_processes=2, use_port=str(free_port()), start_method="spawn")
 
 
 def test_refuses_an_existing_state_bad_settings_and_a_busy_port(monkeypatch):

@@ -1,15 +1,17 @@
 """The process state: what it offers every process-aware object, and how the runtime guards the group it creates."""
 
 import pytest
-from helpers import SCRIPTS, clean_env, torchrun
+from helpers import SCRIPTS, clean_env, requires, torchrun
 
 from hasten import process_group_hooks
 from hasten.process_control import split_for_process
 from hasten.state import PartialState, reset_state
 
 
+@requires("datasets")
 def test_split_for_process_gives_a_datasets_dataset_its_rows():
-    datasets = pytest.importorskip("datasets")
+    import datasets
+
     data = datasets.Dataset.from_list([{"k": v} for v in range(5)])
     assert split_for_process(data, 2, 0)["k"] == [0, 1, 2]
     assert split_for_process(data, 2, 1)["k"] == [3, 4]

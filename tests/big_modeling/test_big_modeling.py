@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 import torch
-from helpers import ROOT, SCRIPTS
+from helpers import ROOT, SCRIPTS, requires
 from torch import nn
 
 from hasten.big_modeling import (
@@ -49,11 +49,6 @@ from hasten.big_modeling.tensors import set_module_tensor_to_device
 from hasten.errors import CheckpointError, ConfigError, NotSupportedError
 
 SCRIPT = SCRIPTS / "big_model_rss.py"
-
-
-def needs_cuda(test):
-    """A GPU test: selected by ``pytest -m cuda``, skipped without CUDA."""
-    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test))
 
 
 class Block(nn.Module):
@@ -290,7 +285,7 @@ def test_tensor_level_entries(tmp_path):
     torch.testing.assert_close(loaded(x), expected, atol=1e-6, rtol=0)
 
 
-@needs_cuda
+@pytest.mark.cuda  # tests marked cuda need a CUDA device
 def test_gpu_cpu_disk_map_matches(reference, tmp_path):
     _, ids, expected, folder = reference
     device_map = {**CPU_DISK_MAP, "embed": 0, "blocks.0": 0, "head": 0}
@@ -305,7 +300,7 @@ def test_gpu_cpu_disk_map_matches(reference, tmp_path):
     assert on_gpu.device.type == "cuda"
 
 
-@needs_cuda
+@pytest.mark.cuda  # tests marked cuda need a CUDA device
 def test_auto_map_on_gpu(reference, tmp_path):
     _, ids, expected, folder = reference
     model = load_checkpoint_and_dispatch(
@@ -321,7 +316,7 @@ def test_auto_map_on_gpu(reference, tmp_path):
         torch.testing.assert_close(model(ids), expected, atol=1e-5, rtol=1e-5)
 
 
-@needs_cuda
+@pytest.mark.cuda  # tests marked cuda need a CUDA device
 def test_cpu_offload_with_hook_on_gpu(reference):
     ids = reference[1]
     first, hook_1 = cpu_offload_with_hook(nn.Sequential(nn.Embedding(64, 32)), "cuda:0")
@@ -562,8 +557,8 @@ def test_disk_offloaded_run_stays_within_budget(tmp_path):
 
 
 @pytest.mark.slow
+@requires("transformers")
 def test_transformers_from_pretrained_device_map_auto_offloads_to_disk(tmp_path):
-    pytest.importorskip("transformers")
     script = SCRIPTS / "transformers_disk_offload.py"
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     result = subprocess.run(

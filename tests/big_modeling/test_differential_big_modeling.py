@@ -4,14 +4,15 @@ Every scenario of differential_cases.py, differential_weights.py and differentia
 of Accelerate and on hasten, in subprocesses, over cases generated from seeds: random module trees (depth, widths,
 buffers, tied weights, no-split classes, parameters on the root, empty modules) x memory budgets (ints and size
 strings) x devices (GPU indices 0/1/2 planned without CUDA, ``"mps"``, ``"cpu"``, ``"disk"``) x options. The fast group
-runs a sample of every scenario in one subprocess per side; the slow group runs each scenario on many more cases.
+runs a sample of every scenario in one subprocess per side; the slow group runs each scenario on many more cases (a
+share of them, ``helpers.cases``, unless ``--all-cases``: ``make test-all``), on one pytest-xdist worker.
 
 ``PYTHONHASHSEED`` is pinned for both sides: Accelerate orders tied-parameter groups and cleaned device maps by
 iterating sets of strings, and hasten follows the same order, so results agree only under one hash seed.
 
 A difference fails the test unless an entry of ``ALLOWED`` explains it; each entry names the scenarios, a test on
 the case and both outcomes, what it is (a row of docs/migration.md's table "Deliberate differences in the big-model
-utilities") and the reason. The slow group also fails on an entry that no case needed any more.
+utilities") and the reason. The whole slow group (``--all-cases``) also fails on an entry that no case needed any more.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from big_modeling import differential_cases as planning
 from big_modeling import differential_hooks as hooking
 from big_modeling import differential_weights as weights
 from big_modeling.differential_models import random_tree
-from differential import differences, repro_line, require_reference, run_side
+from differential import differences, repro_line, run_side
+from helpers import cases, requires
 
 MODULES = {"differential_cases": planning, "differential_weights": weights, "differential_hooks": hooking}
 
@@ -205,9 +207,9 @@ def _generate(scenario: str, seed: int, count: int) -> list[dict]:
     return SCENARIOS[scenario][0](seed, count)
 
 
+@requires("reference")
 def test_fast_sample_of_every_scenario():
     """A sample of every scenario, all in one subprocess per side (scenario_any dispatches on the case)."""
-    require_reference()
     labelled = [
         (scenario, case)
         for scenario, (_, fast, _) in SCENARIOS.items()
@@ -225,22 +227,33 @@ SLOW_USED: set[int] = set()
 SLOW_COUNTS: dict[str, int] = {}
 
 
+def _run_slow(scenario: str) -> list[str]:
+    """The slow group's cases of ``scenario`` compared (counted in ``SLOW_COUNTS``): the failures."""
+    generated = _generate(scenario, SLOW_SEED, cases(SCENARIOS[scenario][2]))
+    failures = compare(scenario, generated, SLOW_USED)
+    SLOW_COUNTS[scenario] = len(generated)
+    return failures
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group("big-model-differential")
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
+@requires("reference")
 def test_slow_scenario(scenario):
-    require_reference()
-    cases = _generate(scenario, SLOW_SEED, SCENARIOS[scenario][2])
-    failures = compare(scenario, cases, SLOW_USED)
-    SLOW_COUNTS[scenario] = len(cases)
-    assert not failures, _report(failures, len(cases))
+    failures = _run_slow(scenario)
+    assert not failures, _report(failures, SLOW_COUNTS[scenario])
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("big-model-differential")
+@requires("reference", "all cases")
 def test_slow_group_size_and_allowances_still_needed():
-    """Runs after the slow scenarios (same module, later in order): 1,000+ cases, and no allowance unused."""
-    require_reference()
-    if len(SLOW_COUNTS) < len(SCENARIOS):
-        pytest.skip("run with the whole slow group of this module (-m slow) to check the allowances")
+    """Runs after the slow scenarios (same module and worker, later in order), and runs those this process did not
+    (a selection without them): 1,000+ cases, and no allowance unused."""
+    for scenario in SCENARIOS:
+        if scenario not in SLOW_COUNTS:
+            failures = _run_slow(scenario)
+            assert not failures, _report(failures, SLOW_COUNTS[scenario])
     assert sum(SLOW_COUNTS.values()) >= 1000
     stale = [entry["reason"] for index, entry in enumerate(ALLOWED) if index not in SLOW_USED]
     assert not stale, f"these allowances explained no case; remove them from ALLOWED and docs/migration.md: {stale}"

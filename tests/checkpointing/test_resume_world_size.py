@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SCRIPTS, torchrun
+from helpers import SCRIPTS, requires, torchrun
 
 from hasten.checkpointing.world_change import random_state_for
 from hasten.errors import CheckpointError
@@ -141,8 +141,8 @@ def test_resumed_on_another_number_of_processes_each_sample_once(saved, saved_on
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # two DeepSpeed launches; the first on a machine may compile DeepSpeed's CPU extensions
+@requires("deepspeed")
 def test_a_deepspeed_checkpoint_is_refused_on_another_number_of_processes_before_anything_loads(tmp_path):
-    pytest.importorskip("deepspeed")
     torchrun(SCRIPT, "deepspeed-save", str(tmp_path), nproc=2, timeout=900)
     out = torchrun(SCRIPT, "deepspeed-load", str(tmp_path), nproc=1, timeout=900).stdout
     assert "deepspeed 2->1 refused before loading: Checkpoint" in out and "hasten merge-weights" in out, out

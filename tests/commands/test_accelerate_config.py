@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from differential import REFERENCE, require_reference
-from helpers import ROOT, clean_env
+from differential import REFERENCE
+from helpers import ROOT, clean_env, requires
 
 from hasten import environment
 from hasten.commands import config_location
@@ -96,9 +96,9 @@ def test_as_accelerate_launch_reads_accelerates_file(home, tmp_path):
     assert plan.settings.config.num_processes == 1 and plan.loaded is None
 
 
+@requires("reference")
 def test_the_reference_finds_its_file_where_hasten_looks_for_it(tmp_path):
     """Accelerate's own lookup (its module-level default_config_file), with HF_HOME, XDG_CACHE_HOME or neither."""
-    require_reference()
     code = (
         "from accelerate.commands.config.config_args import default_config_file\n"
         "from hasten import environment\n"
@@ -138,10 +138,8 @@ def _reference_config(home: Path) -> Path:
 
 
 @pytest.mark.slow
+@requires("reference", "accelerate command")
 def test_accelerate_launch_honours_a_config_written_by_accelerate(tmp_path):
-    require_reference()
-    if not ACCELERATE.exists():
-        pytest.skip("the `accelerate` command is not installed in this venv (`make setup` installs hasten's alias)")
     home = tmp_path / "home"
     home.mkdir()
     written = _reference_config(home)
@@ -171,9 +169,8 @@ def test_accelerate_launch_honours_a_config_written_by_accelerate(tmp_path):
     assert f"config file : none (found Accelerate's {written}: `hasten config update` imports it" in proc.stderr
 
 
+@requires("accelerate command")
 def test_messages_name_the_accelerate_command(tmp_path):
-    if not ACCELERATE.exists():
-        pytest.skip("the `accelerate` command is not installed in this venv (`make setup` installs hasten's alias)")
     env = _accelerate_env(tmp_path)
     missing = tmp_path / "missing.yaml"
     proc = subprocess.run(

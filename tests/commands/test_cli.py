@@ -382,7 +382,7 @@ def test_summary_says_where_each_value_came_from(tmp_path, script, monkeypatch):
     assert plan.env["HASTEN_HANG_REPORT_DIR"] == str(plan.hang_dir) and plan.owns_hang_dir
 
 
-@requires("deepspeed", "deepspeed")
+@requires("deepspeed")
 def test_unused_deepspeed_launcher_is_a_warning(tmp_path, script):
     config_file = tmp_path / "ds.yaml"
     config_file.write_text(
@@ -444,7 +444,7 @@ def test_mpirun_command_lines(tmp_path, script):
     assert ["-genv", "MASTER_PORT", "29500"] == mpich[mpich.index("MASTER_PORT") - 1 : mpich.index("MASTER_PORT") + 2]
 
 
-@requires("deepspeed", "deepspeed")
+@requires("deepspeed")
 def test_a_killed_worker_gets_the_running_engines_advice(script, capsys):
     killed = {0: SimpleNamespace(exitcode=-9)}
     plan = launch_cmd.prepare_launch(

@@ -84,6 +84,7 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
     return False
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize("how, cause", [("raise", "exit code 1"), ("kill", "killed by signal SIGKILL")])
 def test_a_worker_failing_on_machine_1_ends_both_launchers_within_seconds(tmp_path, how, cause):
@@ -98,6 +99,7 @@ def test_a_worker_failing_on_machine_1_ends_both_launchers_within_seconds(tmp_pa
     assert "failed on machine 1 (their output is above):" in ended[1][1] and cause in ended[1][1]
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_a_hang_across_machines_names_the_rank_that_did_not_arrive_on_every_machine(tmp_path):
     # Rank 0 (machine 0) waits in DDP's gradient all-reduce while rank 1 (machine 1) sleeps. Before, machine 1's
@@ -114,6 +116,7 @@ def test_a_hang_across_machines_names_the_rank_that_did_not_arrive_on_every_mach
     assert "  rank 1 did not arrive (its last collective there is #9) and waits in no collective" in remote
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_a_machine_that_finished_does_not_wait_out_the_exit_barrier(tmp_path):
     out = tmp_path / "out"
@@ -126,6 +129,7 @@ def test_a_machine_that_finished_does_not_wait_out_the_exit_barrier(tmp_path):
     assert "machine 0 stopped: the job failed on machine 1" in ended[0][1] and "rank 1: exit code 1" in ended[0][1]
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["static", "c10d"])
 @pytest.mark.parametrize("failing", [0, 1])
@@ -144,6 +148,7 @@ def test_a_machine_that_cannot_start_stops_the_others_from_waiting(tmp_path, fai
     )
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_workers_die_with_a_killed_launcher(tmp_path):
     out = tmp_path / "out"
@@ -159,6 +164,7 @@ def test_workers_die_with_a_killed_launcher(tmp_path):
         launcher.kill()
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["debug", "notebook"])
 def test_launcher_functions_take_their_processes_with_them(tmp_path, kind):
@@ -227,6 +233,7 @@ def test_the_bootstrap_ends_at_once_when_its_parent_is_already_gone(tmp_path):
     assert result.returncode == -signal.SIGKILL and not marker.exists()
 
 
+@pytest.mark.serial
 @pytest.mark.slow
 def test_killing_machine_0s_launcher_ends_the_job_on_machine_1(tmp_path):
     out = tmp_path / "out"

@@ -6,7 +6,8 @@ these values as Accelerate gives them: ``args.multi_gpu is False``, ``args.num_p
 from __future__ import annotations
 
 import pytest
-from differential import require_reference, run_side
+from differential import run_side
+from helpers import requires
 
 from hasten.commands.launch_args import FLAGS
 
@@ -23,7 +24,6 @@ _PARSED_ON_PURPOSE = {
 
 
 def _described() -> tuple[dict, dict]:
-    require_reference()
     scenario = "commands.differential_launch_cases:describe_options"
     (theirs,), (ours,) = run_side("accelerate", scenario, [{}]), run_side("hasten", scenario, [{}])
     assert "returned" in theirs and "returned" in ours, (theirs, ours)
@@ -48,6 +48,7 @@ def _sample(option: dict) -> list[str]:
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_every_option_left_off_and_given_parses_as_in_accelerate():
     theirs, ours = _described()
     assert set(ours) - set(theirs) == _HASTEN_ONLY

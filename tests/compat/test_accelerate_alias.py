@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
-from helpers import ROOT, SCRIPTS, clean_env, hasten_launch
+from helpers import ROOT, SCRIPTS, clean_env, hasten_launch, requires
 
 from hasten.accelerate_alias import ACCELERATE_API_VERSION, SHIM_DIR
 from hasten.commands.launch import prepare_launch
@@ -112,8 +112,8 @@ def test_install_maps_every_submodule_to_hasten_and_reports_the_api_version():
     assert result["specs"] == ["hasten.utils", "hasten.commands.launch"]  # hasten's modules keep their own spec
 
 
+@requires("transformers")
 def test_metadata_satisfies_the_version_checks_of_transformers_and_the_backport():
-    pytest.importorskip("transformers")
     result = _json(
         """
         import importlib.metadata, importlib.util, json

@@ -13,7 +13,7 @@ import os
 import shutil
 
 import pytest
-from helpers import ROOT, clean_env, torchrun
+from helpers import ROOT, clean_env, requires, torchrun
 
 from hasten.accelerate_alias import SHIM_DIR
 
@@ -23,14 +23,10 @@ SCRIPT_PATH = os.pathsep.join([str(SHIM_DIR), str(ROOT / "src")])
 
 
 @pytest.mark.slow
+@requires("reference")
 @pytest.mark.parametrize("script", ["test_ops.py", "test_script.py", "test_sync.py"])
 def test_accelerates_own_check_script_passes_on_two_processes(script, tmp_path):
     source = SCRIPTS_DIR / script
-    if not source.is_file():
-        pytest.skip(
-            f"no reference copy of accelerate 1.15 in {SCRIPTS_DIR.parents[2]} (`make reference` installs it; pip "
-            "was offline?)"
-        )
     copy = tmp_path / script  # run from outside the reference package: only the shim answers `import accelerate`
     shutil.copy(source, copy)
     env = clean_env(PYTHONPATH=SCRIPT_PATH)
@@ -39,16 +35,12 @@ def test_accelerates_own_check_script_passes_on_two_processes(script, tmp_path):
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_accelerates_data_loop_script_passes_with_a_save_folder_per_process(tmp_path):
     # The script saves with `tempfile.TemporaryDirectory()` on each process, i.e. into a different folder per
     # process: each process writes a complete checkpoint of its own there (this used to leave process 1
     # waiting for a folder nobody wrote).
     source = SCRIPTS_DIR / "test_distributed_data_loop.py"
-    if not source.is_file():
-        pytest.skip(
-            f"no reference copy of accelerate 1.15 in {SCRIPTS_DIR.parents[2]} (`make reference` installs it; pip "
-            "was offline?)"
-        )
     copy = tmp_path / source.name
     shutil.copy(source, copy)
     env = clean_env(PYTHONPATH=SCRIPT_PATH)

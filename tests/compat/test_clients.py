@@ -23,8 +23,8 @@ import subprocess
 import sys
 
 import pytest
-from differential import REFERENCE, require_reference
-from helpers import ROOT, SCRIPTS, clean_env, free_port
+from differential import REFERENCE
+from helpers import ROOT, SCRIPTS, clean_env, free_port, requires
 
 SCRIPT = SCRIPTS / "clients" / "run_clients.py"
 NEEDS = {
@@ -105,7 +105,6 @@ def _run(side: str, processes: int, out, timeout: float = 900) -> str:
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory):
     """``launched(processes)``: the output folders of both sides' launches, run once per process count."""
-    require_reference()
     done = {}
 
     def run(processes: int) -> dict:
@@ -144,13 +143,12 @@ def _weight_differences(reference_file, hasten_file) -> list[str]:
 def _cases():
     for part in (part for part in NEEDS if part not in DELIBERATE):
         for processes in PROCESSES:
-            yield pytest.param(part, processes, marks=[pytest.mark.slow], id=f"{part}-{processes}proc")
+            marks = [pytest.mark.slow, requires("reference", *NEEDS[part])]
+            yield pytest.param(part, processes, marks=marks, id=f"{part}-{processes}proc")
 
 
 def _compared(launched, part: str, processes: int) -> tuple[dict, list[str]]:
     """Both sides' results for ``part`` (checked to have run on the right library), and where hasten's differ."""
-    if _missing(part):
-        pytest.skip(f"{', '.join(_missing(part))} not installed (`make setup` installs the ecosystem)")
     sides = launched(processes)
     results = {
         side: [_result(out, output, part, rank, side) for rank in range(processes)]
@@ -183,6 +181,7 @@ def test_client_gives_accelerates_numbers_and_weights(launched, part, processes)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("processes", PROCESSES)
+@requires("reference", *NEEDS["diffusers_resume"])
 def test_diffusers_resume_differs_from_accelerate_as_documented(launched, processes):
     """hasten's resumed run differs from Accelerate's (DELIBERATE); on one process it is hasten's uninterrupted run."""
     folders, differing = _compared(launched, "diffusers_resume", processes)

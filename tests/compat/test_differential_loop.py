@@ -19,7 +19,8 @@ from __future__ import annotations
 import pytest
 from compat import differential_loop_cases as loop
 from compat import differential_training_cases as training
-from differential import differences, repro_line, require_reference, run_side
+from differential import differences, repro_line, run_side
+from helpers import requires
 
 MIXED = "compat.differential_loop_cases:mixed"
 SCENARIOS = "compat.differential_training_cases:"
@@ -201,7 +202,6 @@ def _outcomes(scenario: str, cases: list[dict], nproc: int) -> list[list[str]]:
 
 
 def assert_agree(scenario: str, cases: list[dict], nproc: int = 1) -> None:
-    require_reference()
     found = [(case, lines) for case, lines in zip(cases, _outcomes(scenario, cases, nproc)) if lines]
     shown = "\n".join(
         f"case {case}: {'; '.join(lines[:3])}\n    repro: {repro_line(scenario, case, nproc)}"
@@ -213,6 +213,7 @@ def assert_agree(scenario: str, cases: list[dict], nproc: int = 1) -> None:
 # --------------------------------------------------------------------------------------------------------- fast
 
 
+@requires("reference")
 def test_one_process_scenarios_fast():
     """Batch samplers on 2-4 processes, iterable shards, skipping, prepare for simulated ranks, enums, gradient
     state."""
@@ -223,44 +224,51 @@ def test_one_process_scenarios_fast():
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_one_process_scenarios():
     assert_agree(MIXED, loop.one_process_cases(seed=2, count=400))
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_training_loops_one_process():
     assert_agree(SCENARIOS + "training_loop", training.training_cases(seed=3, count=100))
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_training_loops_two_processes():
     assert_agree(SCENARIOS + "training_loop", training.training_cases(seed=4, count=40, nproc=2), nproc=2)
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_resume_one_process():
     assert_agree(SCENARIOS + "resume", training.resume_cases(seed=5, count=20))
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_resume_two_processes():
     assert_agree(SCENARIOS + "resume", training.resume_cases(seed=6, count=12, nproc=2), nproc=2)
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_gather_for_metrics_one_process():
     assert_agree(SCENARIOS + "gather_metrics", training.gather_cases(seed=7, count=120))
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_gather_for_metrics_two_processes():
     assert_agree(SCENARIOS + "gather_metrics", training.gather_cases(seed=8, count=50, nproc=2), nproc=2)
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_allowed_differences_still_differ():
     """Every allowed difference that can run on the reference still differs (else its entry must go)."""
-    require_reference()
     runnable = [(entry, case) for entry in ALLOWED for case in entry["cases"]]
     outcomes = _outcomes(MIXED, [{"scenario": entry["scenario"], "case": case} for entry, case in runnable], 1)
     stale = [f"{entry['scenario']} {case}" for (entry, case), lines in zip(runnable, outcomes) if not lines]

@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 from compat import differential_misc_cases as misc
 from compat import differential_ops_cases as ops
-from differential import differences, repro_line, require_reference, run_side
+from differential import differences, repro_line, run_side
+from helpers import requires
 
 OPS = "compat.differential_ops_cases:ops"
 COLLECTIVES = "compat.differential_ops_cases:collectives"
@@ -93,7 +94,6 @@ def _has_value_leaf(spec) -> bool:
 
 def _compare(scenario: str, cases: list[dict], nproc: int = 1) -> set[int]:
     """Fail on every difference that no ``ALLOWED`` entry explains; return the indices of the entries used."""
-    require_reference()
     ours = run_side("hasten", scenario, cases, nproc, timeout=900)
     theirs = run_side("accelerate", scenario, cases, nproc, timeout=900)
     unexplained, used = [], set()
@@ -125,41 +125,48 @@ def _assert_all_used(scenario: str, used: set[int]) -> None:
     assert not stale, f"these allowed differences of {scenario} no longer occur; remove them from ALLOWED: {stale}"
 
 
+@requires("reference")
 def test_operations_on_nested_structures_fast():
     cases = ops.generate_ops_cases(seed=1, count=4 * len(ops.ONE_PROCESS_OPS))
     _compare(OPS, cases)
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_operations_on_nested_structures():
     cases = ops.generate_ops_cases(seed=2, count=30 * len(ops.ONE_PROCESS_OPS))
     _assert_all_used(OPS, _compare(OPS, cases))
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_collectives_on_two_processes():
     cases = ops.generate_collective_cases(seed=3, count=25 * len(ops.MULTI_PROCESS_OPS))
     _assert_all_used(COLLECTIVES, _compare(COLLECTIVES, cases, nproc=2))
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_find_executable_batch_size():
     _compare("compat.differential_misc_cases:batch_size_search", misc.generate_batch_size_cases(seed=4, count=80))
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_kwargs_handlers_to_kwargs_and_to_dict():
     _compare("compat.differential_misc_cases:kwargs_handler", misc.generate_kwargs_cases(seed=5, count=80))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
+@requires("reference")
 def test_set_seed_streams(nproc):
     _assert_all_used(SEEDS, _compare(SEEDS, misc.generate_seed_cases(seed=6, count=16), nproc=nproc))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
+@requires("reference")
 def test_split_between_processes(nproc):
     used = _compare(SPLIT, misc.generate_split_cases(seed=7, count=60), nproc=nproc)
     if nproc > 1:  # one process gets its input back whole, on both sides
@@ -167,10 +174,12 @@ def test_split_between_processes(nproc):
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_save_and_load_round_trips():
     _assert_all_used(SAVE, _compare(SAVE, misc.generate_save_cases(seed=8, count=40)))
 
 
+@requires("reference")
 def test_save_model_writes_accelerates_files():
     """The same shard files (names, count, which tensors each holds) and the same index as Accelerate's, for
     generated models and shard sizes."""
@@ -179,6 +188,7 @@ def test_save_model_writes_accelerates_files():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
+@requires("reference")
 def test_checkpoint_hooks_get_the_models_accelerate_gives(nproc):
     cases = [
         {"seed": i, "mixed_precision": precision, "with_optimizer": bool(i % 2)}

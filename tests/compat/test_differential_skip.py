@@ -13,7 +13,8 @@ from __future__ import annotations
 import pytest
 from compat.differential_skip_cases import skip_cases
 from compat.test_differential_loop import assert_agree
-from differential import differences, require_reference, run_side
+from differential import differences, run_side
+from helpers import requires
 
 SCENARIO = "compat.differential_skip_cases:skip_view"
 
@@ -95,26 +96,29 @@ ALLOWED = [
 ]
 
 
+@requires("reference")
 def test_one_process_fast():
     """Every kind of input on one process, prepared with and without dispatching."""
     assert_agree(SCENARIO, skip_cases(seed=1, count=40))
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_one_process():
     assert_agree(SCENARIO, skip_cases(seed=2, count=150))
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_two_processes():
     assert_agree(SCENARIO, skip_cases(seed=3, count=40, nproc=2), nproc=2)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 2])
+@requires("reference")
 def test_allowed_differences_still_differ(nproc):
     """Every allowed difference still differs (else its entry must go, and its line in docs/migration.md)."""
-    require_reference()
     entries = [entry for entry in ALLOWED if entry["nproc"] == nproc]
     cases = [entry["case"] for entry in entries]
     theirs, ours = run_side("accelerate", SCENARIO, cases, nproc), run_side("hasten", SCENARIO, cases, nproc)

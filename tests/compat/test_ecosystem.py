@@ -12,7 +12,6 @@ result per part, read by the tests below.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -20,16 +19,9 @@ import subprocess
 import sys
 
 import pytest
-from helpers import ROOT, SCRIPTS, clean_env, free_port
+from helpers import ROOT, SCRIPTS, clean_env, free_port, requires
 
 LAUNCH = ("--as_accelerate", "--cpu", "--num_processes", "2", "-q")
-
-
-def _require(*packages: str) -> None:
-    """Skip unless ``packages`` are installed (found, not imported: they import accelerate)."""
-    for package in packages:
-        if importlib.util.find_spec(package) is None:
-            pytest.skip(f"{package} is not installed (`make setup` installs it)")
 
 
 def _launch(script, *args, timeout: float) -> str:
@@ -75,16 +67,10 @@ def _results(out, output: str, part: str) -> list[dict]:
     return results
 
 
-def _require_alias_distribution() -> str:
-    """The version of hasten's accelerate distribution installed in this venv; skips when there is none."""
+def _alias_version() -> str:
+    """The version of the accelerate distribution installed in this venv, as a plain process sees it."""
     code = "import importlib.metadata as m; print(m.version('accelerate'))"
-    version = _run_plain([sys.executable, "-c", code], timeout=60).stdout.strip()
-    if "+hasten." not in version:
-        found = version or "none"
-        pytest.skip(
-            f"hasten's accelerate distribution is not installed in this venv (found: {found}; `make setup` installs it)"
-        )
-    return version
+    return _run_plain([sys.executable, "-c", code], timeout=60).stdout.strip()
 
 
 def _run_plain(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -93,16 +79,16 @@ def _run_plain(cmd: list[str], timeout: float) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 
+@requires("accelerate alias")
 def test_pip_finds_every_requirement_met():
     """peft, trl, sentence-transformers and setfit require the accelerate distribution: hasten's meets it."""
-    _require_alias_distribution()
     proc = _run_plain([sys.executable, "-m", "pip", "check"], timeout=300)
     assert (proc.returncode, proc.stdout.strip()) == (0, "No broken requirements found."), proc.stdout + proc.stderr
 
 
+@requires("accelerate alias", "transformers", "peft", "trl", "diffusers", "sentence_transformers", "setfit")
 def test_plain_imports_of_every_library_get_hasten_as_accelerate():
-    version = _require_alias_distribution()
-    _require("transformers", "peft", "trl", "diffusers", "sentence_transformers", "setfit")
+    version = _alias_version()
     code = """
 import importlib.metadata, json
 import transformers, peft, trl, diffusers, sentence_transformers, setfit
@@ -123,12 +109,12 @@ print(json.dumps({"alias": accelerate.Accelerator is hasten.Accelerator,
 
 @pytest.fixture(scope="module")
 def transformers_run(tmp_path_factory):
-    _require("transformers", "peft")
     out = tmp_path_factory.mktemp("eco_transformers")
     return out, _launch(SCRIPTS / "eco_transformers.py", out, "trainer", "device_map", "peft", timeout=420)
 
 
 @pytest.mark.slow
+@requires("transformers", "peft")
 def test_trainer_accumulates_evaluates_rotates_and_resumes_to_the_same_weights(transformers_run):
     for result in _results(*transformers_run, "trainer"):
         assert (
@@ -144,12 +130,14 @@ def test_trainer_accumulates_evaluates_rotates_and_resumes_to_the_same_weights(t
 
 
 @pytest.mark.slow
+@requires("transformers", "peft")
 def test_from_pretrained_with_device_map_auto(transformers_run):
     for result in _results(*transformers_run, "device_map"):
         assert result["devices"] and result["logits_max_abs_diff"] == 0.0
 
 
 @pytest.mark.slow
+@requires("transformers", "peft")
 def test_peft_lora_trains_the_adapter_only_and_in_sync(transformers_run):
     for result in _results(*transformers_run, "peft"):
         assert result["trainable"] == 4 and result["lora_b_norm"] > 0  # lora_B starts at zero
@@ -159,8 +147,8 @@ def test_peft_lora_trains_the_adapter_only_and_in_sync(transformers_run):
 
 
 @pytest.mark.slow
+@requires("diffusers")
 def test_diffusers_style_main_only_save_and_manual_skip_resume(tmp_path):
-    _require("diffusers")
     output = _launch(SCRIPTS / "eco_diffusers.py", tmp_path, timeout=240)
     for result in _results(tmp_path, output, "diffusers"):
         assert (result["interrupted_steps"], result["resumed_from"]) == (7, 5)

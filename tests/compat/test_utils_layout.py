@@ -410,7 +410,7 @@ def test_ddp_kwargs_to_dict_leaves_out_the_hook_settings():
     assert handler.to_kwargs() == {"find_unused_parameters": True}
 
 
-@requires("deepspeed", "deepspeed")
+@requires("deepspeed")
 def test_accelerator_state_names_its_deepspeed_plugins():
     from hasten.state import AcceleratorState
     from hasten.utils import DeepSpeedPlugin
@@ -435,7 +435,7 @@ def test_parallelism_config_mesh_and_json():
         config.get_device_mesh()
 
 
-@requires("deepspeed", "deepspeed")
+@requires("deepspeed")
 @requires("transformers")
 def test_set_deepspeed_weakref_points_transformers_at_the_zero3_config():
     from transformers.integrations.deepspeed import is_deepspeed_zero3_enabled, unset_hf_deepspeed_config

@@ -8,6 +8,7 @@ import time
 
 import pytest
 import torch
+from helpers import requires
 
 from hasten.runtime import collective_check, stack_dump
 
@@ -51,6 +52,7 @@ def test_descriptions_name_shapes_and_dtypes():
     assert collective_check.describe((torch.ones(()), "text")) == "([] float32, str)"
 
 
+@pytest.mark.serial
 def test_a_process_holding_the_gil_in_c_code_gives_its_stacks(tmp_path):
     script = tmp_path / "hold.py"
     script.write_text(
@@ -75,7 +77,8 @@ def test_a_process_holding_the_gil_in_c_code_gives_its_stacks(tmp_path):
     assert stacks is not None and "in hold_the_gil" in stacks, stacks
 
 
-@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.serial
+@requires("fork")
 def test_forked_children_are_named_with_their_stacks():
     path = stack_dump.install()
     assert path is not None and stack_dump.dump_path() == path
@@ -93,6 +96,7 @@ def test_forked_children_are_named_with_their_stacks():
     assert "test_forked_children_are_named_with_their_stacks" in described, described
 
 
+@pytest.mark.serial
 def test_a_process_without_the_handler_is_not_signalled(tmp_path):
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"]) as proc:
         try:

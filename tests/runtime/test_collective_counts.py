@@ -5,14 +5,15 @@ number of gloo operations of each call counted with torch's profiler on hasten a
 import json
 
 import pytest
-from differential import require_reference, run_side
+from differential import run_side
+from helpers import requires
 
 SCENARIO = "runtime.collective_counts:counts"
 
 
 @pytest.mark.slow
+@requires("reference")
 def test_repeated_collectives_cost_no_more_than_accelerates():
-    require_reference()
     case = {"repeats": 3, "samples": 21, "batch_size": 4}
     ours = run_side("hasten", SCENARIO, [case], nproc=2)[0]
     theirs = run_side("accelerate", SCENARIO, [case], nproc=2)[0]

@@ -37,6 +37,7 @@ def test_debug_mode_reports_shape_mismatch_under_torchrun():
     assert "unreachable" not in proc.stdout
 
 
+@pytest.mark.serial
 def test_debug_mode_names_a_rank_that_skipped_a_collective():
     proc = torchrun(
         SCRIPTS / "check_debug_mode.py",
@@ -63,6 +64,7 @@ def test_hasten_launch_debug_reports_shape_mismatch():
     assert "Process 0: [1, 5]" in output and "Process 1: [1, 2, 5]" in output, output
 
 
+@pytest.mark.serial
 def test_hasten_launch_debug_summarises_the_stuck_rank():
     proc = hasten_launch(
         SCRIPTS / "check_debug_mode.py",

@@ -10,6 +10,7 @@ from helpers import SCRIPTS, clean_env, hasten_launch, torchrun
 pytestmark = pytest.mark.slow
 
 
+@pytest.mark.serial
 def test_a_hung_torch_barrier_ends_the_job_with_the_stuck_rank_named():
     # torch's own dist.barrier, under torchrun: before, only hasten's operations were watched and the job waited
     # for the process group's timeout (the hang timeout + 60 s) without a stack.
@@ -29,6 +30,7 @@ def test_a_hung_torch_barrier_ends_the_job_with_the_stuck_rank_named():
     assert "Stack of rank 1:" in err and "Stack of rank 0:" in err and "dist.barrier()" in err, err
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("scenario", ["backward", "gather"])
 def test_a_hang_is_reported_with_the_rank_that_did_not_arrive_as_the_cause(scenario):
     # Rank 1 sleeps; rank 0 waits in DDP's gradient all-reduce inside accelerator.backward (before: no report, the
@@ -139,6 +141,7 @@ _STUCK = {
 }
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("scenario", list(_STUCK))
 def test_the_hang_report_has_the_stack_of_a_rank_stuck_outside_hasten_collectives(scenario, tmp_path):
     # Rank 1 never enters a hasten collective: before, the report said "(no answer ...)" for its stack.

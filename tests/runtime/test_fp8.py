@@ -12,8 +12,8 @@ import sys
 
 import pytest
 import torch
-from differential import assert_same, require_reference
-from helpers import ROOT, SCRIPTS, clean_env, hasten_launch
+from differential import assert_same
+from helpers import ROOT, SCRIPTS, clean_env, hasten_launch, requires
 from torch import nn
 
 from hasten import Accelerator
@@ -23,9 +23,6 @@ from hasten.state import reset_state
 
 sys.path.insert(0, str(SCRIPTS))
 from fp8_model import TinyLM, batch, lm_loss  # noqa: E402
-
-HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
-needs_torchao = pytest.mark.skipif(not HAS_TORCHAO, reason="needs torchao (pip install 'hasten[fp8]')")
 
 
 def emulated(**config):
@@ -81,7 +78,7 @@ def test_the_filter_keeps_the_first_and_last_linear_layers_and_unaligned_ones_in
     assert first_and_last_linear(nn.Sequential(nn.ReLU())) == (None, None)
 
 
-@needs_torchao
+@requires("torchao")
 def test_prepare_converts_the_middle_layers_and_leaves_the_optimizer_working():
     """Even with a recipe that asks for FSDP's float8 all-gather, a model FSDP does not shard keeps its parameters:
     the optimizer built before prepare still trains the float8 layers (Accelerate 1.15 replaces those weights and
@@ -112,7 +109,7 @@ def test_prepare_converts_the_middle_layers_and_leaves_the_optimizer_working():
         assert torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16
 
 
-@needs_torchao
+@requires("torchao")
 def test_a_module_filter_of_the_recipe_decides():
     recipe = emulated()
     recipe.module_filter_func = lambda module, fqn: fqn == "head"
@@ -123,7 +120,7 @@ def test_a_module_filter_of_the_recipe_decides():
 # ------------------------------------------------------------------------------ training
 
 
-@needs_torchao
+@requires("torchao")
 @pytest.mark.slow
 def test_emulated_fp8_trains_a_tiny_lm_as_bf16_does_over_50_steps():
     bf16, _ = train_tiny_lm("bf16", [], 50)
@@ -134,7 +131,7 @@ def test_emulated_fp8_trains_a_tiny_lm_as_bf16_does_over_50_steps():
     assert max(gaps) < 0.05, list(zip(bf16, fp8))
 
 
-@needs_torchao
+@requires("torchao")
 @pytest.mark.slow
 def test_emulated_fp8_composes_with_torch_compile():
     eager, _ = train_tiny_lm("fp8", [emulated()], 3)
@@ -147,7 +144,7 @@ def test_emulated_fp8_composes_with_torch_compile():
     assert compiled == pytest.approx(eager, rel=1e-5)
 
 
-@needs_torchao
+@requires("torchao")
 def test_fp8_under_fsdp2_on_one_process_trains_and_saves_plain_weights(monkeypatch, tmp_path):
     """One process: no float8 all-gather (nothing to gather; its weight wrapper would reach the state dict)."""
     monkeypatch.setenv("HASTEN_USE_FSDP", "1")
@@ -167,7 +164,7 @@ def test_fp8_under_fsdp2_on_one_process_trains_and_saves_plain_weights(monkeypat
     assert (tmp_path / "model.safetensors").is_file()
 
 
-@needs_torchao
+@requires("torchao")
 @pytest.mark.slow
 def test_fp8_under_fsdp2_and_compile_on_two_processes_started_by_hasten_launch():
     launch = (
@@ -193,7 +190,7 @@ def test_fp8_under_fsdp2_and_compile_on_two_processes_started_by_hasten_launch()
 # ------------------------------------------------------------------------------ settings and recipes
 
 
-@needs_torchao
+@requires("torchao")
 def test_recipe_defaults_follow_the_launch_settings(monkeypatch):
     from hasten.utils import AORecipeKwargs
 
@@ -206,7 +203,7 @@ def test_recipe_defaults_follow_the_launch_settings(monkeypatch):
     assert AORecipeKwargs(pad_inner_dim=True).config.pad_inner_dim is True
 
 
-@needs_torchao
+@requires("torchao")
 def test_fp8_recipe_kwargs_means_torchao_and_warns_as_deprecated(monkeypatch):
     from hasten.utils import FP8RecipeKwargs
 
@@ -251,7 +248,7 @@ def test_transformer_engine_and_msamp_are_refused_naming_the_setting(monkeypatch
             cls()
 
 
-@needs_torchao
+@requires("torchao")
 def test_a_recipe_without_fp8_is_refused():
     with pytest.raises(
         ConfigError, match=r"AORecipeKwargs was passed in kwargs_handlers but mixed_precision is 'bf16'"
@@ -273,7 +270,7 @@ def _no_fp8(*args, **kwargs):
     raise RuntimeError("torch._scaled_mm is only supported on CUDA devices with compute capability >= 9.0 or 8.9")
 
 
-@needs_torchao
+@requires("torchao")
 def test_a_device_without_fp8_matmuls_is_refused_before_training_unless_emulated(monkeypatch):
     monkeypatch.setattr(torch, "_scaled_mm", _no_fp8)
     with pytest.raises(
@@ -340,10 +337,9 @@ def test_import_hasten_imports_no_torchao():
 # ------------------------------------------------------------------------------ against Accelerate 1.15
 
 
-@needs_torchao
 @pytest.mark.slow
+@requires("torchao", "reference")
 def test_conversion_and_training_match_accelerate():
-    require_reference()
     cases = [
         {"seed": seed, "widths": widths, "env": env}
         for seed, (widths, env) in enumerate(

@@ -13,13 +13,13 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from helpers import ROOT, SCRIPTS, clean_env, free_port, hasten_launch
 from safetensors.torch import load_file
 
 from hasten.runtime.preemption import PREEMPTED_EXIT_CODE
-from tests.helpers import ROOT, SCRIPTS, clean_env, free_port, hasten_launch
 
 SCRIPT = SCRIPTS / "preempt_train.py"
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # signals sent mid-training: make test runs them alone
 
 
 def _launch_cmd(folder: Path, *script_args: str, launch_args: tuple[str, ...] = ()) -> list[str]:

@@ -1,8 +1,10 @@
 """The DeepSpeed strategy: 2-process training against DDP, ZeRO-3 checkpoints and merging, fault messages.
 
-The first DeepSpeed run on a machine compiles two C++ extensions (the CPU communication op and
-DeepSpeedCPUAdam, several minutes); make setup builds them into .venv/torch_extensions, and the launches
-below get a longer time limit until they are.
+The tests that train need DeepSpeed (``requires("deepspeed")``); the others run the strategy's own logic against a
+stand-in engine and a stand-in ``deepspeed`` module (the ``deepspeed`` fixture), DeepSpeed installed or not. The
+first DeepSpeed run on a machine compiles two C++ extensions (the CPU communication op and DeepSpeedCPUAdam, several
+minutes); make setup builds them into .venv/torch_extensions, and the launches below get a longer time limit until
+they are.
 """
 
 import logging
@@ -11,17 +13,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import FIXTURES_ROOT, SCRIPTS, hasten_launch, torchrun
+from helpers import FIXTURES_ROOT, SCRIPTS, hasten_launch, requires, torchrun
 from safetensors.torch import load_file
+from strategies.contract import Answers, StrategyContract
 
-deepspeed = pytest.importorskip("deepspeed")
+from hasten import Accelerator
+from hasten.commands import merge_weights
+from hasten.enums import DistributedType
+from hasten.errors import CheckpointError, NotSupportedError
+from hasten.strategies.deepspeed.checkpoint import safe_torch_load
+from hasten.strategies.deepspeed.memory_estimate import explain_deepspeed_failure
+from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin
 
-from hasten import Accelerator  # noqa: E402
-from hasten.commands import merge_weights  # noqa: E402
-from hasten.errors import CheckpointError, NotSupportedError  # noqa: E402
-from hasten.strategies.deepspeed.checkpoint import safe_torch_load  # noqa: E402
-from hasten.strategies.deepspeed.memory_estimate import explain_deepspeed_failure  # noqa: E402
-from hasten.strategies.deepspeed.plugin import DeepSpeedPlugin  # noqa: E402
+pytestmark = pytest.mark.usefixtures("deepspeed")  # the stand-in, unless a test requires the real one
 
 FIXTURES = FIXTURES_ROOT
 
@@ -34,6 +38,42 @@ def _launch_timeout() -> float:
         any(Path(_get_build_directory(name, verbose=False)).glob("*.so")) for name in ("deepspeed_shm_comm", "cpu_adam")
     )
     return 240 if built else 900
+
+
+# ------------------------------------------------------------------------------- the strategy contract
+
+
+@pytest.mark.slow
+@requires("deepspeed")
+class TestDeepSpeedContract(StrategyContract):
+    """tests/strategies/contract.py on one process, with a real DeepSpeed engine (ZeRO 2, the plugin's default)."""
+
+    ANSWERS = Answers(
+        distributed_type=DistributedType.DEEPSPEED,
+        replicates_model=False,
+        joins_uneven_inputs=False,
+        handles_optimizer_step=True,
+        saves_full_state_dicts=False,
+        save_needs_every_process=True,
+    )
+
+    # The engine accumulates, synchronises and clips inside its own step (test_accumulation_follows_sync_gradients...,
+    # test_clipping_is_the_engines below): no_sync and clip_grad_norm_ are not the facade's to check here.
+    test_no_sync_and_sync_in_backward_accumulate_local_gradients = None
+    test_clip_grad_norm_returns_the_norm_before_clipping = None
+
+    @pytest.fixture(autouse=True)
+    def _fresh_deepspeed_comm(self, monkeypatch):
+        """DeepSpeed keeps its communication backend and a copy of the world group in module globals, made once per
+        process; the process group they wrap ends with each test, so each test starts without them."""
+        from deepspeed.comm import comm
+        from deepspeed.utils import groups
+
+        monkeypatch.setattr(comm, "cdb", None)
+        monkeypatch.setattr(groups, "_WORLD_GROUP", None)
+
+    def build(self, tmp_path, **kwargs) -> Accelerator:
+        return Accelerator(cpu=True, strategy="deepspeed", **kwargs)
 
 
 # ------------------------------------------------------------------------------- 1 process
@@ -55,6 +95,7 @@ print("trained", accelerator.distributed_type.value, accelerator.num_processes)
 
 
 @pytest.mark.slow
+@requires("deepspeed")
 def test_one_process_without_a_launcher_trains(tmp_path):
     """DeepSpeed asserts LOCAL_RANK is set; `python train.py` and a 1-process `hasten launch` set none."""
     import subprocess
@@ -79,6 +120,7 @@ def test_one_process_without_a_launcher_trains(tmp_path):
 
 
 @pytest.mark.slow
+@requires("deepspeed")
 def test_zero_stages_train_like_ddp_with_offload_and_auto_config(tmp_path):
     out = torchrun(
         SCRIPTS / "deepspeed_training.py",
@@ -90,6 +132,7 @@ def test_zero_stages_train_like_ddp_with_offload_and_auto_config(tmp_path):
 
 
 @pytest.mark.slow
+@requires("deepspeed")
 def test_engine_scheduler_is_a_deepspeed_scheduler_wrapper_stepped_once_per_step():
     out = torchrun(SCRIPTS / "deepspeed_scheduler.py", timeout=_launch_timeout()).stdout
     assert "rank 0: deepspeed scheduler checks passed" in out and "rank 1: deepspeed scheduler checks passed" in out, (
@@ -98,6 +141,7 @@ def test_engine_scheduler_is_a_deepspeed_scheduler_wrapper_stepped_once_per_step
 
 
 @pytest.mark.slow
+@requires("deepspeed")
 def test_zero3_resume_merge_and_errors(tmp_path):
     flags = (
         "--num_processes",

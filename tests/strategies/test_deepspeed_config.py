@@ -1,26 +1,26 @@
 """DeepSpeed configs: key validation with suggestions, "auto" resolution, conflicts, plugin settings.
 
-Engine creation is replaced by a recorder here (the real engine runs in tests/strategies/test_deepspeed.py).
+This logic needs no DeepSpeed: every test here runs against a stand-in for the ``deepspeed`` package, whether
+DeepSpeed is installed or not, and ``deepspeed.initialize`` is a recorder (the real engine runs in
+tests/strategies/test_deepspeed.py). A test that needs the real package says so with ``requires("deepspeed")``.
 """
 
 import json
 import logging
+import subprocess
+import sys
 import types
 
 import pytest
 import torch
+from helpers import FIXTURES_ROOT, clean_env, requires
 from torch.utils.data import DataLoader, TensorDataset
 
+from hasten import Accelerator, DeepSpeedPlugin
 from hasten.errors import ConfigError
 from hasten.strategies.deepspeed import config as dsc
 from hasten.strategies.deepspeed import schema
-
-deepspeed = pytest.importorskip("deepspeed")
-
-from helpers import FIXTURES_ROOT  # noqa: E402 (after the skip)
-
-from hasten import Accelerator, DeepSpeedPlugin  # noqa: E402
-from hasten.utils import DummyOptim, DummyScheduler  # noqa: E402
+from hasten.utils import DummyOptim, DummyScheduler
 
 GUIDE_CONFIG = FIXTURES_ROOT / "deepspeed_zero3_auto.json"
 
@@ -37,11 +37,26 @@ class _Recorder:
         return kwargs["model"], optimizer, None, None
 
 
+pytestmark = pytest.mark.usefixtures("deepspeed")  # the stand-in (tests/strategies/conftest.py)
+
+
 @pytest.fixture
-def initialize(monkeypatch):
+def initialize(deepspeed, monkeypatch):
     recorder = _Recorder()
-    monkeypatch.setattr(deepspeed, "initialize", recorder)
+    monkeypatch.setattr(deepspeed, "initialize", recorder, raising=False)
     return recorder
+
+
+def test_the_config_modules_import_where_deepspeed_is_not_installed():
+    """In a fresh process where ``import deepspeed`` fails, as it does without the package."""
+    code = (
+        "import sys; sys.modules['deepspeed'] = None\n"
+        "import hasten.strategies.deepspeed.config, hasten.strategies.deepspeed.schema\n"
+        "import hasten.strategies.deepspeed.plugin, hasten.strategies.deepspeed.strategy\n"
+        "from hasten.strategies.deepspeed import schema\n"
+        "assert schema.installed_schema() == schema.SCHEMA\n"
+    )
+    subprocess.run([sys.executable, "-c", code], env=clean_env(), check=True, timeout=120)
 
 
 def _model(hidden_size=None):
@@ -105,7 +120,8 @@ def test_free_form_sections_accept_any_key():
     )
 
 
-def test_static_schema_covers_the_installed_deepspeed():
+@requires("deepspeed")
+def test_static_schema_covers_the_installed_deepspeed(deepspeed):
     import importlib
 
     for path, (module, name) in schema._MODELS.items():
@@ -531,6 +547,7 @@ def test_zero_init_config_replaces_batch_autos():
     assert config["train_batch_size"] == "auto", "the original config is left alone"
 
 
+@requires("deepspeed")  # DeepSpeed's own set_z3_leaf_modules marks the layers
 def test_moe_layer_classes_become_zero3_leaf_modules():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
     with pytest.raises(

@@ -16,7 +16,6 @@ from hasten import environment
 from hasten.commands import launch as launch_cmd
 from hasten.config import Hardware
 
-pytestmark = requires("deepspeed", "deepspeed")
 CPU = Hardware("cpu", 0)
 CONFIG = str(ROOT / "examples" / "ds_config_zero2.json")  # its optimizer is offloaded to the CPU
 
@@ -35,6 +34,7 @@ def _warnings(*argv: str) -> list[str]:
     return launch_cmd.prepare_launch(args, hardware=CPU).warnings
 
 
+@requires("deepspeed")
 def test_the_ops_a_cpu_job_compiles_are_named_with_their_folder(script, tmp_path):
     (note,) = _warnings("--deepspeed_config_file", CONFIG, script)
     assert note == (
@@ -56,12 +56,9 @@ def test_the_folder_is_torchs_own_default_without_the_variable(monkeypatch):
     assert folder.parent == Path.home() / ".cache" / "torch_extensions" and folder.name.startswith("py3")
 
 
+@requires("make venv")
 def test_the_venv_of_make_points_every_process_at_its_folder():
-    """The .pth file that `make` writes (skipped in a venv not built by make)."""
-    import sysconfig
-
-    if not (Path(sysconfig.get_paths()["purelib"]) / "hasten-torch-extensions.pth").is_file():
-        pytest.skip("this venv was not set up by `make` (no hasten-torch-extensions.pth)")
+    """The .pth file that `make` writes."""
     env = {k: v for k, v in clean_env().items() if k != "TORCH_EXTENSIONS_DIR"}
     code = "import os; print(os.environ['TORCH_EXTENSIONS_DIR'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout

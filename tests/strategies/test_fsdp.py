@@ -1,5 +1,6 @@
-"""FSDP2: the plugin's settings (arguments, environment, FSDP1 translation and refusals), merging sharded
-checkpoints, and two real processes trained against DDP and resumed from checkpoints (tests/scripts/fsdp_*.py)."""
+"""FSDP2: the strategy contract (tests/strategies/contract.py), the plugin's settings (arguments, environment, FSDP1
+translation and refusals), merging sharded checkpoints, and two real processes trained against DDP and resumed from
+checkpoints (tests/scripts/fsdp_*.py)."""
 
 import functools
 import json
@@ -11,6 +12,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from helpers import SCRIPTS, hasten_launch, torchrun
 from safetensors.torch import load_file
+from strategies.contract import Answers, StrategyContract
 
 from hasten import Accelerator
 from hasten.enums import DistributedType
@@ -21,6 +23,25 @@ from hasten.strategies.fsdp.wrapping import ignored_parameters, wrap_targets
 
 sys.path.insert(0, str(SCRIPTS))
 from fsdp_model import Block, make_model  # noqa: E402
+
+# ----------------------------------------------------------------------------------- the strategy contract
+
+
+class TestFSDPContract(StrategyContract):
+    """tests/strategies/contract.py on one process (FSDP2 over a private one-process group)."""
+
+    ANSWERS = Answers(
+        distributed_type=DistributedType.FSDP,
+        replicates_model=False,
+        joins_uneven_inputs=False,
+        handles_optimizer_step=False,
+        saves_full_state_dicts=False,
+        save_needs_every_process=True,
+    )
+
+    def build(self, tmp_path, **kwargs) -> Accelerator:
+        return Accelerator(cpu=True, strategy="fsdp", **kwargs)
+
 
 # ----------------------------------------------------------------------------------- plugin settings
 

@@ -190,3 +190,15 @@ def test_ddp_joins_uneven_inputs_until_the_script_relabels_the_job_as_another_en
     assert strategy.joins_uneven_inputs is True
     strategy.state.distributed_type = DistributedType.FSDP  # what Accelerate's test_distributed_data_loop.py does
     assert strategy.joins_uneven_inputs is False
+
+
+def test_every_built_in_engine_runs_the_strategy_contract():
+    """Each built-in engine's test file (tests/strategies/test_<engine>.py) subclasses the shared StrategyContract."""
+    import ast
+
+    for registration in BUILT_IN:
+        engine = registration.split(".")[-2]
+        tree = ast.parse((ROOT / "tests" / "strategies" / f"test_{engine}.py").read_text())
+        classes = [node for node in tree.body if isinstance(node, ast.ClassDef)]
+        contracts = [c.name for c in classes if any(getattr(base, "id", "") == "StrategyContract" for base in c.bases)]
+        assert len(contracts) == 1, f"tests/strategies/test_{engine}.py: {contracts or 'no StrategyContract subclass'}"

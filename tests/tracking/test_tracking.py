@@ -6,11 +6,9 @@ from __future__ import annotations
 import dataclasses
 import enum
 import glob
-import importlib.util
 import json
 import os
 import pathlib
-import socket
 import struct
 import subprocess
 import sys
@@ -19,7 +17,7 @@ from collections import Counter
 import numpy as np
 import pytest
 import torch
-from helpers import SCRIPTS, read_scalars
+from helpers import SCRIPTS, free_port, read_scalars, requires
 
 from hasten.enums import LoggerType
 from hasten.errors import ConfigError, HastenError, MissingDependencyError
@@ -552,10 +550,7 @@ def read_wandb_records(path) -> list:
     return records
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("wandb") is None,
-    reason="wandb is not installed (pip install wandb); its offline run is not checked",
-)
+@requires("wandb")
 def test_wandb_offline_run_holds_each_metric_once(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path))
@@ -576,10 +571,7 @@ def test_wandb_offline_run_holds_each_metric_once(tmp_path, monkeypatch):
     assert history == [(0, 0.5, 0.0), (1, 1.5, 0.25), (2, 2.5, 0.5)]
 
 
-@pytest.mark.skipif(
-    importlib.util.find_spec("mlflow") is None,
-    reason="mlflow is not installed (pip install mlflow); its file store is not checked",
-)
+@requires("mlflow")
 def test_mlflow_file_store_holds_each_metric_once(tmp_path, monkeypatch):
     import mlflow
 
@@ -604,18 +596,12 @@ def test_mlflow_file_store_holds_each_metric_once(tmp_path, monkeypatch):
 # ----------------------------------------------------------------------------------- two processes
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_processes_only_rank0_writes(tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1")
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
-        "--master_port", str(_free_port()), str(SCRIPTS / "tracking_two_procs.py"), str(tmp_path),
+        "--master_port", str(free_port()), str(SCRIPTS / "tracking_two_procs.py"), str(tmp_path),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
     assert result.returncode == 0, result.stdout + result.stderr
