@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from hasten import Accelerator
 from hasten.checkpointing import MANIFEST, complete_checkpoints, wait_for_pending_save
 from hasten.errors import CheckpointError
-from hasten.runtime.fileio import format_bytes
+from hasten.settings.sizes import format_bytes
 from hasten.state import reset_state
 from hasten.utils import ProjectConfiguration, set_seed
 

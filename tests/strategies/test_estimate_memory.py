@@ -12,7 +12,7 @@ from helpers import requires
 from hasten.commands import estimate_memory
 from hasten.commands.model_size import ModelSize, count_parameters, dtype_rows, model_size
 from hasten.errors import ConfigError, MissingDependencyError
-from hasten.runtime.fileio import format_bytes
+from hasten.settings.sizes import format_bytes
 from hasten.strategies.deepspeed.memory_estimate import zero2_rows, zero3_rows
 
 # The Transformers DeepSpeed guide, bigscience/T0_3B on 1 node with 1 GPU.

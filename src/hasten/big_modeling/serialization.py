@@ -16,9 +16,10 @@ import pickle
 import torch
 
 from ..errors import ConfigError
-from ..runtime.fileio import atomic_write, parse_size
+from ..runtime.fileio import atomic_write
 from ..runtime.weights.safetensors_io import dedupe_tensors, read_header
 from ..runtime.weights.saving import save, save_model_weights
+from ..settings.sizes import parse_size
 from .checkpoint_files import (
     MODEL_NAME,
     SAFE_MODEL_NAME,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..runtime.fileio import format_bytes
+from ..settings.sizes import format_bytes
 from .integrity import Digest, HashQueue
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..runtime.fileio import format_bytes
+from ..settings.sizes import format_bytes
 
 _ALIGN = 64  # every staged tensor starts at a multiple of this (any dtype's alignment)
 _logger = logging.getLogger(__name__)

@@ -105,7 +105,7 @@ def _model(args: argparse.Namespace):
 def report(args: argparse.Namespace) -> str:
     """The text ``hasten estimate-memory`` prints."""
     from ..environment import ENGINES
-    from ..runtime.fileio import format_bytes
+    from ..settings.sizes import format_bytes
     from .model_size import dtype_rows
 
     size = _model(args)

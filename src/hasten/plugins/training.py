@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .. import environment
 from ..errors import ConfigError
-from ..runtime.fileio import parse_size
+from ..settings.sizes import parse_size
 from .kwargs import KwargsHandler
 
 

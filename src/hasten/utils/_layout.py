@@ -231,7 +231,7 @@ LAYOUT: dict[str, dict[str, str]] = {
 
 # names of ``hasten.utils`` that come from no submodule listed above (``parse_size`` is hasten's own)
 FLAT_ONLY: dict[str, str] = {
-    "parse_size": "runtime.fileio",
+    "parse_size": "settings.sizes",
     "write_basic_config": "config",
     "notebook_launcher": "launchers",
     "debug_launcher": "launchers",

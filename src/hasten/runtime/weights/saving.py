@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 
 from ...errors import ConfigError
-from ..fileio import atomic_write, parse_size
+from ...settings.sizes import parse_size
+from ..fileio import atomic_write
 from .files import (
     ALIASES_KEY,
     MODEL_NAME,
