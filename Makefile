@@ -36,7 +36,7 @@ ACCELERATE_REFERENCE := accelerate==1.15.0
 REFERENCE_DIR := .reference/accelerate-1.15.0
 REFERENCE_STAMP := $(REFERENCE_DIR)/.installed
 
-.PHONY: setup reference demo test test-fast lint bench torch-check clean
+.PHONY: setup reference demo test test-fast test-all lint bench torch-check clean
 
 setup: $(PKG_STAMP) $(ALIAS_STAMP) $(ECO_STAMP) $(EXT_DIR_STAMP) $(DS_OPS_STAMP) $(COMPILED_STAMP)
 
@@ -112,12 +112,34 @@ lint: $(PKG_STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# The 25 slowest tests are listed at the end, so that each CI log shows where the suite's time goes.
+# The tests run in two parts (README "Tests" gives the times):
+# 1. every test not marked serial, on TEST_WORKERS pytest-xdist workers (one per core; --dist loadgroup keeps the
+#    tests sharing a module-scoped fixture on one worker), each generated-case test on a sample of its cases (one in
+#    5, tests/helpers.py cases()); it ends with the CPU and wall seconds of each test file and the 25 tests that took
+#    the most CPU time, so that each CI log shows where the suite's time goes;
+# 2. the tests marked serial (hang timeouts, signals, sleeps: they need the cores), one at a time, alone.
+# Both parts run even when the first fails; the target fails when either did.
+# - make test: every test;
+# - make test-fast: the tests not marked slow (no multi-process launch of more than a few seconds);
+# - make test-all: every test on every generated case (--all-cases), with the checks that need the whole set (each
+#   differential allowance still used).
+TEST_WORKERS ?= $(shell nproc)
+PYTEST := TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q
+# $(1): a marker expression ending in "and " (or nothing), $(2): more pytest options.
+define run_tests
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "$(1)not serial" --cpu-durations=25 $(2); parallel=$$?; \
+	$(PYTEST) -m "$(1)serial" $(2); serial=$$?; \
+	[ $$parallel -eq 0 ] && [ $$serial -eq 0 ]
+endef
+
 test: setup reference
-	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q --durations=25
+	$(call run_tests,,)
 
 test-fast: setup reference
-	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q -m "not slow"
+	$(call run_tests,not slow and ,)
+
+test-all: setup reference
+	$(call run_tests,,--all-cases)
 
 bench: setup
 	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) bench/run_all.py

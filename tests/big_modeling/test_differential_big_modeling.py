@@ -17,13 +17,14 @@ utilities") and the reason. The whole slow group (``--all-cases``) also fails on
 
 from __future__ import annotations
 
+import helpers
 import pytest
 from big_modeling import differential_cases as planning
 from big_modeling import differential_hooks as hooking
 from big_modeling import differential_weights as weights
 from big_modeling.differential_models import random_tree
 from differential import differences, repro_line, run_side
-from helpers import cases, requires
+from helpers import requires
 
 MODULES = {"differential_cases": planning, "differential_weights": weights, "differential_hooks": hooking}
 
@@ -229,7 +230,7 @@ SLOW_COUNTS: dict[str, int] = {}
 
 def _run_slow(scenario: str) -> list[str]:
     """The slow group's cases of ``scenario`` compared (counted in ``SLOW_COUNTS``): the failures."""
-    generated = _generate(scenario, SLOW_SEED, cases(SCENARIOS[scenario][2]))
+    generated = _generate(scenario, SLOW_SEED, helpers.cases(SCENARIOS[scenario][2]))
     failures = compare(scenario, generated, SLOW_USED)
     SLOW_COUNTS[scenario] = len(generated)
     return failures

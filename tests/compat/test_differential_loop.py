@@ -16,6 +16,7 @@ mirrored in docs/migration.md ("Training loop and data loaders").
 
 from __future__ import annotations
 
+import helpers
 import pytest
 from compat import differential_loop_cases as loop
 from compat import differential_training_cases as training
@@ -226,43 +227,45 @@ def test_one_process_scenarios_fast():
 @pytest.mark.slow
 @requires("reference")
 def test_one_process_scenarios():
-    assert_agree(MIXED, loop.one_process_cases(seed=2, count=400))
+    assert_agree(MIXED, loop.one_process_cases(seed=2, count=helpers.cases(400)))
 
 
 @pytest.mark.slow
 @requires("reference")
 def test_training_loops_one_process():
-    assert_agree(SCENARIOS + "training_loop", training.training_cases(seed=3, count=100))
+    assert_agree(SCENARIOS + "training_loop", training.training_cases(seed=3, count=helpers.cases(100)))
 
 
 @pytest.mark.slow
 @requires("reference")
 def test_training_loops_two_processes():
-    assert_agree(SCENARIOS + "training_loop", training.training_cases(seed=4, count=40, nproc=2), nproc=2)
+    assert_agree(
+        SCENARIOS + "training_loop", training.training_cases(seed=4, count=helpers.cases(40), nproc=2), nproc=2
+    )
 
 
 @pytest.mark.slow
 @requires("reference")
 def test_resume_one_process():
-    assert_agree(SCENARIOS + "resume", training.resume_cases(seed=5, count=20))
+    assert_agree(SCENARIOS + "resume", training.resume_cases(seed=5, count=helpers.cases(20)))
 
 
 @pytest.mark.slow
 @requires("reference")
 def test_resume_two_processes():
-    assert_agree(SCENARIOS + "resume", training.resume_cases(seed=6, count=12, nproc=2), nproc=2)
+    assert_agree(SCENARIOS + "resume", training.resume_cases(seed=6, count=helpers.cases(12), nproc=2), nproc=2)
 
 
 @pytest.mark.slow
 @requires("reference")
 def test_gather_for_metrics_one_process():
-    assert_agree(SCENARIOS + "gather_metrics", training.gather_cases(seed=7, count=120))
+    assert_agree(SCENARIOS + "gather_metrics", training.gather_cases(seed=7, count=helpers.cases(120)))
 
 
 @pytest.mark.slow
 @requires("reference")
 def test_gather_for_metrics_two_processes():
-    assert_agree(SCENARIOS + "gather_metrics", training.gather_cases(seed=8, count=50, nproc=2), nproc=2)
+    assert_agree(SCENARIOS + "gather_metrics", training.gather_cases(seed=8, count=helpers.cases(50), nproc=2), nproc=2)
 
 
 @pytest.mark.slow

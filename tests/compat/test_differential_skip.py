@@ -10,6 +10,7 @@ no longer differs fails: remove it). The list is mirrored in docs/migration.md (
 
 from __future__ import annotations
 
+import helpers
 import pytest
 from compat.differential_skip_cases import skip_cases
 from compat.test_differential_loop import assert_agree
@@ -105,13 +106,13 @@ def test_one_process_fast():
 @pytest.mark.slow
 @requires("reference")
 def test_one_process():
-    assert_agree(SCENARIO, skip_cases(seed=2, count=150))
+    assert_agree(SCENARIO, skip_cases(seed=2, count=helpers.cases(150)))
 
 
 @pytest.mark.slow
 @requires("reference")
 def test_two_processes():
-    assert_agree(SCENARIO, skip_cases(seed=3, count=40, nproc=2), nproc=2)
+    assert_agree(SCENARIO, skip_cases(seed=3, count=helpers.cases(40), nproc=2), nproc=2)
 
 
 @pytest.mark.slow
