@@ -214,3 +214,14 @@ def test_tp_fsdp_llama_learns_on_four_processes_holding_a_quarter_each(tmp_path)
     before = float(re.search(r"held-out loss before training ([0-9.]+)", proc.stdout).group(1))
     after = float(re.search(r"held-out loss after 60 steps ([0-9.]+)", proc.stdout).group(1))
     assert before > 5.0 and after < 3.2, (before, after)
+
+
+@pytest.mark.slow
+@requires("transformers")
+def test_long_context_splits_each_sequence_over_two_processes(tmp_path):
+    (proc,) = run_documented("long_context.py", tmp_path)
+    assert "2 processes split each 4096-byte sequence (accelerate Ulysses" in proc.stdout, proc.stdout
+    assert proc.stdout.count("on 2048 bytes per process") == 3, proc.stdout
+    before = float(re.search(r"held-out loss before training ([0-9.]+)", proc.stdout).group(1))
+    after = float(re.search(r"held-out loss after 30 steps ([0-9.]+)", proc.stdout).group(1))
+    assert before > 5.0 and after < 3.5, (before, after)

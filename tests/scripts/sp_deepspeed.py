@@ -142,15 +142,17 @@ def make(stage: int):
 
 
 def release():
-    """Let the next Accelerator make DeepSpeed's groups and wrap sdpa again (Accelerate cannot do it twice)."""
+    """Let the next Accelerator make DeepSpeed's groups and wrap sdpa again: Accelerate cannot do it twice (DeepSpeed
+    asserts its groups are made once, and would wrap its own wrapper); hasten does it itself."""
     import deepspeed.runtime.sequence_parallel.parallel_state_sp as groups
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     from accelerate.state import AcceleratorState, GradientState
 
-    groups._SEQUENCE_PARALLEL_GROUP = groups._SEQUENCE_DATA_PARALLEL_GROUP = None
-    ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa_attention_forward
+    if not HASTEN:
+        groups._SEQUENCE_PARALLEL_GROUP = groups._SEQUENCE_DATA_PARALLEL_GROUP = None
+        ALL_ATTENTION_FUNCTIONS["sdpa"] = sdpa_attention_forward
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
 
@@ -231,13 +233,15 @@ def check_resume(stage, rows, expected_losses):
 
 
 def main():
+    accelerator = make(STAGES[0])
+    world, reported = dist.get_world_size(), accelerator.num_processes
+    base = base_rows(STEPS * world)
+    rows = [row for row in base for _ in range(reported)] if STREAM == "same" else base
+    # before any model meets DeepSpeed's Ulysses: it wraps transformers' sdpa for the whole process
+    expected = reference(micro_batches(rows, reported, world))
     results = {}
-    for stage in STAGES:
-        accelerator = make(stage)
-        world, reported = dist.get_world_size(), accelerator.num_processes
-        base = base_rows(STEPS * world)
-        rows = [row for row in base for _ in range(reported)] if STREAM == "same" else base
-        expected = reference(micro_batches(rows, reported, world))
+    for index, stage in enumerate(STAGES):
+        accelerator = accelerator if index == 0 else make(stage)
         model, losses, grads = train(accelerator, rows, STEPS)
         state = accelerator.get_state_dict(model)
         results[f"zero{stage}"] = compare((losses, grads, state), expected, gradient_factor(stage))
