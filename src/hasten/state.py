@@ -118,13 +118,7 @@ class PartialState(ProcessControl):
             self.backend = dist.get_backend()
             self.num_processes, self.process_index = dist.get_world_size(), dist.get_rank()
             return
-        if self.launch.source in ("mpi", "slurm"):
-            environment.export_for_torch(self.launch)
-        if self.launch.master_addr is None and self.launch.source == "torchrun":
-            raise DistributedSetupError(
-                "RANK/WORLD_SIZE are set but MASTER_ADDR is not: start the job with `hasten launch` or torchrun, "
-                "or export MASTER_ADDR and MASTER_PORT to every process."
-            )
+        environment.prepare_rendezvous(self.launch)
         backend = kwargs.pop("backend", None) or (
             "nccl" if self.device.type == "cuda" else "xccl" if self.device.type == "xpu" else "gloo"
         )

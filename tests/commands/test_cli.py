@@ -19,7 +19,6 @@ import yaml
 from helpers import FIXTURES_ROOT, ROOT, SCRIPTS, requires
 
 from hasten import config as cfg
-from hasten import environment
 from hasten.commands import launch as launch_cmd
 from hasten.commands import launch_args, runners
 from hasten.commands.main import build_parser, main
@@ -401,8 +400,8 @@ def test_unused_deepspeed_launcher_is_a_warning(tmp_path, script):
 
 def test_launch_warns_once_about_old_kernels(script, monkeypatch, caplog):
     monkeypatch.setattr(runners, "run_plan", lambda plan: 0)
-    monkeypatch.setattr(environment, "kernel_version", lambda: (4, 19))
-    monkeypatch.setattr(environment, "_kernel_warned", False)
+    monkeypatch.setattr("hasten.environment.system.kernel_version", lambda: (4, 19))
+    monkeypatch.setattr("hasten.environment.system._kernel_warned", False)
     with caplog.at_level("WARNING"):
         assert main(["launch", "-q", "--num_processes", "1", script]) == 0
     assert "older than the minimum recommended 5.5.0: distributed jobs are known to hang" in caplog.text

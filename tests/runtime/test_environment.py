@@ -1,5 +1,7 @@
 """Launch-context detection and settings (no processes started)."""
 
+import os
+
 import pytest
 
 from hasten import environment
@@ -134,8 +136,8 @@ def test_config_home_resolution(monkeypatch, tmp_path):
 
 
 def test_old_kernel_logs_once_on_accelerates_logger_under_the_alias(monkeypatch, caplog):
-    monkeypatch.setattr(environment, "kernel_version", lambda: (4, 19))
-    monkeypatch.setattr(environment, "_kernel_warned", False)
+    monkeypatch.setattr("hasten.environment.system.kernel_version", lambda: (4, 19))
+    monkeypatch.setattr("hasten.environment.system._kernel_warned", False)
     import hasten.accelerate_alias as alias
 
     monkeypatch.setattr(alias, "is_installed", lambda: False)
@@ -157,3 +159,74 @@ def test_patch_environment_restores(monkeypatch):
     import os
 
     assert os.environ["KEEP"] == "1" and "NEW_ONE" not in os.environ
+
+
+def test_a_launch_environment_is_one_class_and_one_entry(monkeypatch):
+    from hasten.environment import launch
+
+    class ToyLauncher(launch.LaunchEnvironment):
+        name = "toy"
+        prepared: list = []
+
+        @classmethod
+        def detect(cls):
+            return "TOY_RANK" in os.environ
+
+        def world_size(self):
+            return 4
+
+        def rank(self):
+            return int(os.environ["TOY_RANK"])
+
+        def local_rank(self):
+            return self.rank() % 2
+
+        def local_world_size(self):
+            return 2
+
+        def prepare_rendezvous(self, info):
+            self.prepared.append(info)
+
+    monkeypatch.setattr(launch, "DETECTION_ORDER", (ToyLauncher, *launch.DETECTION_ORDER))
+    assert environment.detect_launch().source == "none", "a launcher is only asked for what it detects"
+    monkeypatch.setenv("TOY_RANK", "3")
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.9")
+    info = environment.detect_launch()
+    assert (info.source, info.rank, info.world_size, info.local_rank, info.node_rank, info.num_nodes) == (
+        "toy",
+        3,
+        4,
+        1,
+        1,
+        2,
+    )
+    assert (info.master_addr, info.master_port) == ("10.0.0.9", None)
+    environment.prepare_rendezvous(info)
+    assert ToyLauncher.prepared == [info]
+
+
+def test_detection_order_ends_with_the_process_alone():
+    from hasten.environment import launch
+
+    names = [kind.name for kind in launch.DETECTION_ORDER]
+    assert names == ["torchrun", "mpi", "slurm", "none"]
+    assert len(set(names)) == len(names)
+
+
+def test_mpi_and_slurm_write_torchs_variables_before_the_rendezvous(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PMI_RANK", "1")
+    monkeypatch.setenv("PMI_SIZE", "2")
+    environment.prepare_rendezvous(environment.detect_launch())
+    written = [os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")]
+    assert written == ["1", "2", "1", "127.0.0.1", "29500"]
+
+
+def test_ranks_by_hand_without_master_addr_cannot_meet(monkeypatch):
+    monkeypatch.delenv("MASTER_ADDR", raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    info = environment.detect_launch()
+    with pytest.raises(DistributedSetupError, match="MASTER_ADDR is not"):
+        environment.prepare_rendezvous(info)
