@@ -18,8 +18,8 @@ Under DeepSpeed's Ulysses with ZeRO-1/2 the recipe's gradients are ``sp`` times 
 parallelism (the recipe's all-gather sums the ranks' gradients, and ZeRO-1/2 sum them again over the ``sp`` ranks
 where they average over the data-parallel ones); ZeRO-3's reduce-scatter averages over every rank, so there they are
 equal. The result gives the gradients' ratio to the run without sequence parallelism and compares them with that
-run's times the expected factor (losses and parameters too where it is 1). On hasten, stage 2 also saves after 2 steps
-and resumes in a new Accelerator.
+run's times the expected factor (losses and parameters too where it is 1). On hasten, stages 2 and 3 also save after
+2 steps and resume in a new Accelerator.
 """
 
 import json
@@ -247,8 +247,8 @@ def main():
         results[f"zero{stage}"] = compare((losses, grads, state), expected, gradient_factor(stage))
         results[f"zero{stage}"]["mesh"] = str(getattr(accelerator, "torch_device_mesh", None))
         release()
-        if HASTEN and stage == 2:
-            results["zero2"]["resume_diff"] = check_resume(stage, rows, losses)
+        if HASTEN and stage in (2, 3):
+            results[f"zero{stage}"]["resume_diff"] = check_resume(stage, rows, losses)
     if dist.get_rank() == 0:
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / "result.json").write_text(json.dumps(results))
