@@ -104,6 +104,12 @@ def test_what_cannot_be_split_is_refused_before_training():
         settle_layout(fixed, "ddp", "cpu")
     with pytest.raises(NotSupportedError, match="CUDA only"):
         settle_layout(ParallelismConfig(cp_size=2), "fsdp", "cpu")
+    with pytest.raises(NotSupportedError, match="sequence parallelism with tensor parallelism"):
+        settle_layout(ParallelismConfig(sp_size=2, tp_size=2), "fsdp", "cpu")
+    from hasten.strategies.deepspeed.ulysses import check_deepspeed_layout
+
+    with pytest.raises(NotSupportedError, match=r"tp_size=2\) under DeepSpeed"):
+        check_deepspeed_layout(ParallelismConfig(tp_size=2, dp_shard_size=2))
 
 
 def test_ddp_replicates_and_refuses_sharded_layouts():

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from ..errors import ConfigError, NotSupportedError
 from .parallelism_handlers import refuse_recurrent_layers
 
 # attention implementations that compute a whole sequence from q, k, v alone (what Ulysses hands them)
@@ -141,6 +141,12 @@ def settle_layout(config, engine: str, device_type: str) -> None:
     if note:
         warn_once("sp-backend-fallback", note)
     config.check_supported(device_type)
+    if config.sp_enabled and config.tp_enabled:
+        raise NotSupportedError(
+            f"ParallelismConfig(sp_size={config.sp_size}, tp_size={config.tp_size}): sequence parallelism with "
+            "tensor parallelism is not supported (Ulysses would split heads the tensor-parallel split already "
+            "divided). Use one of them, with dp_shard_size for the rest."
+        )
     length = config.sp_handler.sp_seq_length if config.sp_enabled else None
     if length is not None and int(length) % config.sp_size:
         raise ConfigError(

@@ -31,7 +31,7 @@ from . import config as dsc
 from . import zero3
 from .checkpoint import check_world_size, deepspeed_classes, safe_torch_load
 from .dummies import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
-from .ulysses import DeepSpeedSequenceParallel
+from .ulysses import DeepSpeedSequenceParallel, check_deepspeed_layout
 
 _CHECKPOINT_FOLDER = "deepspeed"
 _TAG = "state"
@@ -107,6 +107,8 @@ class DeepSpeedStrategy(Strategy):
     def __init__(self, state, precision, plugin, accumulation, parallelism_config=None):
         super().__init__(state, precision)
         self.parallelism_config = parallelism_config
+        if parallelism_config is not None:
+            check_deepspeed_layout(parallelism_config)
         self._sequence = (
             DeepSpeedSequenceParallel(parallelism_config, state)
             if parallelism_config is not None and parallelism_config.sp_enabled

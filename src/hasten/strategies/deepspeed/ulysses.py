@@ -28,6 +28,17 @@ from ...state import warn_once
 _ORIGINAL_ATTENTION: dict = {}
 
 
+def check_deepspeed_layout(config) -> None:
+    """Refuse a ``ParallelismConfig`` the DeepSpeed engine does not run: tensor or context parallelism."""
+    for axis in ("tp", "cp"):
+        if getattr(config, f"{axis}_size") > 1:
+            raise NotSupportedError(
+                f"ParallelismConfig({axis}_size={getattr(config, f'{axis}_size')}) under DeepSpeed: hasten runs "
+                "sequence parallelism (sp_size) with DeepSpeed, tensor and context parallelism with FSDP2. Use "
+                "DeepSpeed's own tensor_parallel.autotp_size in its config, or the FSDP2 engine."
+            )
+
+
 class DeepSpeedSequenceParallel:
     """The sequence parallelism of one DeepSpeed strategy.
 
@@ -37,13 +48,7 @@ class DeepSpeedSequenceParallel:
     """
 
     def __init__(self, config, state):
-        for axis in ("tp", "cp"):
-            if getattr(config, f"{axis}_size") > 1:
-                raise NotSupportedError(
-                    f"ParallelismConfig({axis}_size={getattr(config, f'{axis}_size')}) under DeepSpeed: hasten runs "
-                    "sequence parallelism (sp_size) with DeepSpeed, tensor and context parallelism with FSDP2. Use "
-                    "DeepSpeed's own tensor_parallel.autotp_size in its config, or the FSDP2 engine."
-                )
+        check_deepspeed_layout(config)
         settle_layout(config, "deepspeed", state.device.type)
         self.config, self.state, self.mpu = config, state, None
         self._mesh = None
