@@ -33,10 +33,10 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import environment
-from .enums import ComputeEnvironment, DistributedType, PrecisionType, SageMakerDistributedType, member_values
+from .enums import ComputeEnvironment, DistributedType, member_values
 from .errors import ConfigError, did_you_mean
 from .runtime.fileio import atomic_write
-from .settings import Section, Setting
+from .settings import Section, Setting, prefixed
 from .settings.command import command_name
 
 # hasten.config's names of choices that compat.constants reads: DEEPSPEED_MULTINODE_LAUNCHERS, FSDP_*, RDZV_BACKENDS
@@ -50,8 +50,20 @@ from .settings.fsdp import (  # noqa: F401
     FSDP_SHARDING_STRATEGIES,
     FSDP_STATE_DICT_TYPES,
 )
-from .settings.launch import LAUNCH, MIXED_PRECISIONS, MPIRUN, RDZV_BACKENDS  # noqa: F401
+from .settings.launch import (  # noqa: F401
+    COMPUTE_ENVIRONMENT,
+    DEBUG,
+    DISTRIBUTED_TYPE,
+    LAUNCH,
+    MIXED_PRECISION,
+    MPIRUN,
+    NUM_PROCESSES,
+    RDZV_BACKENDS,
+    USE_CPU,
+)
 from .settings.migrate import migrate as _migrate
+from .settings.sagemaker import REQUIRED as _SAGEMAKER_REQUIRED
+from .settings.sagemaker import SAGEMAKER
 from .settings.values import Invalid as _Invalid
 from .settings.values import as_choice as _as_choice
 from .settings.values import convert as _convert
@@ -74,7 +86,7 @@ def _section(cls: type) -> Any:
 
 
 def _row_field(row: Setting, default: Any = None) -> tuple:
-    choices = DISTRIBUTED_TYPES if row.key == "distributed_type" else row.choices
+    choices = DISTRIBUTED_TYPES if row is DISTRIBUTED_TYPE else row.choices
     return (row.key, Any, _opt(default, row.kind, choices))
 
 
@@ -97,13 +109,13 @@ def _to_dict(self) -> dict:
     return config_to_dict(self)
 
 
-# The keys every config has, whatever its compute environment (Accelerate's ``BaseConfig``).
-BASE_KEYS = ("compute_environment", "distributed_type", "mixed_precision", "use_cpu", "debug")
+# The rows of the keys every config has, whatever its compute environment (Accelerate's ``BaseConfig``).
+BASE_ROWS = (COMPUTE_ENVIRONMENT, DISTRIBUTED_TYPE, MIXED_PRECISION, USE_CPU, DEBUG)
 
 
 def _base_config() -> type:
-    """``BaseConfig``: a field per key of :data:`BASE_KEYS`, from its launch table row (its default)."""
-    fields = [_row_field(LAUNCH.by_key(key), LAUNCH.by_key(key).default) for key in BASE_KEYS]
+    """``BaseConfig``: a field per row of :data:`BASE_ROWS` (its default)."""
+    fields = [_row_field(row, row.default) for row in BASE_ROWS]
     cls = dataclasses.make_dataclass("BaseConfig", fields, kw_only=True, slots=True, namespace={"to_dict": _to_dict})
     cls.__module__ = __name__
     cls.__doc__ = """The keys of every launch config (``compute_environment``, ``distributed_type``,
@@ -118,7 +130,7 @@ BaseConfig = _base_config()
 def _cluster_config() -> type:
     """``ClusterConfig``: :class:`BaseConfig`, a field per other top-level key of the launch table (its default), then a
     field per section."""
-    fields = [_row_field(row, row.default) for row in LAUNCH.rows if row.key and row.key not in BASE_KEYS]
+    fields = [_row_field(row, row.default) for row in LAUNCH.rows if row.key and row not in BASE_ROWS]
     fields += [(name, Any, _section(cls)) for name, cls in SECTION_CLASSES.items()]
     megatron = field(default_factory=dict, metadata={"kind": "prefixed", "prefix": "megatron_lm_"})
     fields.append(("megatron_lm_config", dict, megatron))
@@ -138,38 +150,19 @@ def _cluster_config() -> type:
 ClusterConfig = _cluster_config()
 
 
-@dataclass(kw_only=True, slots=True)
-class SageMakerConfig(BaseConfig):
-    """A config for Amazon SageMaker (``compute_environment: AMAZON_SAGEMAKER``): it loads, but hasten
-    does not launch on SageMaker."""
-
-    compute_environment: str = _opt(
-        ComputeEnvironment.AMAZON_SAGEMAKER.value, "choice", member_values(ComputeEnvironment)
+def _sagemaker_config() -> type:
+    """``SageMakerConfig``: :class:`BaseConfig`, a field per row of the SageMaker table (its default), then
+    ``dynamo_config``."""
+    fields = [_row_field(row, row.default) for row in SAGEMAKER.rows]
+    fields.append(("dynamo_config", Any, _section(DynamoSection)))
+    cls = dataclasses.make_dataclass(
+        SAGEMAKER.class_name, fields, bases=(BaseConfig,), kw_only=True, slots=True, namespace={"to_dict": _to_dict}
     )
-    distributed_type: str = _opt(SageMakerDistributedType.NO.value, "choice", member_values(SageMakerDistributedType))
-    mixed_precision: str | None = _opt(PrecisionType.NO.value, "choice", MIXED_PRECISIONS)
-    use_cpu: bool = _opt(False, "bool")
-    debug: bool = _opt(False, "bool")
-    ec2_instance_type: str | None = _opt()
-    iam_role_name: str | None = _opt()
-    image_uri: str | None = _opt()
-    profile: str | None = _opt()
-    region: str = _opt("us-east-1")
-    num_machines: int = _opt(1, "int")
-    gpu_ids: str = _opt("all")
-    base_job_name: str | None = _opt()
-    pytorch_version: str | None = _opt()
-    transformers_version: str | None = _opt()
-    py_version: str | None = _opt()
-    sagemaker_inputs_file: str | None = _opt()
-    sagemaker_metrics_file: str | None = _opt()
-    additional_args: dict | None = _opt(kind="any")
-    dynamo_config: DynamoSection = _section(DynamoSection)
-    enable_cpu_affinity: bool = _opt(False, "bool")
+    cls.__module__, cls.__doc__ = __name__, SAGEMAKER.doc
+    return cls
 
-    def to_dict(self) -> dict:
-        """The config as plain data (see :func:`config_to_dict`), as Accelerate's config objects give it."""
-        return config_to_dict(self)
+
+SageMakerConfig = _sagemaker_config()
 
 
 def _fields(cls: type) -> dict[str, dataclasses.Field]:
@@ -253,9 +246,7 @@ def config_from_dict(
     config = _build(cls, data, "", errors, present)
     if cls is SageMakerConfig:
         errors += [
-            f"missing key {key!r} (required for SageMaker)"
-            for key in ("ec2_instance_type", "iam_role_name")
-            if key not in present
+            f"missing key {row.key!r} (required for SageMaker)" for row in _SAGEMAKER_REQUIRED if row.key not in present
         ]
     if errors:
         lines = "\n".join(f"  - {line}" for line in errors)
@@ -334,7 +325,7 @@ def detect_hardware() -> Hardware:
 def basic_config(mixed_precision: str = "no", hardware: Hardware | None = None) -> ClusterConfig:
     """A sensible config for this machine: every GPU in one job, or one CPU process without accelerators."""
     hardware = hardware or detect_hardware()
-    precision = _as_choice(mixed_precision, MIXED_PRECISIONS) if mixed_precision else "no"
+    precision = _as_choice(mixed_precision, MIXED_PRECISION.choices) if mixed_precision else MIXED_PRECISION.default
     multi = {"cuda": DistributedType.MULTI_GPU.value, "xpu": DistributedType.MULTI_XPU.value}
     distributed_type = multi[hardware.kind] if hardware.gpus > 1 else DistributedType.NO.value
     return ClusterConfig(
@@ -390,6 +381,10 @@ class ResolvedSettings:
     config: ClusterConfig
     sources: dict[str, Source]
     overridden: list[str]
+
+    def source(self, row: Setting) -> Source:
+        """Where the launch table's setting ``row`` came from (``settings.source(NUM_PROCESSES)``)."""
+        return self.sources[row.key]
 
 
 @functools.cache
@@ -482,7 +477,7 @@ def _infer(config: ClusterConfig, sources: dict[str, Source], hardware: Callable
     if config.num_processes is None:
         gpus = 0 if config.use_cpu else hardware().gpus
         config.num_processes = max(gpus, 1) * max(config.num_machines, 1)
-        sources["num_processes"] = Source("inferred", f"({gpus} GPU(s) found)" if gpus else "(no GPU found)")
+        sources[NUM_PROCESSES.key] = Source("inferred", f"({gpus} GPU(s) found)" if gpus else "(no GPU found)")
     multi = config.num_processes > 1 or config.num_machines > 1
     kind = config.distributed_type
     if (kind == DistributedType.NO.value and multi) or (kind in _GPU_TYPES and config.use_cpu):
@@ -494,7 +489,7 @@ def _infer(config: ClusterConfig, sources: dict[str, Source], hardware: Callable
             new = DistributedType.MULTI_XPU.value if hardware().kind == "xpu" else DistributedType.MULTI_GPU.value
         if new != kind:
             config.distributed_type = new
-            sources["distributed_type"] = Source(
+            sources[DISTRIBUTED_TYPE.key] = Source(
                 "inferred", f"(num_processes={config.num_processes}, use_cpu={config.use_cpu})"
             )
 
@@ -517,7 +512,7 @@ def environment_settings() -> dict[str, tuple[Any, str]]:
             found[path] = (environment.get_str(name), environment.setting_source(name))
     for engine in environment.ENGINES:
         if engine.switch and environment.get_flag(engine.switch):
-            found["distributed_type"] = (engine.distributed_type, environment.setting_source(engine.switch))
+            found[DISTRIBUTED_TYPE.key] = (engine.distributed_type, environment.setting_source(engine.switch))
     return found
 
 
@@ -541,21 +536,21 @@ def launch_environment(settings: ResolvedSettings) -> dict[str, str]:
     variables, every engine's switch (true for the one that runs) and the running engine's own variables."""
     config = settings.config
     kind = config.distributed_type
-    env = {"HASTEN_LAUNCHED": "1"}
+    env = {prefixed("LAUNCHED"): "1"}
     for path, name in _ENV_NAMES.items():
         value = get_path(config, path)
         if value is not None and _exported(path, kind):
-            env[f"HASTEN_{name}"] = _env_text(value)
+            env[prefixed(name)] = _env_text(value)
     override = config.fp8_config.override_linear_precision
     if override is not None:
         for part, flag in zip(("FPROP", "DGRAD", "WGRAD"), override):
-            env[f"HASTEN_FP8_OVERRIDE_{part}"] = _env_text(flag)
+            env[prefixed(f"FP8_OVERRIDE_{part}")] = _env_text(flag)
     for engine in environment.ENGINES:
         if engine.switch:
-            env[f"HASTEN_{engine.switch}"] = _env_text(kind == engine.distributed_type)
+            env[prefixed(engine.switch)] = _env_text(kind == engine.distributed_type)
         if kind in engine.distributed_types and engine.launch_variables is not None:
             env |= engine.launch_variables(settings)
-    env["HASTEN_LAUNCH_SOURCES"] = json.dumps(
+    env[prefixed("LAUNCH_SOURCES")] = json.dumps(
         {p: str(s) for p, s in settings.sources.items() if s.kind != "default"}, sort_keys=True
     )
     return env

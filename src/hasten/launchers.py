@@ -27,8 +27,7 @@ from typing import Any, Callable
 
 from . import environment
 from .errors import ConfigError, HastenError
-
-_PRECISIONS = ("no", "fp16", "bf16", "fp8")
+from .settings.launch import MIXED_PRECISION, USE_CPU
 
 
 def notebook_launcher(
@@ -81,7 +80,7 @@ def notebook_launcher(
     precision = _notebook_precision(mixed_precision)
     num_processes = _notebook_processes(num_processes, num_nodes)
     if num_processes == 1 and num_nodes == 1:
-        with environment.patch_environment(HASTEN_MIXED_PRECISION=precision):
+        with environment.patch_environment(**{MIXED_PRECISION.variable: precision}):
             function(*args)
         return
     method = start_method or ("fork" if "fork" in mp.get_all_start_methods() else "spawn")
@@ -94,7 +93,7 @@ def notebook_launcher(
     options = _agent_options(
         rdzv_backend, rdzv_conf, rdzv_id, node_rank, max_restarts, monitor_interval, log_line_prefix_template
     )
-    env = {"HASTEN_MIXED_PRECISION": precision, "FORK_LAUNCHED": "1" if method == "fork" else "0"}
+    env = {MIXED_PRECISION.variable: precision, "FORK_LAUNCHED": "1" if method == "fork" else "0"}
     _launch(
         function,
         args,
@@ -111,9 +110,10 @@ def notebook_launcher(
 def _notebook_precision(mixed_precision: str) -> str:
     """``notebook_launcher``'s ``mixed_precision``, checked, in lower case."""
     precision = str(mixed_precision).lower()
-    if precision not in _PRECISIONS:
+    if precision not in MIXED_PRECISION.choices:
         raise ConfigError(
-            f"notebook_launcher(mixed_precision={mixed_precision!r}): choose one of {', '.join(_PRECISIONS)}."
+            f"notebook_launcher(mixed_precision={mixed_precision!r}): choose one of "
+            f"{', '.join(MIXED_PRECISION.choices)}."
         )
     return precision
 
@@ -167,7 +167,11 @@ def debug_launcher(function: Callable, args: tuple = (), num_processes: int = 2)
         raise ConfigError(f"debug_launcher needs num_processes >= 1, got {num_processes}.")
     method = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
     _check_start_method(method, function, args)
-    env = {"HASTEN_USE_CPU": "1", "HASTEN_MIXED_PRECISION": "no", "FORK_LAUNCHED": "1" if method == "fork" else "0"}
+    env = {
+        USE_CPU.variable: "1",
+        MIXED_PRECISION.variable: MIXED_PRECISION.default,
+        "FORK_LAUNCHED": "1" if method == "fork" else "0",
+    }
     options = dict(
         rdzv_backend="c10d", rdzv_configs={}, run_id="hasten-debug-launcher", max_restarts=0, monitor_interval=0.1
     )

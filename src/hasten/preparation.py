@@ -71,8 +71,8 @@ class PreparationHelpers:
         if self.verify_device_map(model) and not environment.get_flag("BYPASS_DEVICE_MAP"):
             raise ConfigError(
                 "This model was dispatched across several devices with a device_map, which cannot be prepared for "
-                "distributed training. Load it on one device for training, or set HASTEN_BYPASS_DEVICE_MAP=1 to "
-                "prepare it anyway (single process only)."
+                "distributed training. Load it on one device for training, or set "
+                f"{environment.variable('BYPASS_DEVICE_MAP')}=1 to prepare it anyway (single process only)."
             )
 
     def _wrap_optimizer(self, optimizer, device_placement: bool, original=None) -> AcceleratedOptimizer:

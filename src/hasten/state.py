@@ -22,11 +22,12 @@ import torch
 import torch.distributed as dist
 
 from . import environment, process_group_hooks
-from .enums import DistributedType, PrecisionType, member_values
+from .enums import DistributedType, member_values
 from .errors import ConfigError, DistributedSetupError
 from .gradient_state import GradientState  # noqa: F401  (Accelerate's accelerate.state.GradientState)
 from .process_control import ProcessControl, do_nothing  # noqa: F401  (do_nothing: Accelerate's accelerate.state name)
 from .settings.engines import Engine
+from .settings.launch import DEBUG, MIXED_PRECISION, USE_CPU
 
 _GPU_TYPES = {"cuda": DistributedType.MULTI_GPU, "xpu": DistributedType.MULTI_XPU}
 
@@ -79,7 +80,7 @@ class PartialState(ProcessControl):
 
     def __init__(self, cpu: bool = False, **kwargs):
         self.__dict__ = self._shared_state
-        cpu = cpu or environment.launch_setting("use_cpu")
+        cpu = cpu or environment.launch_setting(USE_CPU)
         if self.__dict__.get("initialized"):
             if cpu and self.device.type != "cpu":
                 raise ConfigError(
@@ -92,7 +93,7 @@ class PartialState(ProcessControl):
         self.num_processes = launch.world_size
         self.process_index = launch.rank
         self.local_process_index = launch.local_rank
-        self.debug = environment.launch_setting("debug")
+        self.debug = environment.launch_setting(DEBUG)
         self.fork_launched = os.environ.get("FORK_LAUNCHED") == "1"
         self.device = environment.select_device(cpu, launch.local_rank)
         self.backend = None
@@ -427,10 +428,10 @@ def requested_mixed_precision(value: str | None) -> str:
 def resolve_mixed_precision(value: str | None) -> str:
     """Validate a mixed precision choice; None reads ``HASTEN_MIXED_PRECISION`` (default ``"no"``)."""
     if value is None:
-        value = environment.launch_setting("mixed_precision")
+        value = environment.launch_setting(MIXED_PRECISION)
     text = str(value).lower()
-    if text not in PrecisionType.list():
-        raise ConfigError(f"mixed_precision={value!r} is not supported; choose one of {PrecisionType.list()}.")
+    if text not in MIXED_PRECISION.choices:
+        raise ConfigError(f"mixed_precision={value!r} is not supported; choose one of {list(MIXED_PRECISION.choices)}.")
     return text
 
 

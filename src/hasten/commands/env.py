@@ -11,6 +11,7 @@ from pathlib import Path
 from shutil import which
 
 from .. import environment
+from ..settings import ACCELERATE_PREFIX, PREFIX
 from ..settings.command import command_name
 
 OPTIONAL_PACKAGES = (
@@ -122,14 +123,15 @@ def _config_lines(config_file: str | None) -> list[str]:
     return lines
 
 
+_PREFIXES = (PREFIX, ACCELERATE_PREFIX)
+
+
 def environment_info() -> dict[str, str]:
     """The entries of the report (name -> value): versions, hardware, the ``accelerate`` command found on ``PATH``
     (hasten's alias or HuggingFace's) and the ``HASTEN_*``/``ACCELERATE_*`` variables set."""
     import psutil
 
-    settings = sorted(
-        f"{key}={value}" for key, value in os.environ.items() if key.startswith(("HASTEN_", "ACCELERATE_"))
-    )
+    settings = sorted(f"{key}={value}" for key, value in os.environ.items() if key.startswith(_PREFIXES))
     return {
         "hasten version": _version("hasten"),
         "Platform": platform.platform(),
@@ -139,7 +141,7 @@ def environment_info() -> dict[str, str]:
         "Optional packages": ", ".join(f"{p} {_version(p)}" for p in OPTIONAL_PACKAGES),
         "CPU": f"{_cpu_model()}, {psutil.cpu_count(logical=False)} cores, {psutil.cpu_count()} threads",
         "RAM": f"{psutil.virtual_memory().total / 2**30:.1f} GiB",
-        "HASTEN_*/ACCELERATE_* variables": ", ".join(settings) or "none",
+        "/".join(f"{prefix}*" for prefix in _PREFIXES) + " variables": ", ".join(settings) or "none",
     }
 
 

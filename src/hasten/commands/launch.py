@@ -39,6 +39,17 @@ from ..launchers import check_port_free
 from ..settings.command import command_name
 from ..settings.engines import Engine
 from ..settings.fp8 import unsupported_backend
+from ..settings.launch import (
+    AS_ACCELERATE,
+    DEBUG,
+    DISTRIBUTED_TYPE,
+    GPU_IDS,
+    MACHINE_RANK,
+    MAIN_PROCESS_PORT,
+    MIXED_PRECISION,
+    NUM_MACHINES,
+    NUM_PROCESSES,
+)
 from . import hang_summary
 from .config_location import ConfigLocation, file_to_read, speaks_accelerate
 from .launch_args import HelpFormatter, add_launch_arguments, flag_settings
@@ -48,7 +59,7 @@ DESCRIPTION = (
     "Start a training script on one or many processes and machines, with the settings of the config file and the flags."
 )
 _SPELLINGS = "Every option also takes hyphens for its underscores: --num-processes 2 is --num_processes 2."
-_ALWAYS_SHOWN = ("distributed_type", "num_processes", "mixed_precision", "debug")
+_ALWAYS_SHOWN = tuple(row.key for row in (DISTRIBUTED_TYPE, NUM_PROCESSES, MIXED_PRECISION, DEBUG))
 
 
 def add_parser(subparsers, help_text: str) -> argparse.ArgumentParser:
@@ -121,7 +132,7 @@ def prepare_launch(args: argparse.Namespace, hardware: Hardware | None = None) -
         _check_script(args)
     _check_launch_options(args)
     if config.machine_rank == 0 and config.main_process_port is not None and not config.mpirun_config.mpirun_hostfile:
-        port_source = settings.sources["main_process_port"]
+        port_source = settings.source(MAIN_PROCESS_PORT)
         fix = f"Pick another port with --main_process_port (now {config.main_process_port}, from {port_source})"
         fix += ", or leave it out on a single machine to get a free one." if config.num_machines == 1 else "."
         check_port_free(config.main_process_ip or "127.0.0.1", config.main_process_port, fix)
@@ -192,7 +203,7 @@ def _tell_other_machines(args: argparse.Namespace, exc: HastenError) -> None:
 def config_location(args: argparse.Namespace) -> ConfigLocation:
     """The launch config file ``args`` ask for (``--config_file``, ``--cpu``, ``--as_accelerate``): see
     :mod:`hasten.commands.config_location`."""
-    accelerate = speaks_accelerate(bool(args.as_accelerate) or environment.get_flag("AS_ACCELERATE"))
+    accelerate = speaks_accelerate(bool(args.as_accelerate) or environment.launch_setting(AS_ACCELERATE))
     return file_to_read(args.config_file, accelerate, cpu=bool(args.cpu))
 
 
@@ -211,7 +222,7 @@ def _check_supported(settings: ResolvedSettings) -> None:
     if _running_engine(settings) is None:
         supported = sorted(t for e in environment.ENGINES for t in e.distributed_types)
         raise NotSupportedError(
-            f"distributed_type {kind} (from {settings.sources['distributed_type']}) is not supported by hasten; it "
+            f"distributed_type {kind} (from {settings.source(DISTRIBUTED_TYPE)}) is not supported by hasten; it "
             f"runs {', '.join(supported)}. Pick one of those with `{command_name()} config` or a flag (--multi_gpu, "
             "--cpu, ...)."
         )
@@ -219,21 +230,21 @@ def _check_supported(settings: ResolvedSettings) -> None:
 
 def _check_machines(settings: ResolvedSettings) -> int:
     """Check the machine settings; returns the number of processes on this machine."""
-    config, sources = settings.config, settings.sources
+    config, source = settings.config, settings.source
     if config.num_machines < 1 or config.num_processes < 1:
         raise ConfigError(
-            f"num_processes ({config.num_processes}, from {sources['num_processes']}) and num_machines "
-            f"({config.num_machines}, from {sources['num_machines']}) must be at least 1."
+            f"num_processes ({config.num_processes}, from {source(NUM_PROCESSES)}) and num_machines "
+            f"({config.num_machines}, from {source(NUM_MACHINES)}) must be at least 1."
         )
     if config.num_processes % config.num_machines:
         raise ConfigError(
-            f"num_processes={config.num_processes} (from {sources['num_processes']}) is the total over all machines "
-            f"and must be a multiple of num_machines={config.num_machines} (from {sources['num_machines']}), e.g. "
+            f"num_processes={config.num_processes} (from {source(NUM_PROCESSES)}) is the total over all machines "
+            f"and must be a multiple of num_machines={config.num_machines} (from {source(NUM_MACHINES)}), e.g. "
             f"--num_processes {config.num_machines * max(config.num_processes // config.num_machines, 1)}."
         )
     if not 0 <= config.machine_rank < config.num_machines:
         raise ConfigError(
-            f"machine_rank={config.machine_rank} (from {sources['machine_rank']}) must be between 0 and "
+            f"machine_rank={config.machine_rank} (from {source(MACHINE_RANK)}) must be between 0 and "
             f"num_machines - 1 = {config.num_machines - 1}."
         )
     _check_port(settings)
@@ -247,7 +258,7 @@ def _check_machines(settings: ResolvedSettings) -> int:
 
 def _check_port(settings: ResolvedSettings) -> None:
     """A TCP port, or 0: a free one (Accelerate's ``--main_process_port 0``), which only a single machine can pick."""
-    config, source = settings.config, settings.sources["main_process_port"]
+    config, source = settings.config, settings.source(MAIN_PROCESS_PORT)
     port = config.main_process_port
     if port == 0 and config.num_machines == 1:
         config.main_process_port = None  # the launcher picks a free port when none is given
@@ -271,19 +282,19 @@ def _gpu_ids(settings: ResolvedSettings, available: int) -> list[int] | None:
         ids = [int(part) for part in str(text).split(",") if part.strip()]
     except ValueError:
         raise ConfigError(
-            f"gpu_ids={text!r} (from {settings.sources['gpu_ids']}) must be 'all' or GPU numbers such as 0,1."
+            f"gpu_ids={text!r} (from {settings.source(GPU_IDS)}) must be 'all' or GPU numbers such as 0,1."
         ) from None
     bad = [i for i in ids if not 0 <= i < available]
     if bad or len(set(ids)) != len(ids):
         raise ConfigError(
-            f"gpu_ids={text!r} (from {settings.sources['gpu_ids']}) names GPU(s) {bad or ids} but this machine has "
+            f"gpu_ids={text!r} (from {settings.source(GPU_IDS)}) names GPU(s) {bad or ids} but this machine has "
             f"GPUs 0..{available - 1}; each id may appear once."
         )
     return ids
 
 
 def _check_devices(settings: ResolvedSettings, nproc: int, hardware) -> None:
-    config, sources = settings.config, settings.sources
+    config, source = settings.config, settings.source
     kind = config.distributed_type
     requirement = _running_engine(settings).requirement
     if requirement is not None:
@@ -291,7 +302,7 @@ def _check_devices(settings: ResolvedSettings, nproc: int, hardware) -> None:
     on_cpu = config.use_cpu or kind == DistributedType.MULTI_CPU.value
     backend = str(config.fp8_config.backend or "AO").upper()
     if config.mixed_precision == "fp8" and backend != "AO":
-        raise unsupported_backend(backend, f"fp8_config.backend (from {sources['fp8_config.backend']})")
+        raise unsupported_backend(backend, f"fp8_config.backend (from {settings.sources['fp8_config.backend']})")
     if on_cpu:
         return
     gpu_kind = kind in (DistributedType.MULTI_GPU.value, DistributedType.MULTI_XPU.value)
@@ -302,7 +313,7 @@ def _check_devices(settings: ResolvedSettings, nproc: int, hardware) -> None:
     if found.gpus == 0:
         if gpu_kind or chosen_gpus:
             raise ConfigError(
-                f"distributed_type {kind} (from {sources['distributed_type']}) needs GPUs but none was found on this "
+                f"distributed_type {kind} (from {source(DISTRIBUTED_TYPE)}) needs GPUs but none was found on this "
                 "machine. Pass --cpu to run on the CPU, or check the drivers and CUDA_VISIBLE_DEVICES."
             )
         return
@@ -310,7 +321,7 @@ def _check_devices(settings: ResolvedSettings, nproc: int, hardware) -> None:
     usable = len(ids) if ids is not None else found.gpus
     if nproc > usable:
         raise ConfigError(
-            f"{nproc} process(es) per machine (num_processes={config.num_processes} from {sources['num_processes']}, "
+            f"{nproc} process(es) per machine (num_processes={config.num_processes} from {source(NUM_PROCESSES)}, "
             f"{config.num_machines} machine(s)) but only {usable} GPU(s) can be used"
             f"{' (gpu_ids=' + str(config.gpu_ids) + ')' if ids is not None else ''}. Use --num_processes "
             f"{usable * config.num_machines} or fewer."
@@ -400,16 +411,18 @@ def _add_process_environment(plan: LaunchPlan, hardware) -> None:
 def _add_accelerate_alias(plan: LaunchPlan) -> None:
     """``--as_accelerate``: hasten's ``accelerate`` shim first on the processes' ``PYTHONPATH``."""
     if plan.args.as_accelerate:
-        plan.launch_sources["as_accelerate"] = Source("flag", "--as_accelerate")
-    elif environment.get_flag("AS_ACCELERATE"):
-        plan.launch_sources["as_accelerate"] = Source("environment", environment.setting_source("AS_ACCELERATE"))
+        plan.launch_sources[AS_ACCELERATE.flag_name] = Source("flag", f"--{AS_ACCELERATE.flag_name}")
+    elif environment.launch_setting(AS_ACCELERATE):
+        plan.launch_sources[AS_ACCELERATE.flag_name] = Source(
+            "environment", environment.setting_source(AS_ACCELERATE.env_name)
+        )
         plan.args.as_accelerate = True
     else:
         return
     from ..accelerate_alias import shim_pythonpath
 
     plan.env["PYTHONPATH"] = shim_pythonpath(os.environ.get("PYTHONPATH"))
-    plan.env["HASTEN_AS_ACCELERATE"] = "1"
+    plan.env[AS_ACCELERATE.variable] = "1"
 
 
 def _physical_cores() -> int:
@@ -476,5 +489,5 @@ def _validate_launch_command(args: argparse.Namespace) -> tuple[argparse.Namespa
     config file)``. hasten plans the launch as ``hasten launch`` would (flags > config file > environment > defaults,
     raising what it raises) and returns ``args`` as given: the helpers here resolve the settings again from them."""
     settings = plan_partial_launch(args).settings
-    source = settings.sources.get("mixed_precision")
+    source = settings.sources.get(MIXED_PRECISION.key)
     return args, settings.config, source is not None and source.kind == "config file"

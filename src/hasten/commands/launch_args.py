@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from .. import environment
 from ..config import SECTIONS, leaf_fields
 from ..settings import Section, Setting
-from ..settings.launch import LAUNCH, PARADIGM
+from ..settings.launch import DISTRIBUTED_TYPE, LAUNCH, PARADIGM
 
 _BOOL = "{true,false}"
 _TYPES = {"int": int, "float": float}
@@ -58,7 +58,7 @@ def _row_flag(table: Section, row: Setting) -> Flag:
     without key, is an option of the launch alone (typed by its kind)."""
     name, group, text = row.flag_name, row.group or table.group, row.flag_help
     if row.chooses is not None:
-        return Flag(name, group, text, "distributed_type", True, row.chooses, row.short, default=False)
+        return Flag(name, group, text, DISTRIBUTED_TYPE.key, True, row.chooses, row.short, default=False)
     kind = row.flag_type or _TYPES.get(row.kind)
     if not row.key:
         return Flag(name, group, text, None, row.switch, None, row.short, kind, row.metavar, default=row.flag_default)
@@ -70,8 +70,9 @@ def _row_flag(table: Section, row: Setting) -> Flag:
 def _flags() -> tuple[Flag, ...]:
     """Every option, by ``-h`` group (the launch table's groups, then the sections' own ones); within a group the
     engines' switches first, then the launch table's options, then the sections'."""
+    chooses = DISTRIBUTED_TYPE.key
     switches = [
-        Flag(engine.flag, PARADIGM, engine.flag_help, "distributed_type", True, engine.distributed_type, default=False)
+        Flag(engine.flag, PARADIGM, engine.flag_help, chooses, True, engine.distributed_type, default=False)
         for engine in environment.ENGINES
         if engine.flag
     ]
@@ -82,7 +83,7 @@ def _flags() -> tuple[Flag, ...]:
 
 
 FLAGS: tuple[Flag, ...] = _flags()
-_CHOOSERS = tuple(flag.name for flag in FLAGS if flag.path == "distributed_type")
+_CHOOSERS = tuple(flag.name for flag in FLAGS if flag.path == DISTRIBUTED_TYPE.key)
 
 
 def _metavar(flag: Flag) -> str | None:

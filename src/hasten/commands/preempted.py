@@ -25,6 +25,10 @@ DEFAULT_GRACE_SECONDS = 25
 _SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 
+# The variable that names the folder of the preemption record, in the workers' environment.
+_FOLDER = environment.variable("PREEMPTION_DIR")
+
+
 def grace_seconds() -> int:
     """Seconds the workers get to save after a preemption signal before they are killed."""
     return environment.get_int("PREEMPTION_GRACE", DEFAULT_GRACE_SECONDS)
@@ -32,7 +36,7 @@ def grace_seconds() -> int:
 
 def prepare(plan: LaunchPlan) -> None:
     """Give the workers a folder for the preemption record; let the elastic agent forward SIGUSR1 too."""
-    plan.env["HASTEN_PREEMPTION_DIR"] = tempfile.mkdtemp(prefix="hasten-preempt-")
+    plan.env[_FOLDER] = tempfile.mkdtemp(prefix="hasten-preempt-")
     plan.env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = _SIGNALS
 
 
@@ -44,7 +48,7 @@ def elastic_options(field_names: set[str]) -> dict:
 
 def saved_record(plan: LaunchPlan) -> dict | None:
     """What rank 0 wrote after saving its preemption checkpoint (None if it did not save one)."""
-    folder = plan.env.get("HASTEN_PREEMPTION_DIR")
+    folder = plan.env.get(_FOLDER)
     path = Path(folder, MARKER_FILE) if folder else None
     if path is None or not path.is_file():
         return None
@@ -90,6 +94,6 @@ def _requeue() -> None:
 
 def cleanup(plan: LaunchPlan) -> None:
     """Remove the folder made by :func:`prepare`."""
-    folder = plan.env.get("HASTEN_PREEMPTION_DIR")
+    folder = plan.env.get(_FOLDER)
     if folder:
         shutil.rmtree(folder, ignore_errors=True)

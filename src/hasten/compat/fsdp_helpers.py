@@ -13,6 +13,9 @@ from typing import Iterable
 
 import torch
 
+from .. import environment
+from ..settings import ACCELERATE_PREFIX
+
 
 def enable_fsdp_ram_efficient_loading() -> None:
     """Tell transformers to load pretrained weights on rank 0 only (FSDP broadcasts them), saving host RAM.
@@ -20,7 +23,7 @@ def enable_fsdp_ram_efficient_loading() -> None:
     Sets ``FSDP_CPU_RAM_EFFICIENT_LOADING=True`` and, when unset, ``ACCELERATE_USE_FSDP=True`` (the variable
     transformers' ``is_fsdp_enabled`` reads) in this process's environment.
     """
-    os.environ.setdefault("ACCELERATE_USE_FSDP", "True")
+    os.environ.setdefault(environment.variable("USE_FSDP", ACCELERATE_PREFIX), "True")
     os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "True"
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from .. import environment
 from ..enums import DistributedType
 from ..errors import ConfigError, NotSupportedError
+from ..settings.launch import DEBUG, MAIN_PROCESS_PORT
 
 
 def _convert_nargs_to_dict(nargs: list[str]) -> dict[str, Any]:
@@ -60,7 +61,7 @@ def prepare_multi_gpu_env(args: argparse.Namespace) -> dict[str, str]:
     ``node_rank``, ``master_addr``, ``master_port``) from the resolved settings; ``main_process_port=0`` picks a
     free port.
     """
-    if getattr(args, "main_process_port", None) == 0:
+    if getattr(args, MAIN_PROCESS_PORT.flag_name, None) == 0:
         from .misc import get_free_port
 
         args.main_process_port = get_free_port()
@@ -146,6 +147,6 @@ class PrepareForLaunch:
             os.environ["LOCAL_RANK"] = str(index)
             os.environ["RANK"] = str(nproc * node_rank + index)
         if self.debug:
-            os.environ["HASTEN_DEBUG_MODE"] = "1"
+            os.environ[DEBUG.variable] = "1"
         os.environ["FORK_LAUNCHED"] = "1"
         self.launcher(*args)

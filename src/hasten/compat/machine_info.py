@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import environment
+from ..settings.launch import DEBUG
 
 
 @dataclass
@@ -133,7 +134,7 @@ def override_numa_affinity(local_process_index: int, verbose: bool | None = None
     if not cpus:
         return
     os.sched_setaffinity(0, cpus)
-    if verbose if verbose is not None else environment.get_flag("DEBUG_MODE"):
+    if verbose if verbose is not None else environment.launch_setting(DEBUG):
         print(f"hasten: process {local_process_index} pinned to CPUs {cpus} (NUMA node of GPU {local_process_index}).")
 
 

@@ -44,6 +44,7 @@ from .variables import (
     parse_flag_from_env,
     read_setting,
     setting_source,
+    variable,
 )
 
 __all__ = [
@@ -83,4 +84,5 @@ __all__ = [
     "setting_source",
     "str_to_bool",
     "torch_extensions_dir",
+    "variable",
 ]

@@ -7,6 +7,8 @@ import os
 import sys
 from pathlib import Path
 
+from ..settings import prefixed
+
 
 def config_home() -> Path:
     """Folder of the default launch config file.
@@ -14,7 +16,7 @@ def config_home() -> Path:
     ``$HASTEN_HOME``, then ``$HF_HOME/hasten``, then ``$XDG_CACHE_HOME/huggingface/hasten``, then
     ``~/.cache/huggingface/hasten``.
     """
-    explicit = os.environ.get("HASTEN_HOME")
+    explicit = os.environ.get(prefixed("HOME"))  # hasten's own: Accelerate has no such variable
     if explicit:
         return Path(explicit).expanduser()
     if os.environ.get("HF_HOME"):

@@ -8,6 +8,7 @@ import functools
 import os
 
 from ..accelerate_alias import logger_for
+from ..settings import ACCELERATE_PREFIX, PREFIX
 
 
 @contextlib.contextmanager
@@ -40,7 +41,7 @@ def clear_environment():
         os.environ.update(saved)
 
 
-_LAUNCH_PREFIXES = ("ACCELERATE_", "HASTEN_")
+_LAUNCH_PREFIXES = (ACCELERATE_PREFIX, PREFIX)
 
 
 @contextlib.contextmanager

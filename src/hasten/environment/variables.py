@@ -14,7 +14,7 @@ import os
 from typing import Any, Iterable
 
 from ..errors import ConfigError
-from ..settings import Setting
+from ..settings import ACCELERATE_PREFIX, PREFIX, Setting, prefixed
 from ..settings.dynamo import DYNAMO
 from ..settings.engines import BUILT_IN, Engine, load_engines
 from ..settings.fp8 import FP8
@@ -22,7 +22,7 @@ from ..settings.launch import LAUNCH
 from ..settings.values import str_to_bool
 
 # The engines hasten can run: the built-in registrations, then the modules named by HASTEN_ENGINES.
-ENGINES: tuple[Engine, ...] = load_engines((*BUILT_IN, *os.environ.get("HASTEN_ENGINES", "").split(",")))
+ENGINES: tuple[Engine, ...] = load_engines((*BUILT_IN, *os.environ.get(prefixed("ENGINES"), "").split(",")))
 
 
 def _engine_variables() -> dict[str, str]:
@@ -76,7 +76,7 @@ def _lookup(name: str) -> tuple[str, str] | None:
     """Return (variable, value) for a listed setting, or None when it is unset."""
     if name not in SETTINGS:
         raise KeyError(f"hasten.environment: {name!r} is not listed in SETTINGS")
-    candidates = [f"HASTEN_{name}", f"ACCELERATE_{name}"]
+    candidates = [prefixed(name), prefixed(name, ACCELERATE_PREFIX)]
     if name in _BARE_ALIASES:
         candidates.append(_BARE_ALIASES[name])
     for var in candidates:
@@ -84,6 +84,18 @@ def _lookup(name: str) -> tuple[str, str] | None:
         if value is not None:
             return var, value
     return None
+
+
+def variable(name: str, prefix: str = PREFIX) -> str:
+    """The variable that carries the listed setting ``name``: ``HASTEN_<name>`` (``prefix=ACCELERATE_PREFIX``:
+    Accelerate's spelling), for a message that names it or a launcher that writes it.
+
+    Raises:
+        KeyError: ``name`` is not listed in :data:`SETTINGS`.
+    """
+    if name not in SETTINGS:
+        raise KeyError(f"hasten.environment: {name!r} is not listed in SETTINGS")
+    return prefixed(name, prefix)
 
 
 def setting_source(name: str) -> str | None:
@@ -151,10 +163,11 @@ def read_setting(row: Setting) -> Any:
     return found[1]
 
 
-def launch_setting(key: str) -> Any:
-    """The launch table's top-level setting ``key`` in this process: its variable (written by ``hasten launch``),
-    typed as :func:`read_setting` types it, else the key's default (``launch_setting("use_cpu")``)."""
-    row = LAUNCH.by_key(key)
+def launch_setting(row: Setting | str) -> Any:
+    """A launch table setting in this process: its row's variable (written by ``hasten launch``), typed as
+    :func:`read_setting` types it, else the row's default (``launch_setting(USE_CPU)``, with the row of
+    :mod:`hasten.settings.launch`; a top-level key, ``launch_setting("use_cpu")``, names the same row)."""
+    row = LAUNCH.by_key(row) if isinstance(row, str) else row
     value = read_setting(row)
     return row.default if value is None else value
 

@@ -115,9 +115,8 @@ class FP8RecipeKwargs(KwargsHandler):
             FutureWarning,
             stacklevel=3,
         )
-        where = (
-            "FP8RecipeKwargs(backend=...)" if self.backend is not None else "HASTEN_FP8_BACKEND (fp8_config.backend)"
-        )
+        row = FP8.by_field("backend")
+        where = "FP8RecipeKwargs(backend=...)" if self.backend is not None else f"{row.variable} ({FP8.path(row)})"
         environment.fill_unset(self, FP8.rows, fields=("backend",))
         self.backend = str(self.backend).upper()
         if self.backend not in FP8_BACKENDS:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from .. import environment
 from ..errors import ConfigError
+from ..settings.deepspeed import GRADIENT_ACCUMULATION_STEPS
 from ..settings.sizes import parse_size
 from .kwargs import KwargsHandler
 
@@ -128,7 +129,8 @@ def resolve_accumulation(steps: int, plugin=None):
             )
         return dataclasses.replace(plugin)
     if steps == 1:
-        steps = environment.get_int("GRADIENT_ACCUMULATION_STEPS", 1)
+        launched = environment.read_setting(GRADIENT_ACCUMULATION_STEPS)
+        steps = 1 if launched is None else launched
     if not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"gradient_accumulation_steps={steps!r}: give a positive integer.")
     return GradientAccumulationPlugin(num_steps=steps)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch.distributed as dist
 
 from .. import environment
+from ..settings.launch import DEBUG
 
 _enabled: bool | None = None  # set by the process state when it starts (configure); None: read the environment
 
@@ -24,5 +25,5 @@ def configure(enabled: bool | None) -> None:
 
 def active() -> bool:
     """True when user-decorated collectives should be checked: debug mode is on and several processes run."""
-    enabled = _enabled if _enabled is not None else environment.get_flag("DEBUG_MODE")
+    enabled = _enabled if _enabled is not None else environment.launch_setting(DEBUG)
     return enabled and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1

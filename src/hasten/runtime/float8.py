@@ -137,9 +137,10 @@ def float8_training(mixed_precision: str, recipe, device: torch.device) -> Float
             )
         return None
     if recipe is None:
-        backend = str(environment.read_setting(FP8.by_field("backend")) or "AO").upper()
+        row = FP8.by_field("backend")
+        backend = str(environment.read_setting(row) or "AO").upper()
         if backend != "AO":
-            raise unsupported_backend(backend, "HASTEN_FP8_BACKEND (fp8_config.backend, --fp8_backend)")
+            raise unsupported_backend(backend, f"{row.variable} ({FP8.path(row)}, --{row.flag_name})")
     if not isinstance(
         recipe, AORecipeKwargs
     ):  # None, or an FP8RecipeKwargs (which checked its backend): torchao's defaults

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from .. import environment
 from . import hang_analysis, stack_dump
 from .hang_analysis import Wait
 
@@ -83,6 +84,9 @@ def _at(frames: list[list[str]]) -> str:
     return f", at {place}" + (f": {innermost[1]}" if len(innermost) > 1 else "")
 
 
+_TIMEOUT = environment.variable("HANG_TIMEOUT")
+
+
 def build(hang: Hang) -> tuple[str, dict]:
     """The report's text and the record for ``hang_rank<N>.json``."""
     wait = hang.wait
@@ -91,7 +95,7 @@ def build(hang: Hang) -> tuple[str, dict]:
     inside = f", inside `{hang.operation}`" if hang.operation else ""
     lines = [
         "",
-        f"[hasten] rank {hang.rank} has waited {hang.waited:.1f} s (HASTEN_HANG_TIMEOUT={hang.timeout:g}) in "
+        f"[hasten] rank {hang.rank} has waited {hang.waited:.1f} s ({_TIMEOUT}={hang.timeout:g}) in "
         f"collective #{wait.collective} of {group}{inside}{_issued(wait)}; {_cause_line(hang, roles)}.",
         "Where every rank is:",
     ]
@@ -105,7 +109,7 @@ def build(hang: Hang) -> tuple[str, dict]:
     lines += [
         "Every rank must issue the same collectives in the same order (also DDP's gradient all-reduce: the same "
         "backward passes). A rank that did not arrive skipped the collective or is stuck elsewhere: its stack below "
-        "says where. Raise HASTEN_HANG_TIMEOUT if a rank legitimately works alone this long.",
+        f"says where. Raise {_TIMEOUT} if a rank legitimately works alone this long.",
     ]
     lines += [f"Stack of rank {rank}:\n{hang.stacks.get(rank, '(none)')}" for rank in sorted(hang.stacks)]
     text = "\n".join(lines)

@@ -18,6 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# A setting named NAME travels in the variable HASTEN_NAME; ACCELERATE_NAME, Accelerate's spelling, is read when that
+# is unset (and written where libraries built on Accelerate read it).
+PREFIX = "HASTEN_"
+ACCELERATE_PREFIX = "ACCELERATE_"
+
+
+def prefixed(name: str, prefix: str = PREFIX) -> str:
+    """The variable of the setting ``name`` (without prefix): ``HASTEN_<name>``, or Accelerate's spelling with
+    ``prefix=ACCELERATE_PREFIX``."""
+    return f"{prefix}{name}"
+
 
 @dataclass(frozen=True, slots=True)
 class Question:
@@ -108,6 +119,11 @@ class Setting:
     def flag_name(self) -> str | None:
         """The launch option's name without ``--``, or None."""
         return self.key if self.flag == "" else self.flag
+
+    @property
+    def variable(self) -> str | None:
+        """The variable that carries it (``HASTEN_<env_name>``), or None."""
+        return prefixed(self.env_name) if self.env_name else None
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,21 @@ _STAGE_2_OR_3 = ("zero_stage", (2, 3))
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")
 DEEPSPEED_MULTINODE_LAUNCHERS = ("pdsh", "standard", "openmpi", "mvapich", "mpich", "nossh", "slurm")
 
+# Gradient accumulation applies under every engine: the accumulation plugin of every Accelerator reads this row's
+# variable (hasten.plugins.training.resolve_accumulation), and hasten launch exports it whatever the distributed type.
+# Accelerate keeps its key in deepspeed_config and its flag among DeepSpeed's options, so the row is this table's; its
+# field fills DeepSpeedPlugin.gradient_accumulation_steps ("auto": the Accelerator's steps).
+GRADIENT_ACCUMULATION_STEPS = Setting(
+    "gradient_accumulation_steps",
+    "int",
+    env_help="default gradient accumulation steps",
+    flag_help="Gradient accumulation steps.",
+    field="gradient_accumulation_steps",
+    fallback=AUTO,
+    always_export=True,
+    question=Question("How many gradient accumulation steps you're passing in your script?", 1, step=5, stage=_ZERO),
+)
+
 DEEPSPEED = Section(
     name="deepspeed_config",
     class_name="DeepSpeedSection",
@@ -94,18 +109,7 @@ DEEPSPEED = Section(
                 when=("offload_param_device", ("nvme",)),
             ),
         ),
-        Setting(
-            "gradient_accumulation_steps",
-            "int",
-            env_help="default gradient accumulation steps",
-            flag_help="Gradient accumulation steps.",
-            field="gradient_accumulation_steps",
-            fallback=AUTO,
-            always_export=True,
-            question=Question(
-                "How many gradient accumulation steps you're passing in your script?", 1, step=5, stage=_ZERO
-            ),
-        ),
+        GRADIENT_ACCUMULATION_STEPS,
         Setting(
             "gradient_clipping",
             "float_or_auto",

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import environment
 from ..errors import ConfigError, did_you_mean
+from ..settings import prefixed
 from ..settings.engines import Argument, Engine
 
 if TYPE_CHECKING:
@@ -133,8 +134,8 @@ def _choose(given: dict[str, str], num_processes: int, arguments: dict[str, Any]
     if len(asked) > 1:
         reasons = "; ".join(f"{name} by {why}" for name, why in asked.items())
         raise ConfigError(
-            f"Several engines are asked for ({reasons}); choose one (check the Accelerator arguments, the HASTEN_USE_* "
-            "variables and the launch config)."
+            f"Several engines are asked for ({reasons}); choose one (check the Accelerator arguments, the "
+            f"{prefixed('USE_')}* variables and the launch config)."
         )
     engines = {engine.name: engine for engine in environment.ENGINES}
     if asked:

@@ -31,12 +31,29 @@ from ...config import (
     write_basic_config,
 )
 from ...errors import ConfigError
+from ...settings import Setting
 from ...settings.command import command_name
 from ...settings.dialogue import ask_setting, ask_table
 from ...settings.dynamo import DYNAMO
 from ...settings.engines import Engine
 from ...settings.fp8 import FP8
-from ...settings.launch import LAUNCH, MPIRUN
+from ...settings.launch import (
+    COMPUTE_ENVIRONMENT,
+    DEBUG,
+    DISTRIBUTED_TYPE,
+    ENABLE_CPU_AFFINITY,
+    GPU_IDS,
+    MACHINE_RANK,
+    MAIN_PROCESS_IP,
+    MAIN_PROCESS_PORT,
+    MIXED_PRECISION,
+    MPIRUN,
+    NUM_MACHINES,
+    NUM_PROCESSES,
+    RDZV_BACKEND,
+    SAME_NETWORK,
+    USE_CPU,
+)
 from ..config_location import accelerate_default_file, file_to_write, named_file, speaks_accelerate
 
 # Accelerate's ``accelerate.commands.config`` names, which transformers' ``env`` command reads: the path of the
@@ -201,14 +218,13 @@ def ask_questions(ask: _Asker, hardware: Hardware) -> dict:
     The questions, their defaults and kinds are the rows' (the launch table's, the sections', the engines'); the
     order and the conditions, which depend on the machine and the answers so far, are here.
     """
-    environment_row = LAUNCH.by_key("compute_environment")
     places = [
         ("This machine", "LOCAL_MACHINE", None),
         ("AWS (Amazon SageMaker)", "AMAZON_SAGEMAKER", "not supported by hasten"),
     ]
-    ask.select(environment_row.question.text, places)
-    answers: dict[str, Any] = {"compute_environment": environment_row.default, "same_network": True}
-    answers["distributed_type"] = _ask_machine_type(ask, hardware)
+    ask.select(COMPUTE_ENVIRONMENT.question.text, places)
+    answers: dict[str, Any] = {COMPUTE_ENVIRONMENT.key: COMPUTE_ENVIRONMENT.default, SAME_NETWORK.key: True}
+    answers[DISTRIBUTED_TYPE.key] = _ask_machine_type(ask, hardware)
     _ask_machines(ask, answers)
     _ask_cpu(ask, answers, hardware)
     _ask_dynamo(ask, answers)
@@ -219,9 +235,11 @@ def ask_questions(ask: _Asker, hardware: Hardware) -> dict:
     return answers
 
 
-def _launch(ask: _Asker, key: str, **options) -> Any:
-    """Ask the launch table's question of ``key`` (see :func:`~hasten.settings.dialogue.ask_setting`)."""
-    return ask_setting(ask, LAUNCH.by_key(key), **options)
+def _answer(ask: _Asker, answers: dict, row: Setting, **options) -> Any:
+    """Ask the launch table's ``row`` (see :func:`~hasten.settings.dialogue.ask_setting`) and note the answer under
+    its key; returns it."""
+    answers[row.key] = ask_setting(ask, row, **options)
+    return answers[row.key]
 
 
 def _ask_machine_type(ask: _Asker, hardware: Hardware) -> str:
@@ -235,33 +253,35 @@ def _ask_machine_type(ask: _Asker, hardware: Hardware) -> str:
         ("TPU", "XLA", "not supported by hasten"),
     ]
     default = {"cuda": "MULTI_GPU", "xpu": "MULTI_XPU"}.get(hardware.kind) if hardware.gpus > 1 else "NO"
-    return ask.select(LAUNCH.by_key("distributed_type").question.text, options, default)
+    return ask.select(DISTRIBUTED_TYPE.question.text, options, default)
 
 
 def _ask_machines(ask: _Asker, answers: dict) -> None:
-    if answers["distributed_type"] not in _MULTI:
+    if answers[DISTRIBUTED_TYPE.key] not in _MULTI:
         return
-    machines = answers["num_machines"] = _launch(ask, "num_machines")
+    machines = _answer(ask, answers, NUM_MACHINES)
     if machines > 1:
         last = machines - 1
-        answers["machine_rank"] = _launch(
-            ask, "machine_rank", check=lambda rank: None if 0 <= rank <= last else f"Enter a number from 0 to {last}."
+        _answer(
+            ask,
+            answers,
+            MACHINE_RANK,
+            check=lambda rank: None if 0 <= rank <= last else f"Enter a number from 0 to {last}.",
         )
-        answers["main_process_ip"] = _launch(ask, "main_process_ip")
-        answers["main_process_port"] = _launch(ask, "main_process_port", check=_port)
-        answers["same_network"] = _launch(ask, "same_network")
-        if not answers["same_network"]:
-            answers["rdzv_backend"] = _launch(ask, "rdzv_backend")
-    answers["debug"] = _launch(ask, "debug")
+        _answer(ask, answers, MAIN_PROCESS_IP)
+        _answer(ask, answers, MAIN_PROCESS_PORT, check=_port)
+        if not _answer(ask, answers, SAME_NETWORK):
+            _answer(ask, answers, RDZV_BACKEND)
+    _answer(ask, answers, DEBUG)
 
 
 def _ask_cpu(ask: _Asker, answers: dict, hardware: Hardware) -> None:
-    kind = answers["distributed_type"]
+    kind = answers[DISTRIBUTED_TYPE.key]
     if kind == "NO":
-        answers["use_cpu"] = hardware.kind == "cpu" or _launch(ask, "use_cpu")
+        answers[USE_CPU.key] = hardware.kind == "cpu" or ask_setting(ask, USE_CPU)
     elif kind == "MULTI_CPU":
-        answers["use_cpu"] = True
-        if answers.get("num_machines", 1) > 1 and ask.yes_no("Do you want hasten to launch mpirun?"):
+        answers[USE_CPU.key] = True
+        if answers.get(NUM_MACHINES.key, 1) > 1 and ask.yes_no("Do you want hasten to launch mpirun?"):
             hostfile = ask_setting(ask, MPIRUN.by_key("mpirun_hostfile"))
             answers[MPIRUN.name] = {"mpirun_hostfile": os.path.expanduser(hostfile)}
 
@@ -278,7 +298,7 @@ def _ask_dynamo(ask: _Asker, answers: dict) -> None:
 def _ask_engine(ask: _Asker, answers: dict, engine: Engine) -> None:
     """Offer ``engine`` when the machine type answered allows it; after a yes, it runs and its questions are asked."""
     dialogue = engine.dialogue
-    if dialogue is None or answers["distributed_type"] not in dialogue.offered_for:
+    if dialogue is None or answers[DISTRIBUTED_TYPE.key] not in dialogue.offered_for:
         return
     requirement = engine.requirement
 
@@ -289,16 +309,16 @@ def _ask_engine(ask: _Asker, answers: dict, engine: Engine) -> None:
 
     if not ask.yes_no(dialogue.question, check=installed if requirement is not None else None):
         return
-    answers["distributed_type"] = engine.distributed_type
+    answers[DISTRIBUTED_TYPE.key] = engine.distributed_type
     answers |= dialogue.ask(ask, answers)
 
 
 def _ask_processes(ask: _Asker, answers: dict, hardware: Hardware) -> None:
-    kind = answers["distributed_type"]
-    on_gpu = not answers.get("use_cpu") and kind != "MULTI_CPU" and hardware.gpus > 0
+    kind = answers[DISTRIBUTED_TYPE.key]
+    on_gpu = not answers.get(USE_CPU.key) and kind != "MULTI_CPU" and hardware.gpus > 0
     gpu_word = "XPU(s)" if hardware.kind == "xpu" else "GPU(s)"
     if kind != "NO":
-        machines = answers.get("num_machines", 1)
+        machines = answers.get(NUM_MACHINES.key, 1)
 
         def check(total: int) -> str | None:
             if total < machines or total % machines:
@@ -313,15 +333,13 @@ def _ask_processes(ask: _Asker, answers: dict, hardware: Hardware) -> None:
 
         where = f", in total over the {machines} machines" if machines > 1 else ""
         devices = gpu_word if on_gpu else "processes"
-        answers["num_processes"] = _launch(
-            ask, "num_processes", check=check, default=machines, devices=devices, where=where
-        )
+        _answer(ask, answers, NUM_PROCESSES, check=check, default=machines, devices=devices, where=where)
     else:
-        answers["num_processes"] = 1
+        answers[NUM_PROCESSES.key] = 1
     if on_gpu and _asks_gpu_ids(kind):
-        answers["gpu_ids"] = _launch(ask, "gpu_ids", devices=gpu_word)
+        _answer(ask, answers, GPU_IDS, devices=gpu_word)
     if on_gpu and hardware.kind == "cuda" and kind in ("NO", "MULTI_GPU"):
-        answers["enable_cpu_affinity"] = _launch(ask, "enable_cpu_affinity")
+        _answer(ask, answers, ENABLE_CPU_AFFINITY)
 
 
 def _asks_gpu_ids(kind: str) -> bool:
@@ -333,13 +351,13 @@ def _asks_gpu_ids(kind: str) -> bool:
 def _ask_precision(ask: _Asker, answers: dict, hardware: Hardware) -> None:
     fp8 = (
         None
-        if hardware.kind == "cuda" and not answers.get("use_cpu")
+        if hardware.kind == "cuda" and not answers.get(USE_CPU.key)
         else "not available: needs a GPU with FP8 support"
     )
-    row = LAUNCH.by_key("mixed_precision")
+    row = MIXED_PRECISION
     options = [(choice, choice, fp8 if choice == "fp8" else None) for choice in row.choices]
-    answers["mixed_precision"] = ask.select(row.question.text, options, row.question.default)
-    if answers["mixed_precision"] == "fp8":
+    answers[row.key] = ask.select(row.question.text, options, row.question.default)
+    if answers[row.key] == "fp8":
         answers[FP8.name] = ask_table(ask, FP8)
 
 

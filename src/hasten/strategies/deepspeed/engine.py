@@ -6,10 +6,15 @@ Imports nothing but the settings tables (see :mod:`hasten.settings.engines`); th
 
 from __future__ import annotations
 
+from ...settings import prefixed
 from ...settings.deepspeed import DEEPSPEED
 from ...settings.dialogue import ask_table
 from ...settings.engines import Argument, Dialogue, Engine, Requirement, WeightsMerge
+from ...settings.launch import MIXED_PRECISION
 from ...settings.parallelism import PARALLELISM, asks_for_no_engine
+
+# The variable (without prefix) that lists the DeepSpeed settings a launch gave.
+_FIELDS_VARIABLE = "CONFIG_DS_FIELDS"
 
 
 def _ask(ask, answers: dict) -> dict:
@@ -29,9 +34,9 @@ def _launch_variables(settings) -> dict[str, str]:
     """``HASTEN_CONFIG_DS_FIELDS``: the DeepSpeed settings the launch gave (and mixed_precision, unless by default)."""
     section = settings.config.deepspeed_config
     fields = [row.key for row in DEEPSPEED.rows if row.key and getattr(section, row.key) is not None]
-    if settings.sources["mixed_precision"].kind != "default":
-        fields.append("mixed_precision")
-    return {"HASTEN_CONFIG_DS_FIELDS": ",".join(fields)}
+    if settings.source(MIXED_PRECISION).kind != "default":
+        fields.append(MIXED_PRECISION.key)
+    return {prefixed(_FIELDS_VARIABLE): ",".join(fields)}
 
 
 def _launch_warnings(settings) -> list[str]:
@@ -55,7 +60,7 @@ def _explain_failure(env: dict, exitcode: int) -> str | None:
     """The advice for a worker the operating system killed (usually out of CPU memory), with the offload in force."""
     from .memory_estimate import explain_deepspeed_failure
 
-    offload = [env.get(f"HASTEN_DEEPSPEED_OFFLOAD_{part}_DEVICE") for part in ("OPTIMIZER", "PARAM")]
+    offload = [env.get(DEEPSPEED.by_field(f"offload_{part}_device").variable) for part in ("optimizer", "param")]
     return explain_deepspeed_failure(exitcode, *offload)
 
 
@@ -113,7 +118,7 @@ ENGINE = Engine(
         "Do you want to use DeepSpeed?", ("NO", "MULTI_CPU", "MULTI_GPU", "MULTI_XPU"), _ask, gpu_ids=False
     ),
     settles_precision=True,
-    variables={"CONFIG_DS_FIELDS": "comma-separated DeepSpeed fields that came from the launch config"},
+    variables={_FIELDS_VARIABLE: "comma-separated DeepSpeed fields that came from the launch config"},
     launch_variables=_launch_variables,
     launch_warnings=_launch_warnings,
     explain_failure=_explain_failure,

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from hasten import environment
+from hasten.settings.launch import MIXED_PRECISION
 from hasten.state import PartialState
 
 SUCCESS = "Test is a success! You are ready for your distributed training!"
@@ -111,7 +112,7 @@ def main() -> int:
         print(f"Self-check FAILED on process {state.process_index} ({name}): {exc}", file=sys.stderr, flush=True)
         return 1
     if state.is_main_process:
-        precision = environment.get_str("MIXED_PRECISION") or "no"
+        precision = environment.launch_setting(MIXED_PRECISION)
         print(f"{state!r}Mixed precision in force: {precision}")
         print(SUCCESS, flush=True)
     state.destroy_process_group()
