@@ -403,16 +403,11 @@ def _plugins(case: dict) -> dict:
 
 @contextlib.contextmanager
 def _engine_environment(case: dict):
-    """What the engine's launch sets: DeepSpeed is started without ``ACCELERATE_USE_CPU`` (Accelerate's CPU flag
-    turns DeepSpeed off), and the other variables are put back afterwards."""
+    """What a DeepSpeed launch sets: no ``ACCELERATE_USE_CPU`` (Accelerate's CPU flag turns DeepSpeed off); the
+    variables are put back afterwards."""
     saved = dict(os.environ)
     if case["engine"] == "deepspeed":
         os.environ.pop("ACCELERATE_USE_CPU", None)
-        os.environ.setdefault("LOCAL_RANK", "0")
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + case["seed"] % 1000))
     try:
         yield
     finally:

@@ -11,13 +11,14 @@ nothing after the first optimizer update. The helpers (``is_repeated_blocks``, `
 ``compile_regions``, ``compile_regions_fsdp2``, ``compile_regions_deepspeed``, ``has_compiled_regions``) must answer
 and compile alike.
 
-The default run samples a few cases of each engine (``eager`` backend); ``-m slow`` runs many, with ``aot_eager``
-too, one small inductor case, and checks that the differences in ``ALLOWED`` (mirrored in docs/migration.md,
-"torch.compile") still differ.
+The tests not marked slow run a few cases of each engine (``eager`` backend, 12 steps); the slow ones run more (one
+in five unless ``--all-cases``), with ``aot_eager`` too, one small inductor case, and check that the differences in
+``ALLOWED`` (mirrored in docs/migration.md, "torch.compile") still differ.
 """
 
 from __future__ import annotations
 
+import helpers
 import pytest
 from compat import differential_compile_cases as generated
 from differential import differences, repro_line, require_reference, run_side
@@ -163,28 +164,34 @@ def test_deepspeed_fast():
 
 @pytest.mark.slow
 def test_helpers():
-    assert_agree(HELPERS, generated.helper_cases(seed=11, count=80))
+    assert_agree(HELPERS, generated.helper_cases(seed=11, count=helpers.cases(80)))
 
 
 @pytest.mark.slow
 def test_one_process():
-    assert_agree(TRAIN, generated.training_cases(seed=12, count=24, engine="single", backend="mixed"))
+    assert_agree(TRAIN, generated.training_cases(seed=12, count=helpers.cases(24), engine="single", backend="mixed"))
 
 
 @pytest.mark.slow
 def test_ddp():
-    assert_agree(TRAIN, generated.training_cases(seed=13, count=8, engine="ddp", backend="mixed"), nproc=2)
+    assert_agree(
+        TRAIN, generated.training_cases(seed=13, count=helpers.cases(8), engine="ddp", backend="mixed"), nproc=2
+    )
 
 
 @pytest.mark.slow
 def test_fsdp2():
-    assert_agree(TRAIN, generated.training_cases(seed=14, count=8, engine="fsdp2", backend="mixed"), nproc=2)
+    assert_agree(
+        TRAIN, generated.training_cases(seed=14, count=helpers.cases(8), engine="fsdp2", backend="mixed"), nproc=2
+    )
 
 
 @pytest.mark.slow
 def test_deepspeed():
     pytest.importorskip("deepspeed")
-    assert_agree(TRAIN, generated.training_cases(seed=15, count=6, engine="deepspeed", backend="mixed"), nproc=2)
+    assert_agree(
+        TRAIN, generated.training_cases(seed=15, count=helpers.cases(6), engine="deepspeed", backend="mixed"), nproc=2
+    )
 
 
 @pytest.mark.slow

@@ -5,12 +5,13 @@ instances of the first's class: the decoder layers of a transformer) and, on the
 other child whole (embeddings, final norm, head). A module with no repeated blocks below it is one region.
 Identical blocks share one compiled graph, so compiling regions is much faster than compiling the whole model.
 
-``Accelerator.prepare`` compiles regions in place with ``nn.Module.compile``, on every engine (Accelerate does so
-under FSDP2 and DeepSpeed; with one process and DDP it returns a twin instead): the prepared model keeps its
-object, its class and its state dict names, with no ``_orig_mod.`` anywhere. Whole-model compilation returns
-``torch.compile``'s wrapper, as Accelerate's does (``unwrap_model`` removes it; state dicts hasten writes use the
-original names). Where and how an engine compiles (DeepSpeed's engine compiles its module itself; FSDP2 sets
-dynamo's flags for compiled blocks under activation checkpointing) is the strategy's ``compile_model``.
+``Accelerator.prepare`` compiles regions in place on every engine (Accelerate does so under FSDP2 and DeepSpeed;
+with one process and DDP it returns a twin whose regions are ``torch.compile`` wrappers): the prepared model keeps
+its object, its class and its state dict names, with no ``_orig_mod.`` anywhere, and dynamo makes the graphs
+Accelerate's twin gives it (:func:`compile_regions_in_place`). Whole-model compilation returns ``torch.compile``'s
+wrapper, as Accelerate's does (``unwrap_model`` removes it; state dicts hasten writes use the original names). Where
+and how an engine compiles (DeepSpeed's engine compiles its module itself; under FSDP2 the regions get
+``nn.Module.compile`` alone and dynamo's flags for checkpointed blocks) is the strategy's ``compile_model``.
 
 :func:`compile_regions`, called by hand, returns a compiled twin of the model as Accelerate's does.
 """
