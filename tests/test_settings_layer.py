@@ -3,7 +3,7 @@
 The settings layer is ``hasten/settings/`` (the rows), ``hasten/environment/`` (the one reader of the variables) and
 ``hasten/config.py`` (the config file built from the rows). Everywhere else a top-level launch setting is reached
 through its row (``MIXED_PRECISION.key``, ``.variable``, ``.choices``, ``environment.launch_setting(MIXED_PRECISION)``)
-and a variable through the layer (``environment.variable("HANG_TIMEOUT")``), so renaming a key or a variable is one
+and a variable through the layer (``environment.variable_name("HANG_TIMEOUT")``), so renaming a key or a variable is one
 edit and a search for the row finds every use. This test reads the source's string literals (docstrings and comments
 are prose, keyword arguments are not literals) and fails on:
 
@@ -90,7 +90,7 @@ def test_no_setting_is_spelled_outside_the_settings_layer():
         "Settings spelled by hand outside hasten/settings, hasten/environment and hasten/config.py:\n"
         + "\n".join(stray)
         + "\nGo through the row instead (hasten.settings.launch: MIXED_PRECISION.key, .variable, .choices; "
-        "environment.launch_setting(row); environment.variable(name) for a message or a launcher's variable), or, "
+        "environment.launch_setting(row); environment.variable_name(name) for a message or a launcher's variable), or, "
         "for a word that is not the setting, add it to ALLOWED with the reason."
     )
 

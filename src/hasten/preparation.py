@@ -72,7 +72,7 @@ class PreparationHelpers:
             raise ConfigError(
                 "This model was dispatched across several devices with a device_map, which cannot be prepared for "
                 "distributed training. Load it on one device for training, or set "
-                f"{environment.variable('BYPASS_DEVICE_MAP')}=1 to prepare it anyway (single process only)."
+                f"{environment.variable_name('BYPASS_DEVICE_MAP')}=1 to prepare it anyway (single process only)."
             )
 
     def _wrap_optimizer(self, optimizer, device_placement: bool, original=None) -> AcceleratedOptimizer:

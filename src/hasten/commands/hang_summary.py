@@ -24,6 +24,9 @@ _ROLES = {
 }
 
 
+_TIMEOUT = environment.variable_name("HANG_TIMEOUT")
+
+
 def prepare(plan: LaunchPlan) -> None:
     """Give the job a folder for hang reports: ``HASTEN_HANG_REPORT_DIR`` if set, else a temporary one that the
     launcher removes at the end."""
@@ -33,7 +36,7 @@ def prepare(plan: LaunchPlan) -> None:
     else:
         plan.hang_dir = Path(tempfile.mkdtemp(prefix="hasten-hang-"))
         plan.owns_hang_dir = True
-    plan.env[environment.variable("HANG_REPORT_DIR")] = str(plan.hang_dir)
+    plan.env[environment.variable_name("HANG_REPORT_DIR")] = str(plan.hang_dir)
 
 
 def load(folder: Path | None) -> list[dict]:
@@ -96,7 +99,7 @@ def summary_of(reports: list[dict]) -> str | None:
             else "every rank arrived"
         )
         timeout = report.get("timeout_s")
-        limit = f" ({environment.variable('HANG_TIMEOUT')}={timeout:g})" if isinstance(timeout, (int, float)) else ""
+        limit = f" ({_TIMEOUT}={timeout:g})" if isinstance(timeout, (int, float)) else ""
         lines.append(f"{command_name()} launch: the job hung in {_collective(report)}: {who}{limit}:")
         for rank in sorted(ranks, key=lambda rank: (ranks[rank].get("role") == "waiting", int(rank))):
             entry = ranks[rank]

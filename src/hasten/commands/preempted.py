@@ -26,7 +26,7 @@ _SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 
 
 # The variable that names the folder of the preemption record, in the workers' environment.
-_FOLDER = environment.variable("PREEMPTION_DIR")
+_FOLDER = environment.variable_name("PREEMPTION_DIR")
 
 
 def grace_seconds() -> int:

@@ -23,7 +23,7 @@ def enable_fsdp_ram_efficient_loading() -> None:
     Sets ``FSDP_CPU_RAM_EFFICIENT_LOADING=True`` and, when unset, ``ACCELERATE_USE_FSDP=True`` (the variable
     transformers' ``is_fsdp_enabled`` reads) in this process's environment.
     """
-    os.environ.setdefault(environment.variable("USE_FSDP", ACCELERATE_PREFIX), "True")
+    os.environ.setdefault(environment.variable_name("USE_FSDP", ACCELERATE_PREFIX), "True")
     os.environ["FSDP_CPU_RAM_EFFICIENT_LOADING"] = "True"
 
 

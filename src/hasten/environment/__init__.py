@@ -44,7 +44,7 @@ from .variables import (
     parse_flag_from_env,
     read_setting,
     setting_source,
-    variable,
+    variable_name,
 )
 
 __all__ = [
@@ -84,5 +84,5 @@ __all__ = [
     "setting_source",
     "str_to_bool",
     "torch_extensions_dir",
-    "variable",
+    "variable_name",
 ]

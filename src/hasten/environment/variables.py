@@ -86,7 +86,7 @@ def _lookup(name: str) -> tuple[str, str] | None:
     return None
 
 
-def variable(name: str, prefix: str = PREFIX) -> str:
+def variable_name(name: str, prefix: str = PREFIX) -> str:
     """The variable that carries the listed setting ``name``: ``HASTEN_<name>`` (``prefix=ACCELERATE_PREFIX``:
     Accelerate's spelling), for a message that names it or a launcher that writes it.
 

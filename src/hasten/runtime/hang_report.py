@@ -84,7 +84,7 @@ def _at(frames: list[list[str]]) -> str:
     return f", at {place}" + (f": {innermost[1]}" if len(innermost) > 1 else "")
 
 
-_TIMEOUT = environment.variable("HANG_TIMEOUT")
+_TIMEOUT = environment.variable_name("HANG_TIMEOUT")
 
 
 def build(hang: Hang) -> tuple[str, dict]:

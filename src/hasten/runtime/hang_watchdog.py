@@ -289,7 +289,7 @@ class _Watchdog:
         print(
             f"[hasten] rank {self.rank} has waited {waited:.0f} s in collective #{wait.collective} of "
             f"{hang_analysis.describe_group(wait.group)}{inside}; not arrived: {behind or 'unknown'}. The job ends "
-            f"if it waits {self.timeout:g} s ({environment.variable('HANG_TIMEOUT')}).",
+            f"if it waits {self.timeout:g} s ({environment.variable_name('HANG_TIMEOUT')}).",
             file=sys.stderr,
             flush=True,
         )
@@ -348,7 +348,7 @@ class _Watchdog:
 
     def _leave_the_report_to(self, reporter: int, wait: hang_analysis.Wait, waited: float) -> None:
         print(
-            f"[hasten] rank {self.rank} has waited {waited:.1f} s ({environment.variable('HANG_TIMEOUT')}="
+            f"[hasten] rank {self.rank} has waited {waited:.1f} s ({environment.variable_name('HANG_TIMEOUT')}="
             f"{self.timeout:g}) in collective "
             f"#{wait.collective} of {hang_analysis.describe_group(wait.group)}; rank {reporter} reports the hang.",
             file=sys.stderr,
