@@ -89,13 +89,18 @@ class DeepSpeedPlugin:
             )
         explicit = self._read_settings()
         source = self.hf_ds_config if self.hf_ds_config is not None else environment.get_str("DEEPSPEED_CONFIG_FILE")
-        if isinstance(source, zero3.HfDeepSpeedConfig):
-            source = source.config
+        # An HfDeepSpeedConfig passed in is kept, its config completed in place, as Accelerate does: Transformers'
+        # Trainer passes its own (HfTrainerDeepSpeedConfig), later fills the config's "auto" values through it
+        # (trainer_config_finalize) and expects prepare to see them.
+        given = source if isinstance(source, zero3.HfDeepSpeedConfig) else None
         if source is None:
             self.config_name = "the DeepSpeed config built from DeepSpeedPlugin"
             config = self._build_config()
         else:
-            config, self.config_name = dsc.load_config(source)
+            if given is not None:
+                config, self.config_name = given.config, f"the DeepSpeed config of the {type(given).__name__} given"
+            else:
+                config, self.config_name = dsc.load_config(source)
             dsc.validate_config(config, self.config_name)
             paths = tuple(_CONFIG_PATHS[name] for name in explicit if name in _CONFIG_PATHS)
             dsc.fill(
@@ -108,7 +113,11 @@ class DeepSpeedPlugin:
             self._adopt_file_values(config, explicit)
         dsc.validate_config(config, self.config_name)
         self.deepspeed_config = config
-        self.hf_ds_config = zero3.HfDeepSpeedConfig._unregistered(config)
+        if given is not None:
+            given.set_stage_and_offload()
+            self.hf_ds_config = given
+        else:
+            self.hf_ds_config = zero3.HfDeepSpeedConfig._unregistered(config)
         self.explicit_fields = explicit
         self._dschf = None
         self.selected = False
