@@ -54,6 +54,14 @@ BATCH = 32
 WIDTH, HIDDEN = 256, 512
 ACCUMULATION = 4
 EVAL_SHORTFALL = 7  # the eval set is this many samples short of full batches, so the last round is padded
+DEVICE = "cpu"  # the worker's device: "cpu", or "cuda:<local rank>" with --device cuda (NCCL)
+
+
+def _synchronize() -> None:
+    import torch
+
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 # ------------------------------------------------------------------------------------------ worker
@@ -103,10 +111,12 @@ class _Clock:
     """Wall and CPU time (all threads of this process) since :meth:`start`, and hasten's collectives meanwhile."""
 
     def start(self) -> None:
+        _synchronize()
         self.wall, self.cpu = time.perf_counter(), time.process_time()
         self.collectives = _hasten_collectives()
 
     def stop(self) -> tuple[float, float]:
+        _synchronize()
         return time.perf_counter() - self.wall, time.process_time() - self.cpu
 
     def collectives_since_start(self) -> int | None:
@@ -152,9 +162,12 @@ class RawTorch:
         return torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=False, sampler=sampler)
 
     def _wrap(self, model):
+        import torch
         from torch.nn.parallel import DistributedDataParallel
 
-        return DistributedDataParallel(model) if self.world > 1 else model
+        if self.world == 1:
+            return model
+        return DistributedDataParallel(model, device_ids=[torch.device(DEVICE).index] if DEVICE != "cpu" else None)
 
     def train(self, init, dataset, warmup: int, accumulation: int) -> _Round:
         import contextlib
@@ -162,7 +175,7 @@ class RawTorch:
         import torch
         import torch.nn.functional as F
 
-        device = torch.device("cpu")
+        device = torch.device(DEVICE)
         model = _model()
         model.load_state_dict(init)
         model = self._wrap(model.to(device))
@@ -189,7 +202,7 @@ class RawTorch:
         import torch.distributed as dist
         import torch.nn.functional as F
 
-        device = torch.device("cpu")
+        device = torch.device(DEVICE)
         model = _model()
         model.load_state_dict(init)
         model = self._wrap(model.to(device))
@@ -234,8 +247,10 @@ class FrameworkLoop:
             import torch
 
             threads = torch.get_num_threads()
-            # accelerate runs several CPU processes as one job only when told it is on the CPU
-            cpu = {"cpu": True} if self.module == "accelerate" and not torch.cuda.is_available() else {}
+            # accelerate runs several CPU processes as one job only when told it is on the CPU; on a GPU machine
+            # the CPU bench keeps both frameworks on the CPU
+            on_cpu = DEVICE == "cpu" and (self.module == "accelerate" or torch.cuda.is_available())
+            cpu = {"cpu": True} if on_cpu else {}
             self._accelerator = importlib.import_module(self.module).Accelerator(**cpu)
             torch.set_num_threads(threads)  # every contestant runs with the same thread count
         self._accelerator.gradient_accumulation_steps = accumulation
@@ -354,9 +369,13 @@ def worker(args) -> None:
 
     global WIDTH, HIDDEN
     WIDTH, HIDDEN = args.width, args.hidden
+    global DEVICE
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if args.device == "cuda":
+        DEVICE = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
+        torch.cuda.set_device(torch.device(DEVICE))
     if world > 1:
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     rank = dist.get_rank() if world > 1 else 0
     torch.set_num_threads(args.threads)
     contestants = _contestants(world)
@@ -388,6 +407,8 @@ def _launch(processes: int, args, output: Path) -> dict:
         str(args.width),
         "--hidden",
         str(args.hidden),
+        "--device",
+        args.device,
         "--variants",
         *args.variants,
     ]
@@ -466,6 +487,12 @@ def main() -> None:
         help="MLP input/output width (a tiny model, e.g. 4, shows the framework cost alone)",
     )
     parser.add_argument("--hidden", type=int, default=HIDDEN, help="MLP hidden width")
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: one GPU per process, NCCL (bench/device_check.sh on a machine with 2 GPUs)",
+    )
     parser.add_argument(
         "--accelerate-path",
         help="folder holding HuggingFace's accelerate package (default: the repository's .reference copy, else the "

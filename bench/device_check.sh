@@ -7,8 +7,9 @@
 #   2. the CUDA test group (pytest -m cuda: tests/test_cuda.py);
 #   3. eager LM throughput: raw PyTorch / hasten / hasten-keep / Accelerate, bf16 and fp16 (GPT-2 small);
 #   4. fp8 + FSDP2 (float8 all-gather) + torch.compile on one GPU, started by hasten launch;
-#   5. NCCL runs on 2 processes, context parallelism (ring attention, cp_size 2) included (only where the machine
-#      has 2 GPUs: torch's context_parallel does not run on the CPU).
+#   5. NCCL runs on 2 processes, context parallelism (ring attention, cp_size 2) included, and the step and
+#      evaluation bench on NCCL, hasten vs raw vs Accelerate (only where the machine has 2 GPUs: torch's
+#      context_parallel does not run on the CPU).
 # Each part has a time limit and the whole run a budget; a part that fails or runs out of time is reported, and the
 # others still run. Results: $OUT/device_check.json, $OUT/device_check.md (the table bench/README.md shows) and
 # $OUT/device_check.log.
@@ -152,6 +153,8 @@ elif ((GPUS >= 2 && DRY == 0)); then
         tests/scripts/fp8_fsdp_training.py
     part nccl_self_check 90 "$PYTHON" -m hasten.commands.main launch --multi_gpu --num_processes 2 \
         src/hasten/test_utils/scripts/test_script.py
+    part nccl_step 100 "$PYTHON" bench/bench_step.py --device cuda --processes 2 --variants eval plain \
+        --rounds 5 --steps 100
     part context_parallel 120 "$PYTHON" -m hasten.commands.main launch --num_processes 2 --use_fsdp \
         --parallelism_config_cp_size 2 tests/scripts/cp_training.py
 else
