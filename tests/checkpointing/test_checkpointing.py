@@ -233,7 +233,7 @@ def _run_script(script, *args) -> str:
 def test_main_only_save_under_ddp_and_manual_skip_resume_on_two_processes(tmp_path):
     # diffusers: `if accelerator.is_main_process: accelerator.save_state(path)`, then a resume that skips by hand.
     full = torchrun(SCRIPTS / "check_main_only_save.py", "full", str(tmp_path), timeout=300).stdout
-    print(full)  # each save's time: only the first main-only save waits the grace
+    print(full)  # each save's time: none waits for the other process
     assert "rank 0: full run done" in full and "rank 1: full run done" in full
     resumed = torchrun(SCRIPTS / "check_main_only_save.py", "resume", str(tmp_path), timeout=300).stdout
     assert "rank 0: resume matches with both skips" in resumed and "rank 1: resume matches with both skips" in resumed

@@ -4,8 +4,10 @@ no partial folder is left and the previous checkpoint still loads.
 Usage: torchrun --nproc_per_node 2 save_failure_two_processes.py DIR [--async]. Rank 1's random-state file
 path is taken by a folder (created by a save hook on rank 1, which runs while the main process is still
 late: the hook must get a folder that exists), so only the write of rank 1's states fails.
-Prints ``rank R: failed cleanly: <message>``; then a save hook that raises on rank 1 fails the save on
-both processes, with one message naming it: ``rank R: hook failure: <message>``.
+Prints ``rank R: failed cleanly: <message>``; then a save hook that raises on rank 1 (which comes first) fails
+the save on both processes, with one message naming it: ``rank R: hook failure: <message>``. Last, the same hook on
+rank 1 coming 1 s after the main process (which waits 0.2 s for it, then publishes) fails on rank 1 alone, saying
+so: ``rank 1: late hook failure: <message>``.
 """
 
 import os
@@ -16,7 +18,7 @@ from pathlib import Path
 import torch
 
 from hasten import Accelerator
-from hasten.checkpointing import wait_for_pending_save
+from hasten.checkpointing import participants, wait_for_pending_save
 from hasten.errors import CheckpointError
 
 folder, asynchronous = Path(sys.argv[1]), "--async" in sys.argv[2:]
@@ -61,7 +63,17 @@ def raise_on_rank_1(models, weights, output_dir):
 
 
 acc.register_save_state_pre_hook(raise_on_rank_1)
+if acc.process_index == 0:
+    time.sleep(1.0)  # rank 1's hook runs in the temporary folder: the main process waits for it
 message = failed_save("hooked")
 assert "\n" not in message and not (folder / "hooked").exists() and not (folder / ".hooked.partial").exists(), message
-acc.end_training()
 print(f"rank {acc.process_index}: hook failure: {message}", flush=True)
+participants.JOIN_GRACE_S = 0.2  # how long the main process waits for processes that took part before
+if acc.process_index == 1:
+    time.sleep(1.0)  # the main process publishes without it
+    print(f"rank 1: late hook failure: {failed_save('late')}", flush=True)
+else:
+    acc.save_state(folder / "late", async_save=asynchronous)
+acc.end_training()
+acc.wait_for_everyone()
+assert (folder / "late" / "random_states_0.json").exists() and not (folder / "late" / "random_states_1.json").exists()

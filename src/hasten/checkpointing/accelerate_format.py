@@ -135,6 +135,7 @@ class AccelerateCheckpointReader:
         self.directory = Path(directory)
         self.models = list(models or [])
         self.files = {p.name: {"size": p.stat().st_size} for p in sorted(self.directory.iterdir()) if p.is_file()}
+        self.parts: dict[str, Any] = {}  # Accelerate's folders have no states added after a publish
         self._states: dict[str, Any] = {}
         self._verified: set[str] = set()
         self._errors: dict[str, str] = {}

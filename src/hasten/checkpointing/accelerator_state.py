@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +34,9 @@ from .background import side_group, start_waiting, wait_for_pending_save
 from .background import start as start_background_save
 from .files import CheckpointReader, CheckpointWriter
 from .integrity import corrupt_message
+from .manifest import read_manifest
 from .naming import _NAME, checkpoint_path, latest_checkpoint, rotate
+from .parts import add_random_states
 from .publishing import finish_interrupted, resolve_target
 from .world_change import random_state_for
 
@@ -105,11 +108,15 @@ def save_state(
     """Write the training state to ``output_dir`` (or the next automatic checkpoint) and return its path.
 
     Under a replicated engine (one process, DDP) it works whether every process calls it or the main
-    process alone, and enters no collective; a process given another folder than the main process's
-    writes a complete checkpoint of its own there. Under a sharded engine every process must call it,
-    with the same folder (see :mod:`.participants`). ``async_save`` (default: ``project.async_save``)
-    copies the state and returns; the files are written, fsynced and published by a background thread
-    (see ``background.py``). A folder that holds other files keeps them (see ``publishing.py``).
+    process alone and enters no collective. The main process waits for the others (boundedly) only when they
+    took part in an earlier save of this run, so a run that saves from the main process alone never waits; a
+    process that comes after the main process closed its door adds its random states to the published
+    checkpoint itself; a process given
+    another folder than the main process's writes a complete checkpoint of its own there. Under a sharded
+    engine every process must call it, with the same folder (see :mod:`.participants`). ``async_save``
+    (default: ``project.async_save``) copies the state and returns; the files are written, fsynced and published
+    by a background thread (see ``background.py``). A folder that holds other files keeps them (see
+    ``publishing.py``).
     """
     wait_for_pending_save()
     state = PartialState()
@@ -196,12 +203,14 @@ def _write_and_publish(
         after_failure(error)
         raise
     try:
-        joined = _collect_other_rng_states(writer, contents, state, others, started + participants.JOIN_GRACE_S, record)
+        deadline = started + participants.JOIN_GRACE_S
+        joined, late = _collect_other_rng_states(writer, contents, others, deadline, record)
     except BaseException as error:
         writer.discard()
         after_failure(error)
         raise
     info = {
+        "save_id": uuid.uuid4().hex,  # what random states added after the publish belong to (parts.py)
         "world_size": state.num_processes,
         "step": contents.step,
         "iteration": project.iteration if output_dir is None else None,
@@ -217,8 +226,8 @@ def _write_and_publish(
     automatic = project.automatic_checkpoint_naming and output_dir is None
 
     def after_publish() -> None:
-        if joined:
-            participants.announce_published(writer.final, contents.step, joined, record[1])
+        if others:
+            participants.announce_published(writer.final, contents.step, joined, late, record[1])
         if automatic and writer.is_main:
             rotate(project.project_dir, project.total_limit)
 
@@ -298,7 +307,9 @@ def _hand_over(
 ) -> str | None:
     """Replicated save on a process that writes nothing: run the hooks (in the writer's temporary folder,
     once it exists), give the writer this process's random states, and wait for the publish (in the
-    background for an asynchronous save). A hook that raises fails the save on every process.
+    background for an asynchronous save). A hook that raises fails the save on every process. A process that
+    comes after the writer closed its door runs its hooks on the target folder and adds its random states to the
+    published checkpoint itself (see ``parts.py``).
 
     Returns :data:`participants.ELSEWHERE` when the writer saves into another folder: nothing was handed
     over, and this process writes its own checkpoint."""
@@ -313,21 +324,48 @@ def _hand_over(
             message = _one_line(error, writer.final, f"a save hook on process {rank}")
             participants.report_failed(writer.final, contents.step, rank, message)
             raise CheckpointError(message) from error
-    wait_published = participants.hand_over(writer.final, contents.step, rank, writer_rank, _rng_states(), arrived)
+    rng = _rng_states()
+    wait_published = participants.hand_over(writer.final, contents.step, rank, writer_rank, rng, arrived)
     if wait_published == participants.ELSEWHERE:
         return participants.ELSEWHERE
-    if wait_published is None:
-        skipped = " and its save hooks did not run" if contents.save_hooks else ""
-        warn_once(
-            "late-save",
-            f"save_state({str(writer.final)!r}) on process {rank} came after the main process had "
-            f"written the checkpoint; this process's random number generator states are not in it{skipped}.",
-        )
-    elif asynchronous:
-        start_waiting(writer.final, wait_published)
+    if contents.save_hooks and not arrived:
+        _run_late_save_hooks(writer.final, contents, rank)
+
+    def finish() -> None:
+        if not wait_published():
+            _add_late_states(writer.final, rank, rng)
+
+    if asynchronous:
+        start_waiting(writer.final, finish)
     else:
-        wait_published()
+        finish()
     return None
+
+
+def _run_late_save_hooks(final: Path, contents: CheckpointContents, rank: int) -> None:
+    """The save hooks of a process that came after the writer closed its door, run on the target folder (the
+    checkpoint is published, or about to be, without them)."""
+    models = list(contents.models)
+    try:
+        for hook in contents.save_hooks:
+            hook(models, [contents.strategy.get_state_dict(model) for model in models], str(final))
+    except BaseException as error:
+        raise CheckpointError(
+            f"A save hook on process {rank} failed ({type(error).__name__}: {error}) for the checkpoint {final}, "
+            "which the main process wrote without waiting for this process: it holds everything but this "
+            "process's random number generator states."
+        ) from error
+
+
+def _add_late_states(final: Path, rank: int, rng: dict) -> None:
+    """Add this process's random states to the checkpoint the writer published without them."""
+    try:
+        add_random_states(final, read_manifest(final)["save_id"], rank, rng)
+    except (OSError, KeyError) as error:
+        raise CheckpointError(
+            f"The checkpoint {final} was saved, but process {rank} could not add its random number generator states "
+            f"to it ({error}): loading it restores every state but those."
+        ) from error
 
 
 def _folder_peers(writer: CheckpointWriter, state: PartialState, on_each_node: bool) -> list[int]:
@@ -351,28 +389,17 @@ def _one_line(error: BaseException, final: Path, where: str = "the main process"
 
 
 def _collect_other_rng_states(
-    writer: CheckpointWriter,
-    contents: CheckpointContents,
-    state: PartialState,
-    others: list[int],
-    deadline: float,
-    record,
-) -> list[int]:
-    """Replicated save: write the random states the other processes of this folder handed over; returns their ranks."""
+    writer: CheckpointWriter, contents: CheckpointContents, others: list[int], deadline: float, record
+) -> tuple[list[int], list[int]]:
+    """Replicated save: write the random states the other processes of this folder handed over (see
+    :func:`participants.collect`); returns their ranks and those of the processes that had not come (they add
+    their states after the publish)."""
     if not others:
-        return []
-    states, missing = participants.collect(writer.final, contents.step, others, deadline, record)
+        return [], []
+    states, late = participants.collect(writer.final, contents.step, others, deadline, record)
     for rank, rng in sorted(states.items()):
         writer.save_state(f"random_states_{rank}", rng)
-    if missing:
-        warn_once(
-            "main-only-save",
-            f"save_state({str(writer.final)!r}) ran on process {state.process_index} without process(es) {missing} "
-            f"(they did not call it within {participants.JOIN_GRACE_S:.0f} s): the checkpoint holds the models, "
-            f"optimizers and every shared state, but not the random number generator states of process(es) {missing}, "
-            "which keep their current states on load_state. Call save_state on every process to include them.",
-        )
-    return sorted(states)
+    return sorted(states), late
 
 
 def _run_save_hooks(writer: CheckpointWriter, contents: CheckpointContents) -> int | None:
@@ -484,12 +511,15 @@ def _load_verified(reader: CheckpointReader, contents: CheckpointContents, state
 
 
 def _verify(reader: CheckpointReader, state: PartialState) -> None:
-    """Check every file of the checkpoint; the processes of a machine share the work and agree on the verdict
-    (each checks all of its own folder when the processes load different folders, saved per process)."""
-    names = sorted(reader.files)
+    """Check every file of the checkpoint; the processes of a machine share the work on the manifest's files and
+    agree on the verdict (each checks all of its own folder when the processes load different folders, saved per
+    process). The random states that processes added after the publish (``reader.parts``) are checked by each
+    process itself: a process may see one that another did not see yet."""
     if state.num_processes == 1:
-        reader.verify(names)
+        reader.verify(sorted(reader.files))
         return
+    reader.verify(sorted(reader.parts))
+    names = sorted(set(reader.files) - set(reader.parts))
     local = max(state.launch.local_world_size, 1)
     found = reader.find_corrupt(names, share=(state.local_process_index, local))
     verdicts = gather_object([(str(Path(reader.directory).resolve()), found)])

@@ -31,6 +31,7 @@ from . import integrity
 from .disk import DirectFile, HashingFile, bounce_buffer, failure_message, fsync_path
 from .integrity import HASH_KEY, Digest, HashQueue, corrupt_message, file_digest, find_corrupt
 from .manifest import FORMAT_VERSION, build_manifest, check_listed_files, read_manifest  # noqa: F401 (re-exported)
+from .parts import read_parts
 from .publishing import MANIFEST, publish, remove_staging, resolve_target, staging_folder
 from .staging import Stager
 from .state_io import decode, encode
@@ -329,13 +330,15 @@ class CheckpointReader:
 
     :meth:`verify` checks files against their checksums before anything is loaded (``load_state``
     verifies every file before it changes any live object); a file read without that is checksummed
-    while it is read, in the same pass, and refused if it does not match.
+    while it is read, in the same pass, and refused if it does not match. :attr:`files` holds the manifest's
+    files and the random states processes added after the publish (:attr:`parts`, see ``parts.py``).
     """
 
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
         self.manifest = read_manifest(self.directory)
-        self.files: dict[str, dict[str, Any]] = self.manifest["files"]
+        self.parts = read_parts(self.directory, self.manifest.get("save_id"))  # random states added after publish
+        self.files: dict[str, dict[str, Any]] = {**self.parts, **self.manifest["files"]}
         self.piece: int | None = self.manifest.get(
             "piece_bytes"
         )  # format 3: each file's checksums cover pieces of this size

@@ -7,20 +7,20 @@ the next step, inside the engine's collectives: any collective the save entered 
 and hang or corrupt the run. So the save talks to the other processes only through the launch's
 key-value store (the one the process group was set up with), which is no collective.
 
-* **Replicated engines** (one process, DDP): the main process writes the whole checkpoint; every other
-  process that calls ``save_state`` hands its random number generator states over through the store
-  (a few kilobytes) and waits until the checkpoint is published. A process with save hooks first says it
-  is there (:func:`arrive`) and waits until the writer created the temporary folder its hooks write into
-  (:func:`announce_begun`); the writer then waits for its hooks however long they run, and a hook that
-  raises fails the save on every process with one message. The main process waits for those
-  states at most :data:`JOIN_GRACE_S` seconds counted from its own call (its writing time counts), then
-  closes the door: a process that was not there (a main-only save) is reported once, and its random
-  states are not in the checkpoint. The door is closed atomically (``compare_set``), so a late process
-  learns it was left out instead of waiting for ever.
-  Once a save ended with no other process at all (the script saves from the main process alone), the
-  run is marked *solo* in the store and the next saves do not wait: they take the states already handed
-  over and close the door at once, so repeated main-only saves cost no grace. A process that then calls
-  ``save_state`` after all (it finds the door closed) clears the mark, and the next saves wait again.
+* **Replicated engines** (one process, DDP): the main process writes the whole checkpoint; nothing in the
+  save needs the other processes. Every other process that calls ``save_state`` hands its random number
+  generator states over through the store (a few kilobytes) and leaves a mark that the processes of this run
+  save together. The writer waits for the others only when that mark is there (they took part in an earlier
+  save of this run), at most :data:`JOIN_GRACE_S` seconds counted from its own call (its writing time counts);
+  without it (the first save of a run, and every save of a run that saves from the main process alone) it
+  does not wait at all. When its own files are written and the wait, if any, is over, it closes its door
+  atomically (``compare_set``) on each process: the states handed over by then go into the checkpoint; a
+  process that has not come yet (a main-only save, or a process a moment late) is told, once the checkpoint
+  is published, that it came late, and then adds its states itself (see ``parts.py``). A save whose wait no
+  other process came to removes the mark: a script that switches to saving from the main process alone pays
+  the wait once. A process with save hooks first says it is there (:func:`arrive`) and waits until the
+  writer created the temporary folder its hooks write into (:func:`announce_begun`); the writer then waits for
+  its hooks however long they run, and a hook that raises fails the save on every process with one message.
 * **Different folders** (replicated engines): a script may give each process its own folder
   (Accelerate's own data-loop test saves into a ``tempfile.TemporaryDirectory()`` per process). The
   writer keeps a record of its save in progress in the store (a sequence number, the step, the folder,
@@ -30,10 +30,11 @@ key-value store (the one the process group was set up with), which is no collect
   folder then loads on the process that saved it, as in Accelerate. A record older than the last one a
   process acted on, or of another step, is ignored; a closed record of another folder that did not see
   this process is trusted only after :data:`JOIN_GRACE_S` (it may be a main-only save just before the
-  writer's save into this process's folder).
+  writer's save into this process's folder); only the process that is not the writer waits that long.
 * **Sharded engines** (FSDP, DeepSpeed): every process writes its shards, so every process must call
   ``save_state``. Each process registers, then waits at most :data:`ATTENDANCE_TIMEOUT_S` seconds for
-  the others before any collective; a process that does not come is a clear :class:`CheckpointError`
+  the others before any collective (the first wait that lasts more than :data:`SAY_WAITING_AFTER_S` says so,
+  once); a process that does not come is a clear :class:`CheckpointError`
   on the processes that did, instead of a hang, and the processes agree that this save was given up, so
   that their next save together meets again (see :func:`check_attendance`). Processes that name different
   folders fail at once, on every process, naming each process's folder (each process's shards must meet
@@ -48,15 +49,18 @@ import time
 from typing import Any, Callable
 
 from ..errors import CheckpointError
+from ..state import warn_once
 from .state_io import decode, encode
 
 JOIN_GRACE_S = 10.0
 ATTENDANCE_TIMEOUT_S = 60.0
+SAY_WAITING_AFTER_S = 2.0
 _CLOSED = b"closed"
 _FAILED = b"failed:"
+_LATE = b"late:"
 _PENDING = b"pending"
 _ELSEWHERE_MARK = b"elsewhere"
-_SOLO_KEY = "hasten/save/solo"
+_TOGETHER_KEY = "hasten/save/together"  # the other processes took part in a save of this run
 _POLL_S = 0.02
 ELSEWHERE = "elsewhere"  # the writer saves into another folder: this process writes its own checkpoint
 _last_paired: dict[int, int] = {}  # writer rank -> the sequence number of its save this process last acted on
@@ -150,9 +154,9 @@ def arrive(target, step: int, rank: int, writer: int) -> bool | str:
     (the hooks must not run; the folder may be published or gone). :data:`ELSEWHERE`: the writer saves
     into another folder (this process writes its own checkpoint)."""
     store = _store()
+    store.set(_TOGETHER_KEY, "1")
     key = f"{_prefix(target, step)}/rng/{rank}"
     if store.compare_set(key, "", _PENDING) != _PENDING:
-        store.delete_key(_SOLO_KEY)
         return False
     begun = f"{_prefix(target, step)}/begun"  # the writer holds the door open for a pending process
     if _wait_for(store, begun, target, step, rank, writer, until_same=False) == ELSEWHERE:
@@ -194,57 +198,60 @@ def report_failed(target, step: int, rank: int, message: str) -> None:
 
 def hand_over(
     target, step: int, rank: int, writer: int, states: Any, arrived: bool = False
-) -> Callable[[], None] | str | None:
+) -> Callable[[], bool] | str:
     """On a non-writing process of a replicated save: give ``states`` to the writer (``arrived``: after
     :func:`arrive` returned True).
 
-    Returns a function that waits until the checkpoint is published; None when the writer had already
-    stopped waiting (the states are not in the checkpoint); :data:`ELSEWHERE` when the writer saves into
-    another folder (the states were taken back: this process writes its own checkpoint).
+    Returns :data:`ELSEWHERE` when the writer saves into another folder (the states were taken back: this
+    process writes its own checkpoint), else a function that waits until the checkpoint is published
+    (:class:`CheckpointError` when the save failed) and returns True when the states are in it, False when the
+    writer had closed its door before this process came (this process then adds them itself, see ``parts.py``).
     """
     store = _store()
+    store.set(_TOGETHER_KEY, "1")
     key = f"{_prefix(target, step)}/rng/{rank}"
     blob = _pack(states)
 
-    def wait_published() -> None:
+    def wait_published() -> bool:
         store.wait([f"{key}/published"])  # the store's own timeout bounds it (the writer is alive and writing)
         outcome = store.get(f"{key}/published")
         store.delete_key(f"{key}/published")
         if outcome.startswith(_FAILED):
             raise CheckpointError(outcome[len(_FAILED) :].decode("utf-8"))
-        _last_paired[writer] = int(outcome)
+        late = outcome.startswith(_LATE)
+        if late:
+            store.delete_key(key)  # the door the writer closed: the next save at this step and folder starts afresh
+        _last_paired[writer] = int(outcome[len(_LATE) :] if late else outcome)
+        return not late
 
     if store.compare_set(key, _PENDING if arrived else "", blob) == blob:
         if arrived or _wait_for(store, f"{key}/published", target, step, rank, writer, until_same=True) != ELSEWHERE:
             return wait_published
         store.delete_key(key)  # the writer never reads this folder's keys
         return ELSEWHERE
-    if arrived:  # the writer gave up on this process only because the save failed elsewhere
-        wait_published()
-    store.delete_key(_SOLO_KEY)  # this process does save: the writer waits for it again next time
-    return None
+    return wait_published  # the door was closed: the writer says when the checkpoint is published (or failed)
 
 
 def collect(
     target, step: int, ranks: list[int], deadline: float, record: tuple[int, int]
 ) -> tuple[dict[int, Any], list[int]]:
-    """On the writing process: the states handed over by ``ranks`` until ``deadline`` (``time.monotonic()``).
+    """On the writing process, once its own files are written: the states ``ranks`` handed over.
 
-    In a solo run (an earlier save got no other process) it does not wait for the deadline. A process that
-    saves into another folder leaves a mark instead of its states (see :func:`_writer_says`). A process that
-    arrived before the door closed is waited for past the deadline (its save hooks are running); one whose
-    hooks raised fails the save (:class:`CheckpointError`). ``record``: the writer's rank and
-    :func:`open_record`'s number, closed here with the processes found saving elsewhere. Returns ``(states by
-    rank, ranks that did not come)``; the door is closed for the latter.
+    When the other processes took part in an earlier save of this run it waits for them until ``deadline``
+    (``time.monotonic()``); otherwise not at all. It then closes the door on every process that has not come (it
+    adds its states after the publish). A process that saves into another folder leaves a mark instead of its
+    states (see :func:`_writer_says`). A process that arrived before the door closed is waited for past the
+    deadline (its save hooks are running); one whose hooks raised fails the save (:class:`CheckpointError`).
+    ``record``: the writer's rank and :func:`open_record`'s number, closed here with the processes found saving
+    elsewhere. Returns ``(states by rank, ranks that did not come)``.
     """
     store = _store()
     prefix = _prefix(target, step)
     pending = {rank: f"{prefix}/rng/{rank}" for rank in ranks}
-    solo = store.check([_SOLO_KEY])
-    while not solo and time.monotonic() < deadline and not all(store.check([key]) for key in pending.values()):
+    together = store.check([_TOGETHER_KEY])
+    while together and time.monotonic() < deadline and not all(store.check([key]) for key in pending.values()):
         time.sleep(_POLL_S)
     states, missing, elsewhere = {}, [], []
-    store.set(_SOLO_KEY, "1")  # before any door closes, so a late process's clearing (after its door closed) wins
     try:
         for rank, key in pending.items():
             value = store.compare_set(key, "", _CLOSED)
@@ -264,23 +271,26 @@ def collect(
     finally:
         store.delete_key(f"{prefix}/begun")
         close_record(target, step, record[0], record[1], elsewhere)
-    if states or elsewhere:
-        store.delete_key(_SOLO_KEY)
+    if together and not states and not elsewhere:
+        store.delete_key(_TOGETHER_KEY)  # nobody came to a save they were waited for: saves from the main process
     return states, missing
 
 
-def solo_run() -> bool:
-    """Whether this launch's saves are marked main-only: the writer then waits for no other process."""
+def saves_together() -> bool:
+    """Whether the other processes of this launch took part in a save, so that the writer's next save waits for
+    them (boundedly)."""
     store = _store()
-    return store is not None and store.check([_SOLO_KEY])
+    return store is not None and store.check([_TOGETHER_KEY])
 
 
-def announce_published(target, step: int, ranks, sequence: int) -> None:
-    """Tell the processes whose states were collected that the checkpoint is published (by the writer's save
-    number ``sequence``, see :func:`open_record`)."""
+def announce_published(target, step: int, joined, late, sequence: int) -> None:
+    """Tell the processes whose states were collected (``joined``) and those the door was closed on (``late``) that
+    the checkpoint is published (by the writer's save number ``sequence``, see :func:`open_record`)."""
     store = _store()
-    for rank in ranks:
+    for rank in joined:
         store.set(f"{_prefix(target, step)}/rng/{rank}/published", str(sequence))
+    for rank in late:
+        store.set(f"{_prefix(target, step)}/rng/{rank}/published", _LATE + str(sequence).encode("utf-8"))
 
 
 def announce_failed(target, step: int, ranks, message: str) -> None:
@@ -327,7 +337,8 @@ def _attend(store, generation: int, target, rank: int, world: int, what: str) ->
     _kept_keys.append(generation)
     store.set(_here_key(generation, rank), str(target))
     outcome = _outcome_key(generation)
-    deadline = time.monotonic() + ATTENDANCE_TIMEOUT_S
+    started = time.monotonic()
+    deadline = started + ATTENDANCE_TIMEOUT_S
     while True:
         if store.check([outcome]) and store.get(outcome) == _GIVEN_UP:
             return False
@@ -340,6 +351,14 @@ def _attend(store, generation: int, target, rank: int, world: int, what: str) ->
             raise CheckpointError(_attendance_message(target, world, what, folders, []))
         if len(folders) == world:
             return store.compare_set(outcome, "", _MET) == _MET
+        if time.monotonic() - started > SAY_WAITING_AFTER_S:
+            absent = [r for r in range(world) if r not in folders]
+            warn_once(
+                "sharded-save-waits",
+                f"save_state({str(target)!r}) on process {rank} waits for process(es) {absent} to call it too: under "
+                f"{what} every process writes its own shards of the checkpoint (it gives up after "
+                f"{ATTENDANCE_TIMEOUT_S:.0f} s). Call save_state on every process, not only on the main one.",
+            )
         if time.monotonic() > deadline:
             if store.compare_set(outcome, "", _GIVEN_UP) == _MET:
                 return True  # the last process came at the last moment

@@ -41,6 +41,7 @@ from pathlib import Path
 
 from ..errors import CheckpointError, CheckpointTargetError
 from ..runtime.fileio import fsync_directory
+from .parts import owned_by_parts
 
 MANIFEST = "hasten_checkpoint.json"
 _SUPERSEDED = "superseded.json"  # inside the .publishing folder: files of the previous checkpoint to delete
@@ -88,14 +89,17 @@ def publishing_folder(final: Path) -> Path:
     return inside if inside.exists() or _stages_inside(final) else final.parent / f".{final.name}.publishing"
 
 
-def _listed(manifest_path: Path) -> set[str] | None:
-    """The files a manifest lists (None when there is no readable hasten manifest)."""
+def _listed(manifest_path: Path, parts: bool = True) -> set[str] | None:
+    """The files a manifest lists, and (``parts``) those its folder's parts add (see ``parts.py``); None when there
+    is no readable hasten manifest."""
     try:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError):
         return None
     files = manifest.get("files") if isinstance(manifest, dict) else None
-    return set(files) if manifest.get("format") == "hasten-checkpoint" and isinstance(files, dict) else None
+    if manifest.get("format") != "hasten-checkpoint" or not isinstance(files, dict):
+        return None
+    return set(files) | (owned_by_parts(manifest_path.parent) if parts else set())
 
 
 def _entries(folder: Path) -> list[str]:
@@ -266,7 +270,7 @@ def _delete_superseded(publishing: Path, final: Path) -> None:
         stale = json.loads((publishing / _SUPERSEDED).read_text())
     except (OSError, ValueError):
         return
-    current = _listed(final / MANIFEST) or set()
+    current = _listed(final / MANIFEST, parts=False) or set()  # the earlier save's parts go too
     for name in stale:
         if name not in current:
             try:
