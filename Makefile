@@ -113,9 +113,9 @@ lint: $(PKG_STAMP)
 	$(VENV)/bin/ruff format --check .
 
 # The tests run in two parts (README "Tests" gives the times):
-# 1. every test not marked serial, on TEST_WORKERS pytest-xdist workers (one per core; --dist loadgroup keeps the
-#    tests sharing a module-scoped fixture on one worker), each generated-case test on a sample of its cases (one in
-#    5, tests/helpers.py cases()); it ends with the CPU and wall seconds of each test file and the 25 tests that took
+# 1. every test not marked serial, on TEST_WORKERS pytest-xdist workers (one per core; --dist loadfile keeps each
+#    file's tests on one worker, in order: a module-scoped fixture is built once), each generated-case test on a
+#    sample of its cases (one in 5, tests/helpers.py cases()); it ends with the CPU and wall seconds of each test file and the 25 tests that took
 #    the most CPU time, so that each CI log shows where the suite's time goes;
 # 2. the tests marked serial (hang timeouts, signals, sleeps: they need the cores), one at a time, alone.
 # Both parts run even when the first fails; the target fails when either did.
@@ -123,11 +123,14 @@ lint: $(PKG_STAMP)
 # - make test-fast: the tests not marked slow (no multi-process launch of more than a few seconds);
 # - make test-all: every test on every generated case (--all-cases), with the checks that need the whole set (each
 #   differential allowance still used).
+# The tests write the bytecode of what they import from src/ and tests/ (as make demo does), even where
+# PYTHONDONTWRITEBYTECODE is set: the thousand processes they start would each compile hasten again (0.1-0.2 s of CPU
+# each, measured).
 TEST_WORKERS ?= $(shell nproc)
-PYTEST := TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q
+PYTEST := PYTHONDONTWRITEBYTECODE= TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q
 # $(1): a marker expression ending in "and " (or nothing), $(2): more pytest options.
 define run_tests
-	$(PYTEST) -n $(TEST_WORKERS) --dist loadgroup -m "$(1)not serial" --cpu-durations=25 $(2); parallel=$$?; \
+	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "$(1)not serial" --cpu-durations=25 $(2); parallel=$$?; \
 	$(PYTEST) -m "$(1)serial" $(2); serial=$$?; \
 	[ $$parallel -eq 0 ] && [ $$serial -eq 0 ]
 endef

@@ -1,6 +1,10 @@
 """The suite's fixtures and hooks: a fresh state for every test, skips through ``helpers.requires``, generated cases
-sampled unless ``--all-cases``, groups kept on one pytest-xdist worker, CPU time per test (``--cpu-durations``), and
-no process left behind."""
+sampled unless ``--all-cases``, CPU time per test (``--cpu-durations``), and no process left behind.
+
+``make test`` runs the tests on pytest-xdist workers with ``--dist loadfile``: the tests of a file stay on one worker,
+in their order, so a module-scoped fixture (a launch, a venv) is built once and a module written as one scenario in
+steps runs as written. (``--dist loadgroup``'s ``xdist_group`` marks have no effect with pytest 9: pytest-xdist 3.8
+renames ``item._nodeid``, which pytest 9 no longer reads.) Tests marked ``serial`` run after, alone."""
 
 import os
 import resource
@@ -40,27 +44,6 @@ def pytest_configure(config):
     helpers.ALL_CASES = config.getoption("--all-cases")
     if config.getoption("--cpu-durations") is not None:
         config.pluginmanager.register(_CpuTimes(config.getoption("--cpu-durations")), "hasten-cpu-durations")
-
-
-def pytest_collection_modifyitems(config, items):
-    """Keep together on one pytest-xdist worker (``--dist loadgroup``) what must not be split: the tests of a module
-    that share a module-scoped fixture (a launch, a venv: built once, not once per worker), and the tests marked
-    ``serial`` (their hang timeouts, signals and sleeps need the cores: never two at once; ``make test`` runs them
-    after the parallel part, alone). A test's own ``xdist_group`` mark wins."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        if item.get_closest_marker("serial") is not None:
-            item.add_marker(pytest.mark.xdist_group("serial"))
-        elif _shares_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
-
-
-def _shares_a_module_fixture(item) -> bool:
-    info = getattr(item, "_fixtureinfo", None)
-    return info is not None and any(
-        definitions[-1].scope == "module" for definitions in info.name2fixturedefs.values() if definitions
-    )
 
 
 def pytest_runtest_setup(item):

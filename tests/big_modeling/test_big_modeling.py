@@ -152,6 +152,7 @@ def test_init_on_device_keeps_parameter_class_and_flags():
     assert type(module.weight) is Tagged and module.weight.device.type == "meta" and not module.weight.requires_grad
 
 
+@pytest.mark.serial
 def test_multi_billion_parameter_model_builds_fast_without_memory():
     rss = psutil.Process().memory_info().rss
     start = time.perf_counter()

@@ -5,7 +5,7 @@ of Accelerate and on hasten, in subprocesses, over cases generated from seeds: r
 buffers, tied weights, no-split classes, parameters on the root, empty modules) x memory budgets (ints and size
 strings) x devices (GPU indices 0/1/2 planned without CUDA, ``"mps"``, ``"cpu"``, ``"disk"``) x options. The fast group
 runs a sample of every scenario in one subprocess per side; the slow group runs each scenario on many more cases (a
-share of them, ``helpers.cases``, unless ``--all-cases``: ``make test-all``), on one pytest-xdist worker.
+share of them, ``helpers.cases``, unless ``--all-cases``: ``make test-all``).
 
 ``PYTHONHASHSEED`` is pinned for both sides: Accelerate orders tied-parameter groups and cleaned device maps by
 iterating sets of strings, and hasten follows the same order, so results agree only under one hash seed.
@@ -237,7 +237,6 @@ def _run_slow(scenario: str) -> list[str]:
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("big-model-differential")
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
 @requires("reference")
 def test_slow_scenario(scenario):
@@ -246,11 +245,10 @@ def test_slow_scenario(scenario):
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("big-model-differential")
 @requires("reference", "all cases")
 def test_slow_group_size_and_allowances_still_needed():
-    """Runs after the slow scenarios (same module and worker, later in order), and runs those this process did not
-    (a selection without them): 1,000+ cases, and no allowance unused."""
+    """Runs after the slow scenarios (same module, later in order: make test keeps a file on one worker), and runs
+    those this process did not (a selection without them): 1,000+ cases, and no allowance unused."""
     for scenario in SCENARIOS:
         if scenario not in SLOW_COUNTS:
             failures = _run_slow(scenario)

@@ -96,6 +96,7 @@ def test_oom_on_one_rank_inside_a_ddp_step_recovers_at_the_halved_size(launcher)
     assert proc.stdout.count("weights equal across ranks and to the reference") == 2, proc.stdout
 
 
+@pytest.mark.serial
 def test_another_error_inside_the_attempt_ends_the_job_at_once():
     start = time.monotonic()
     proc = torchrun(
@@ -114,6 +115,7 @@ def test_mismatched_collectives_raise_on_every_process_outside_debug_mode():
         assert f"rank {rank}: 18 mismatches raised on this rank" in proc.stdout, proc.stdout + proc.stderr
 
 
+@pytest.mark.serial
 @pytest.mark.parametrize("launcher", [torchrun, hasten_launch], ids=["torchrun", "hasten-launch"])
 def test_a_rank_that_left_the_loop_is_named_in_its_peers_error(launcher):
     # Before, rank 0 got gloo's raw "Connection closed by peer" and nothing said which rank had gone.
