@@ -2,10 +2,11 @@
 
 A scenario is a plain function ``scenario(case: dict)`` in a module under ``tests/`` that imports ``accelerate``
 and returns anything. It runs twice, each time in a fresh subprocess (one subprocess runs a whole list of cases):
-once with the reference copy (``.reference/accelerate-1.15.0``, installed by ``make reference``) first on
-``PYTHONPATH``, once with hasten answering ``import accelerate`` (the launcher's shim folder first on
-``PYTHONPATH``), so one scenario text drives both. :func:`describe` turns what a case returned, raised and warned
-into plain JSON; :func:`differences` compares the two sides:
+once with the reference copy (``.reference/accelerate-1.15.0``, installed by ``make reference``; a test that runs it
+is marked ``requires("reference")``) first on ``PYTHONPATH``, once with hasten answering ``import accelerate`` (the
+launcher's shim folder first on ``PYTHONPATH``), so one scenario text drives both.
+:func:`describe` turns what a case returned, raised and warned into plain JSON; :func:`differences` compares the two
+sides:
 
 - values: equal (tensors: dtype, shape, device type and values; floats exactly unless the caller gives ``atol``);
 - an exception: hasten's must be an instance of the reference's type (a subclass with a clearer message is fine);
@@ -37,21 +38,6 @@ REFERENCE = ROOT / ".reference" / "accelerate-1.15.0"
 SHIM = ROOT / "src" / "hasten" / "_accelerate_shim"
 DRIVER = TESTS / "scripts" / "differential_driver.py"
 SIDES = ("accelerate", "hasten")
-
-
-def reference_available() -> bool:
-    """Whether the reference copy of Accelerate 1.15 is installed (``make reference``)."""
-    return (REFERENCE / "accelerate" / "__init__.py").is_file()
-
-
-def require_reference() -> None:
-    """Skip the calling test, saying why, when the reference copy is missing."""
-    import pytest
-
-    if not reference_available():
-        pytest.skip(
-            f"no reference copy of accelerate 1.15 in {REFERENCE} (`make reference` installs it; pip was offline?)"
-        )
 
 
 def side_env(side: str) -> dict[str, str]:

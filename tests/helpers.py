@@ -4,6 +4,7 @@ ports that parallel test workers never share (:func:`free_port`)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import os
@@ -56,6 +57,24 @@ def _venv_script(name: str) -> Callable[[], bool]:
     return lambda: (Path(sys.executable).parent / name).exists()
 
 
+@functools.lru_cache(maxsize=None)
+def _tmpfs() -> bool:
+    """Whether a tmpfs can be mounted here (root, and the right to mount): tried once, in a scratch folder."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", folder], capture_output=True).returncode:
+            return False
+        subprocess.run(["umount", "-l", folder], check=True)
+    return True
+
+
+def _torch_threads() -> bool:
+    import torch
+
+    return torch.get_num_threads() >= 2
+
+
 def _distribution_version(name: str) -> str:
     import importlib.metadata
 
@@ -86,6 +105,20 @@ CONDITIONS: dict[str, tuple[Callable[[], bool], str]] = {
     "all cases": (
         lambda: ALL_CASES,
         "checks the whole set of generated cases: runs with --all-cases (make test-all)",
+    ),
+    "tmpfs": (_tmpfs, "cannot mount a tmpfs here (needs root and the right to mount)"),
+    "linux thread scheduling": (
+        lambda: hasattr(os, "sched_getscheduler"),
+        "needs Linux's per-thread scheduling calls",
+    ),
+    "linux thread /proc": (lambda: os.path.isdir("/proc/self/task"), "needs Linux's per-thread /proc entries"),
+    "torch thread pool": (_torch_threads, "torch runs one thread here: there is no thread pool to start"),
+    "make demo installed": (
+        lambda: (
+            (ROOT / ".venv" / ".hasten-demo").is_file()
+            and (ROOT / ".venv" / ".hasten-demo").stat().st_mtime >= (ROOT / "pyproject.toml").stat().st_mtime
+        ),
+        "the venv is older than pyproject.toml: `make demo` would reinstall hasten first (network)",
     ),
     "make venv": (
         lambda: (Path(sysconfig.get_paths()["purelib"]) / "hasten-torch-extensions.pth").is_file(),

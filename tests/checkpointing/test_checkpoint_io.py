@@ -14,7 +14,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from helpers import SCRIPTS, torchrun
+from helpers import SCRIPTS, requires, torchrun
 from torch.utils.data import DataLoader, TensorDataset
 
 from hasten import Accelerator
@@ -230,14 +230,14 @@ def test_new_checkpoints_record_a_checksum_per_piece_and_a_flip_in_any_piece_is_
 def small_tmpfs(path, size, read_only=False):
     path.mkdir()
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
-    if mounted.returncode:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {mounted.stderr.decode().strip()}")
+    assert mounted.returncode == 0, f"mount failed (the test must require tmpfs): {mounted.stderr.decode().strip()}"
     try:
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=True)
 
 
+@requires("tmpfs")
 def test_full_disk_removes_the_partial_folder_and_says_what_is_needed(tmp_path):
     acc = Accelerator()
     model = torch.nn.Linear(256, 256)
@@ -264,6 +264,7 @@ def test_full_disk_removes_the_partial_folder_and_says_what_is_needed(tmp_path):
         acc.load_state(disk / "small")
 
 
+@requires("tmpfs")
 def test_read_only_folder_is_one_clear_line(tmp_path):
     acc = Accelerator()
     build(acc)
@@ -300,6 +301,7 @@ def test_async_save_returns_a_snapshot_and_publishes_it(tmp_path):
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
 
 
+@requires("tmpfs")
 def test_async_save_errors_come_back_at_the_next_wait_point(tmp_path):
     acc = Accelerator()
     model = torch.nn.Linear(256, 256)
@@ -396,7 +398,7 @@ def test_an_async_save_stages_the_state_and_the_next_step_does_not_wait_for_the_
     assert staging_memory() == 0, "end_training frees the staging memory"
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="needs Linux's per-thread scheduling calls")
+@requires("linux thread scheduling")
 def test_the_background_writes_run_at_the_training_process_own_priority(tmp_path, monkeypatch):
     from hasten.checkpointing import CheckpointWriter
 
@@ -447,8 +449,7 @@ def test_an_async_save_beside_busy_processes_completes_and_loads_back(tmp_path):
     acc.end_training()
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs Linux's per-thread /proc entries")
-@pytest.mark.skipif(torch.get_num_threads() < 2, reason="torch runs one thread here: there is no thread pool to start")
+@requires("linux thread /proc", "torch thread pool")
 def test_the_staging_copy_starts_no_thread_pool_beside_training(tmp_path, monkeypatch):
     from hasten.checkpointing import CheckpointWriter
 

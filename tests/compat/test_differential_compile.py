@@ -21,8 +21,10 @@ from __future__ import annotations
 import helpers
 import pytest
 from compat import differential_compile_cases as generated
-from differential import differences, repro_line, require_reference, run_side
+from differential import differences, repro_line, run_side
+from helpers import requires
 
+pytestmark = requires("reference")  # every test compares with Accelerate 1.15
 TRAIN = "compat.differential_compile_cases:train"
 HELPERS = "compat.differential_compile_cases:helpers"
 
@@ -117,7 +119,6 @@ def _own_faults(outcome: dict) -> list[str]:
 
 
 def assert_agree(scenario: str, cases: list[dict], nproc: int = 1) -> None:
-    require_reference()
     found = []
     for case, (lines, ours) in zip(cases, _outcomes(scenario, cases, nproc)):
         if scenario == TRAIN:
@@ -154,8 +155,8 @@ def test_fsdp2_fast():
     assert_agree(TRAIN, generated.training_cases(seed=6, count=1, engine="fsdp2", steps=12), nproc=2)
 
 
+@requires("deepspeed")
 def test_deepspeed_fast():
-    pytest.importorskip("deepspeed")
     assert_agree(TRAIN, generated.training_cases(seed=8, count=1, engine="deepspeed", steps=12), nproc=2)
 
 
@@ -187,8 +188,8 @@ def test_fsdp2():
 
 
 @pytest.mark.slow
+@requires("deepspeed")
 def test_deepspeed():
-    pytest.importorskip("deepspeed")
     assert_agree(
         TRAIN, generated.training_cases(seed=15, count=helpers.cases(6), engine="deepspeed", backend="mixed"), nproc=2
     )
@@ -205,7 +206,6 @@ def test_inductor_one_process():
 @pytest.mark.slow
 def test_allowed_differences_still_differ():
     """Every allowed difference still differs (else its entry must go, here and in docs/migration.md)."""
-    require_reference()
     stale = []
     for entry in ALLOWED:
         scenario = f"compat.differential_compile_cases:{entry['scenario']}"

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 import torch
-from differential import require_reference, side_env
+from differential import side_env
 from helpers import ROOT, SCRIPTS, clean_env, free_port, requires, torchrun
 
 from hasten import DeepSpeedPlugin, ParallelismConfig
@@ -68,8 +68,9 @@ def test_the_engine_settles_the_backend():
     assert ParallelismConfig(sp_size=2, dp_shard_size=2).dp_shard_cp_dim_names == ["dp_shard", "sp"]
 
 
+@requires("transformers")
 def test_what_cannot_be_split_is_refused_before_training():
-    transformers = pytest.importorskip("transformers")
+    import transformers
 
     def llama(heads=4, kv=2, attention="sdpa", **extra):
         config = transformers.LlamaConfig(
@@ -216,13 +217,13 @@ def _check_against_the_run_without(result: dict, resume: bool = False) -> None:
 
 @pytest.mark.slow
 @requires("deepspeed")
+@requires("reference")
 @pytest.mark.parametrize(("nproc", "stages", "dp_shard"), [(2, "1,2,3", 0), (4, "2,3", 2)], ids=["sp2", "sp2xdp2"])
 def test_deepspeed_ulysses_trains_as_accelerate_does(nproc, stages, dp_shard, tmp_path):
     """The same script on Accelerate 1.15 and on hasten, ZeRO-1 to 3: the same losses, gradients and parameters, bit
     for bit; against a run without sequence parallelism the gradients are sp times larger under ZeRO-1/2 with
     Accelerate's documented loss and equal under ZeRO-3 (DeepSpeed's own scaling, the same on both sides). On 4
     processes Accelerate needs dp_shard_size=2 (without it DeepSpeed refuses its train_batch_size)."""
-    require_reference()
     args = (stages, "same", "deepspeed", "recipe")
     theirs = _deepspeed_side("accelerate", nproc, tmp_path, *args, dp_shard=dp_shard)
     ours = _deepspeed_side("hasten", nproc, tmp_path, *args, dp_shard=dp_shard)
