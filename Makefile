@@ -115,8 +115,8 @@ lint: $(PKG_STAMP)
 # The tests run in two parts (README "Tests" gives the times):
 # 1. every test not marked serial, on TEST_WORKERS pytest-xdist workers (one per core; --dist loadfile keeps each
 #    file's tests on one worker, in order: a module-scoped fixture is built once), each generated-case test on a
-#    sample of its cases (one in 5, tests/helpers.py cases()); it ends with the CPU and wall seconds of each test file and the 25 tests that took
-#    the most CPU time, so that each CI log shows where the suite's time goes;
+#    sample of its cases (one in 5, tests/helpers.py cases()); it ends with the CPU and wall seconds of each test
+#    file and the 25 tests that took the most CPU time, so that each CI log shows where the suite's time goes;
 # 2. the tests marked serial (hang timeouts, signals, sleeps: they need the cores), one at a time, alone.
 # Both parts run even when the first fails; the target fails when either did.
 # - make test: every test;
