@@ -44,6 +44,13 @@ def check_gather():
         "as in Accelerate, each rank's object is iterated (a dict: its keys)"
     )
     assert accelerator.gather(torch.tensor([RANK + 1.0])).tolist() == [1.0, 2.0]
+    # repeated calls carry their data inside the input check, in a buffer the next call reuses: every result must
+    # be a tensor of its own (a reshaped view of the buffer changed under the caller's feet)
+    results = [gather(torch.tensor([10.0 * step + RANK])) for step in range(3)]
+    results += [gather(torch.tensor([[10.0 * step + RANK]]))[:, 0] for step in range(3, 5)]
+    assert [r.tolist() for r in results] == [[10.0 * step, 10.0 * step + 1] for step in range(5)], results
+    totals = [reduce(torch.tensor([step + RANK]), "sum") for step in range(3)]
+    assert [t.tolist() for t in totals] == [[1], [3], [5]], totals
 
 
 def check_reduce_broadcast_pad():

@@ -25,6 +25,7 @@ waits for the device, and the payload then moves on the device.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import zlib
 from collections.abc import Callable, Mapping
@@ -41,11 +42,10 @@ _HEADER_BYTES = _HEADER * 8
 RIDE_LIMIT = 64 * 1024  # bytes: larger payloads travel in a collective of their own (padding costs more than a trip)
 # all-gather into one flat tensor: torch 2.13 renamed it (the old name warns); torch 2.6 has only the old one
 all_gather_flat = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_side_group: dict[str, Any] = {}  # the gloo group for the headers when the default group cannot carry CPU tensors
-_room: dict[str, Any] = {"group": None, "bytes": 0}  # the exchange's payload room, for the group it was agreed on
 _buffers: dict[tuple[int, int], tuple] = {}  # (world, room) -> the send and gathered buffers, with numpy views
 
 
+@functools.lru_cache(maxsize=None)
 def operation_code(name: str) -> int:
     """The same integer for ``name`` on every process (Python's ``hash`` of a string differs between processes)."""
     return zlib.crc32(name.encode())
@@ -56,19 +56,45 @@ def digest(key) -> int:
     return int.from_bytes(hashlib.blake2b(repr(key).encode(), digest_size=8).digest(), "little", signed=True)
 
 
-def header_group():
-    """The group the headers travel over: the default one when it moves CPU tensors, else a gloo group beside it."""
+class _Channel:
+    """What every check of the current default group reads: the processes' number and rank, the group the
+    exchange travels over, whether CPU payloads ride in it, and the room agreed for the next exchange. Read once
+    per default group, not per call; rebuilt when the default group is (OOM recovery), with the room back at 0."""
+
+    def __init__(self, world):
+        self.world = world
+        self.size, self.rank = dist.get_world_size(), dist.get_rank()
+        self.rides = "gloo" in str(dist.get_backend())
+        self.side = None  # the gloo group beside a device backend, created at the first exchange
+        self.room = 0
+
+
+_channel: _Channel | None = None
+
+
+def channel() -> _Channel:
+    """The checks' view of the current default group (it must exist)."""
+    global _channel
     world = dist.group.WORLD
-    if "gloo" in str(dist.get_backend()):
-        return world
-    if _side_group.get("world") is not world:  # first use, or the default group was rebuilt (OOM recovery)
-        _side_group.update(world=world, group=dist.new_group(backend="gloo"))
-    return _side_group["group"]
+    if _channel is None or _channel.world is not world:
+        _channel = _Channel(world)
+    return _channel
+
+
+def header_group():
+    """The group the headers travel over: the default one when it moves CPU tensors, else a gloo group beside it
+    (created on first use, a collective of every process)."""
+    found = channel()
+    if found.rides:
+        return found.world
+    if found.side is None:
+        found.side = dist.new_group(backend="gloo")
+    return found.side
 
 
 def payloads_ride() -> bool:
     """Whether CPU payloads can travel inside the exchange (the default group moves CPU tensors)."""
-    return header_group() is dist.group.WORLD
+    return channel().rides
 
 
 @dataclass(frozen=True)
@@ -77,7 +103,12 @@ class Exchanged:
 
     agreed: bool
     sizes: tuple[int, ...]  # each process's payload bytes (-1: it had none that could ride)
-    parts: list[torch.Tensor] | None  # each process's payload bytes, when every one rode (valid until the next call)
+    rows: torch.Tensor | None  # (processes, room) bytes holding each one's payload, when every one rode; valid until
+    # the next exchange
+
+    def part(self, rank: int) -> torch.Tensor:
+        """Process ``rank``'s payload bytes (only when every payload rode)."""
+        return self.rows[rank, : self.sizes[rank]]
 
 
 def exchange(
@@ -105,28 +136,21 @@ def exchange(
         key = agree(*args, **kwargs)
     except Exception as error:  # noqa: BLE001 - a bad call still takes part, so that every process learns of it
         key = ("cannot describe the inputs", type(error).__name__, str(error))
-    group = header_group()
-    world = dist.get_world_size()
-    if group is not _room["group"]:  # first exchange, or the group was rebuilt: every process starts again at 0
-        _room.update(group=group, bytes=0)
-    room = _room["bytes"]
-    send, mine, gathered, headers = _exchange_buffers(world, room)
+    group, state = header_group(), channel()
+    world, room = state.size, state.room
+    send, mine, gathered, payloads, headers = _exchange_buffers(world, room)
     if 0 < size <= room:
         fill(send[:size])
     mine[:] = (seq, operation_code(name), digest(key), size)
     all_gather_flat(gathered, send, group=group)
     rows = headers.tolist()
     sizes = tuple(row[3] for row in rows)
-    _room["bytes"] = _next_room(sizes)
+    state.room = _next_room(sizes)
     if any(row[1] != rows[0][1] for row in rows) or (not lenient and any(row[2] != rows[0][2] for row in rows)):
         _raise_mismatch(name, seq, args, kwargs, group, world)
     if any(row[2] != rows[0][2] for row in rows):
         return Exchanged(False, sizes, None)
-    parts = None
-    if all(0 <= s <= room for s in sizes):
-        stride = room + _HEADER_BYTES
-        parts = [gathered[r * stride : r * stride + s] for r, s in enumerate(sizes)]
-    return Exchanged(True, sizes, parts)
+    return Exchanged(True, sizes, payloads if all(0 <= s <= room for s in sizes) else None)
 
 
 def _next_room(sizes: tuple[int, ...]) -> int:
@@ -147,8 +171,9 @@ def _exchange_buffers(world: int, room: int) -> tuple:
         stride = room + _HEADER_BYTES
         send, gathered = torch.zeros(stride, dtype=torch.uint8), torch.empty(world * stride, dtype=torch.uint8)
         mine = send[room:].view(torch.int64).numpy()
-        headers = gathered.view(world, stride)[:, room:].view(torch.int64).numpy()
-        found = _buffers[(world, room)] = (send, mine, gathered, headers)
+        every = gathered.view(world, stride)
+        headers = every[:, room:].view(torch.int64).numpy()
+        found = _buffers[(world, room)] = (send, mine, gathered, every[:, :room], headers)
     return found
 
 

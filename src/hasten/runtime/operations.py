@@ -34,7 +34,8 @@ from .tree import CannotPadNestedTensorWarning, StructureTypeError, _leaves, _re
 
 def _world() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
+        found = collective_check.channel()
+        return found.size, found.rank
     return 1, 0
 
 
@@ -117,7 +118,7 @@ def barrier() -> None:
         return
     with _calling("wait_for_everyone") as call:
         exchanged = call.exchange(_no_inputs, (), size=0)
-        if exchanged.parts is None:  # the check went over a side group: the default group's own barrier
+        if exchanged.rows is None:  # the check went over a side group: the default group's own barrier
             dist.barrier()
 
 
@@ -144,8 +145,8 @@ def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
 def _gather_leaves(data, leaves: list[torch.Tensor], exchanged) -> Any:
     """Gather every tensor of ``data``: from the bytes that came with the check, or in one more collective
     (several tensors as one buffer, one collective instead of one each)."""
-    if exchanged is not None and exchanged.parts is not None:
-        gathered = iter(Packing.of(leaves).concatenate(exchanged.parts))
+    if exchanged is not None and exchanged.rows is not None:
+        gathered = iter(Packing.of(leaves).concatenate(exchanged.rows))
     elif isinstance(data, torch.Tensor):
         return _gather_one(data)
     elif len(leaves) < 2 or not fusable(leaves):
@@ -154,8 +155,7 @@ def _gather_leaves(data, leaves: list[torch.Tensor], exchanged) -> Any:
         packing = Packing.of(leaves)
         out = torch.empty(_world()[0] * packing.total, dtype=torch.uint8, device=leaves[0].device)
         collective_check.all_gather_flat(out, packing.packed())
-        parts = [out[r * packing.total : (r + 1) * packing.total] for r in range(_world()[0])]
-        gathered = iter(packing.concatenate(parts))
+        gathered = iter(packing.concatenate(out.view(_world()[0], packing.total)))
     if isinstance(data, torch.Tensor):
         return next(gathered)
     return recursively_apply(lambda _: next(gathered), data)
@@ -217,7 +217,10 @@ def gather_object(object: Any):
             output: list = [None] * world
             dist.all_gather_object(output, object)
         else:
-            output = [unpickled(part) for part in exchanged.parts or _gather_bytes(data, exchanged.sizes)]
+            if exchanged.rows is not None:
+                output = [unpickled(exchanged.part(rank)) for rank in range(world)]
+            else:
+                output = [unpickled(part) for part in _gather_bytes(data, exchanged.sizes)]
     try:
         return [item for part in output for item in part]
     except TypeError:
@@ -257,8 +260,8 @@ def _broadcast(tensor, from_process: int = 0, checked: bool = True):
         options = {"packing": packing} if rank == from_process or packing is None else {"size": 0}
         exchanged = call.exchange(_broadcast_agree, (tensor,), {"from_process": from_process}, **options)
         _require_tensors(tensor, "broadcast")
-        if exchanged is not None and exchanged.parts is not None:
-            received = iter(packing.read(exchanged.parts[from_process]) if rank != from_process else ())
+        if exchanged is not None and exchanged.rows is not None:
+            received = iter(packing.read(exchanged.part(from_process)) if rank != from_process else ())
 
             def _one(t):
                 if rank != from_process:
@@ -301,8 +304,8 @@ def _broadcast_object_list(object_list: list, from_process: int = 0, checked: bo
         if not ride:
             dist.broadcast_object_list(object_list, src=from_process)
             return object_list
-        if exchanged.parts is not None:
-            payload = exchanged.parts[from_process]
+        if exchanged.rows is not None:
+            payload = exchanged.part(from_process)
         else:
             payload = data if data is not None else torch.empty(exchanged.sizes[from_process], dtype=torch.uint8)
             dist.broadcast(payload, src=from_process)
@@ -352,17 +355,17 @@ def reduce(tensor, reduction: str = "mean", scale: float = 1.0):
         else:
             options = {"packing": packing}
         exchanged = call.exchange(_reduce_agree, (tensor,), {"reduction": reduction, "scale": scale}, **options)
-        parts = exchanged.parts if reduction != "none" else None
-        return _reduce_structure(tensor, reduction, scale, world, parts and [packing.read(p) for p in parts])
+        received = packing.stacked(exchanged.rows) if exchanged.rows is not None and reduction != "none" else None
+        return _reduce_structure(tensor, reduction, scale, world, received)
 
 
 def _reduce_structure(tensor, reduction: str, scale: float, world: int, received: list | None):
-    """Reduce every tensor of ``tensor``: from every process's tensors ``received`` with the check, or with an
-    all-reduce each."""
+    """Reduce every tensor of ``tensor``: from every process's values ``received`` with the check (per tensor, one
+    of shape ``(processes, *shape)``), or with an all-reduce each."""
     if reduction not in (*_REDUCE_OPS, "none"):
         raise ValueError(f"reduce(reduction={reduction!r}): choose one of 'sum', 'mean', 'max', 'min', 'none'.")
     _require_tensors(tensor, "reduce")
-    every_process = iter(zip(*received)) if received else None
+    every_process = iter(received) if received is not None else None
 
     def _one(t):
         if every_process is not None:
@@ -380,7 +383,8 @@ def _reduce_structure(tensor, reduction: str, scale: float, world: int, received
     return recursively_apply(_one, tensor)
 
 
-def _combined(pieces: tuple[torch.Tensor, ...], reduction: str) -> torch.Tensor:
+def _combined(pieces: torch.Tensor, reduction: str) -> torch.Tensor:
+    """``pieces[0]``, ``pieces[1]``, ... reduced in process order (never ``sum(dim=0)``, which starts from +0.0)."""
     out = pieces[0].clone()
     for piece in pieces[1:]:
         if reduction in ("sum", "mean"):
@@ -445,8 +449,8 @@ def pad_across_processes(tensor, dim: int = 0, pad_index: int = 0, pad_first: bo
         _require_tensors(tensor, "pad_across_processes")
         if not padded:
             return _pad_structure(tensor, dim, pad_index, pad_first, None)
-        if exchanged.parts is not None:
-            every = torch.stack([packing.read(part)[0] for part in exchanged.parts])
+        if exchanged.rows is not None:
+            every = packing.stacked(exchanged.rows)[0]
         else:
             every = _gather_one(local.to(padded[0].device)).view(world, len(padded))
         return _pad_structure(tensor, dim, pad_index, pad_first, iter(every.T.tolist()))
@@ -493,8 +497,8 @@ def gather_with_sizes(tensor, sizes: list[int]):
             padded = []
         exchanged = call.exchange(_sizes_agree, (tensor,), {"sizes": sizes}, packing=_riding(padded))
         step = max(sizes)
-        if exchanged.parts is not None:
-            gathered = iter(Packing.of(padded).concatenate(exchanged.parts))
+        if exchanged.rows is not None:
+            gathered = iter(Packing.of(padded).concatenate(exchanged.rows))
         else:
             gathered = iter(_gather_one(t) for t in padded)
 

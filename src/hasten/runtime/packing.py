@@ -61,10 +61,21 @@ class Packing:
             for t, offset in zip(self.flat, self.offsets)
         ]
 
-    def concatenate(self, parts: list[torch.Tensor]) -> list[torch.Tensor]:
-        """Each tensor of every process's buffer in ``parts``, concatenated on the first dimension in process order."""
-        every = [self.read(part) for part in parts]
-        return [torch.cat(pieces) for pieces in zip(*every)]
+    def stacked(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Every process's tensors from ``rows`` (one buffer of this layout per process, a 2-dimensional ``uint8``
+        tensor whose rows start at multiples of 16 bytes): per tensor a view of shape ``(processes, *shape)``."""
+        return [
+            rows[:, offset : offset + t.numel() * t.element_size()].view(t.dtype).view(len(rows), *t.shape)
+            for t, offset in zip(self.flat, self.offsets)
+        ]
+
+    def concatenate(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Each tensor of every process's buffer in ``rows``, concatenated on the first dimension in process order:
+        new tensors (``rows`` may be a buffer that the next collective reuses)."""
+        return [
+            every.clone(memory_format=torch.contiguous_format).view(-1, *every.shape[2:])
+            for every in self.stacked(rows)
+        ]
 
 
 def pickled(obj) -> torch.Tensor:
