@@ -11,9 +11,10 @@ nothing after the first optimizer update. The helpers (``is_repeated_blocks``, `
 ``compile_regions``, ``compile_regions_fsdp2``, ``compile_regions_deepspeed``, ``has_compiled_regions``) must answer
 and compile alike.
 
-The tests not marked slow run a few cases of each engine (``eager`` backend, 12 steps); the slow ones run more (one
-in five unless ``--all-cases``), with ``aot_eager`` too, one small inductor case, and check that the differences in
-``ALLOWED`` (mirrored in docs/migration.md, "torch.compile") still differ.
+``make test`` runs a few cases of each engine (``eager`` backend, 12 steps) and one small inductor case; ``make
+test-all`` (``--all-cases``) runs every generated case, with ``aot_eager`` too, and checks that the differences in
+``ALLOWED`` (mirrored in docs/migration.md, "torch.compile") still differ. Every test launches both sides in
+subprocesses, so all are marked slow.
 """
 
 from __future__ import annotations
@@ -131,49 +132,57 @@ def assert_agree(scenario: str, cases: list[dict], nproc: int = 1) -> None:
     assert not found, f"{len(found)} of {len(cases)} cases of {scenario} differ from Accelerate 1.15:\n{shown}"
 
 
-# --------------------------------------------------------------------------------------------------------- fast
+# ------------------------------------------------------------------------------------------------- make test
 
 
 # A few cases of each engine (seeds picked for compiled regions around repeated blocks: GPT-style, Llama, GPT-2), 12
 # steps each (4 or more optimizer updates with any accumulation); the slow tests train 50 steps.
 
 
+@pytest.mark.slow
 def test_helpers_fast():
     """is/has_repeated_blocks, compile_regions and its twin, the in-place helpers, has_compiled_regions."""
     assert_agree(HELPERS, generated.helper_cases(seed=4, count=4))
 
 
+@pytest.mark.slow
 def test_one_process_fast():
     assert_agree(TRAIN, generated.training_cases(seed=8, count=2, engine="single", steps=12))
 
 
+@pytest.mark.slow
 def test_ddp_fast():
     assert_agree(TRAIN, generated.training_cases(seed=9, count=1, engine="ddp", steps=12), nproc=2)
 
 
+@pytest.mark.slow
 def test_fsdp2_fast():
     assert_agree(TRAIN, generated.training_cases(seed=6, count=1, engine="fsdp2", steps=12), nproc=2)
 
 
+@pytest.mark.slow
 @requires("deepspeed")
 def test_deepspeed_fast():
     assert_agree(TRAIN, generated.training_cases(seed=8, count=1, engine="deepspeed", steps=12), nproc=2)
 
 
-# --------------------------------------------------------------------------------------------------------- slow
+# --------------------------------------------------------------------------------------------- make test-all
 
 
 @pytest.mark.slow
+@requires("all cases")
 def test_helpers():
     assert_agree(HELPERS, generated.helper_cases(seed=11, count=helpers.cases(80)))
 
 
 @pytest.mark.slow
+@requires("all cases")
 def test_one_process():
     assert_agree(TRAIN, generated.training_cases(seed=12, count=helpers.cases(24), engine="single", backend="mixed"))
 
 
 @pytest.mark.slow
+@requires("all cases")
 def test_ddp():
     assert_agree(
         TRAIN, generated.training_cases(seed=13, count=helpers.cases(8), engine="ddp", backend="mixed"), nproc=2
@@ -181,6 +190,7 @@ def test_ddp():
 
 
 @pytest.mark.slow
+@requires("all cases")
 def test_fsdp2():
     assert_agree(
         TRAIN, generated.training_cases(seed=14, count=helpers.cases(8), engine="fsdp2", backend="mixed"), nproc=2
@@ -188,7 +198,7 @@ def test_fsdp2():
 
 
 @pytest.mark.slow
-@requires("deepspeed")
+@requires("deepspeed", "all cases")
 def test_deepspeed():
     assert_agree(
         TRAIN, generated.training_cases(seed=15, count=helpers.cases(6), engine="deepspeed", backend="mixed"), nproc=2
@@ -204,6 +214,7 @@ def test_inductor_one_process():
 
 
 @pytest.mark.slow
+@requires("all cases")
 def test_allowed_differences_still_differ():
     """Every allowed difference still differs (else its entry must go, here and in docs/migration.md)."""
     stale = []

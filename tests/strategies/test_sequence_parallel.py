@@ -172,7 +172,9 @@ def _passed(out: str, nproc: int) -> dict[str, str]:
 
 @pytest.mark.slow
 @requires("transformers")
-@pytest.mark.parametrize("nproc", [2, 4], ids=["sp2", "sp2xdp2"])
+@pytest.mark.parametrize(
+    "nproc", [2, pytest.param(4, marks=requires("all cases"))], ids=["sp2", "sp2xdp2"]
+)  # 4 processes on the 2-core machine: make test-all
 def test_ddp_and_fsdp_split_sequences_like_one_process(nproc, tmp_path):
     """Losses, first-step gradients and final parameters of one process without sequence parallelism; evaluation
     logits; a resumed run's losses (2 processes)."""
@@ -218,7 +220,11 @@ def _check_against_the_run_without(result: dict, resume: bool = False) -> None:
 @pytest.mark.slow
 @requires("deepspeed")
 @requires("reference")
-@pytest.mark.parametrize(("nproc", "stages", "dp_shard"), [(2, "1,2,3", 0), (4, "2,3", 2)], ids=["sp2", "sp2xdp2"])
+@pytest.mark.parametrize(
+    ("nproc", "stages", "dp_shard"),
+    [(2, "1,2,3", 0), pytest.param(4, "2,3", 2, marks=requires("all cases"))],
+    ids=["sp2", "sp2xdp2"],
+)  # 4 processes on the 2-core machine: make test-all
 def test_deepspeed_ulysses_trains_as_accelerate_does(nproc, stages, dp_shard, tmp_path):
     """The same script on Accelerate 1.15 and on hasten, ZeRO-1 to 3: the same losses, gradients and parameters, bit
     for bit; against a run without sequence parallelism the gradients are sp times larger under ZeRO-1/2 with
@@ -235,7 +241,7 @@ def test_deepspeed_ulysses_trains_as_accelerate_does(nproc, stages, dp_shard, tm
 
 
 @pytest.mark.slow
-@requires("deepspeed")
+@requires("deepspeed", "all cases")  # 4 processes, then 2 (make test-all)
 def test_deepspeed_sequence_parallelism_equals_a_run_without_it(tmp_path):
     """hasten only: every rank reading its own samples on 4 processes without data-parallel sizes (DeepSpeed's
     Ulysses, the loss divided by sp under ZeRO-1), and hasten's Ulysses under DeepSpeed on 2 processes (ZeRO-1 to 3,
