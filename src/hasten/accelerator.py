@@ -163,7 +163,7 @@ class Accelerator(
         self.precision = Precision(
             self.state.mixed_precision, self.device, self.autocast_handler, self.scaler_handler, fp8_recipe
         )
-        self._strategy = plan.build(self.state, self.precision, ddp_kwargs=self.ddp_handler)
+        self._strategy = plan.build(self.state, self.gradient_state, self.precision, ddp_kwargs=self.ddp_handler)
         self.step = 0
         self._models: list = []
         self._optimizers: list = []

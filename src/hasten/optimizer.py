@@ -28,9 +28,20 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         device_placement: put optimizer state that already exists (an optimizer that stepped, or loaded a
             state dict, before ``prepare`` moved the model) on its parameters' devices.
         scaler: the fp16 ``GradScaler``, if any.
+        strategy: hasten only: the Accelerator's strategy, when its engine steps the optimizer itself (DeepSpeed).
+        gradient_state: hasten only: the Accelerator's :class:`~hasten.state.GradientState`, which it hands in; an
+            optimizer wrapped by hand (None) follows the process's, as in Accelerate.
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, device_placement: bool = True, scaler=None, strategy=None):
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        device_placement: bool = True,
+        scaler=None,
+        strategy=None,
+        *,
+        gradient_state: GradientState | None = None,
+    ):
         self.optimizer = optimizer
         self.scaler = scaler
         self.device_placement = device_placement
@@ -38,7 +49,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if device_placement and optimizer.state and not engine_owned:
             # torch's load_state_dict re-homes each state tensor on its parameter's device (and dtype rules).
             optimizer.load_state_dict(optimizer.state_dict())
-        self.gradient_state = GradientState()
+        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self._strategy = strategy
         self._is_overflow = False
         self._steps = 0
@@ -184,7 +195,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self.gradient_state = GradientState()
+        self.gradient_state = GradientState()  # unpickled, no Accelerator hands one in: the process's, as in Accelerate
 
 
 def patch_optimizer_step(accelerated_optimizer, method):

@@ -1,10 +1,10 @@
 """How the ``Accelerator`` handles the objects given to ``prepare``, mixed into the facade.
 
 :class:`PreparationHelpers` sorts ``prepare``'s arguments by kind, adopts objects prepared earlier,
-refuses models dispatched with a ``device_map`` and wraps optimizers and schedulers, registering each
-prepared object with the ``Accelerator`` (which provides ``_strategy``, ``scaler``, the ``_models``,
-``_optimizers``, ``_schedulers`` and ``_dataloaders`` lists, ``split_batches``, ``step_scheduler_with_optimizer``
-and ``verify_device_map``).
+refuses models dispatched with a ``device_map`` and wraps optimizers and schedulers (handing them the Accelerator's
+``state`` and ``gradient_state``), registering each prepared object with the ``Accelerator`` (which provides those,
+``_strategy``, ``scaler``, the ``_models``, ``_optimizers``, ``_schedulers`` and ``_dataloaders`` lists,
+``split_batches``, ``step_scheduler_with_optimizer`` and ``verify_device_map``).
 """
 
 from __future__ import annotations
@@ -77,7 +77,11 @@ class PreparationHelpers:
 
     def _wrap_optimizer(self, optimizer, device_placement: bool, original=None) -> AcceleratedOptimizer:
         wrapped = AcceleratedOptimizer(
-            optimizer, device_placement=device_placement, scaler=self.scaler, strategy=self._strategy
+            optimizer,
+            device_placement=device_placement,
+            scaler=self.scaler,
+            strategy=self._strategy,
+            gradient_state=self.gradient_state,
         )
         wrapped._original = original if original is not None else optimizer
         self._optimizers.append(wrapped)
@@ -100,6 +104,8 @@ class PreparationHelpers:
             followed or self._optimizers,
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
+            state=self.state,
+            gradient_state=self.gradient_state,
         )
         self._schedulers.append(wrapped)
         return _mark_prepared(wrapped)

@@ -20,15 +20,27 @@ class AcceleratedScheduler:
         optimizers: the prepared optimizer(s) it follows.
         step_with_optimizer: tie steps to real optimizer steps.
         split_batches: the global batch does not grow with the number of processes.
+        state, gradient_state: hasten only: the Accelerator's ``AcceleratorState`` (the number of processes) and
+            :class:`~hasten.state.GradientState`, which it hands in; a scheduler wrapped by hand (None) reads the
+            process's, as in Accelerate.
     """
 
-    def __init__(self, scheduler, optimizers, step_with_optimizer: bool = True, split_batches: bool = False):
+    def __init__(
+        self,
+        scheduler,
+        optimizers,
+        step_with_optimizer: bool = True,
+        split_batches: bool = False,
+        *,
+        state: AcceleratorState | None = None,
+        gradient_state: GradientState | None = None,
+    ):
         self.scheduler = scheduler
         self.optimizers = optimizers if isinstance(optimizers, (list, tuple)) else [optimizers]
         self.split_batches = split_batches
         self.step_with_optimizer = step_with_optimizer
-        self.gradient_state = GradientState()
-        self._repeat = 1 if split_batches else AcceleratorState().num_processes
+        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
+        self._repeat = 1 if split_batches else (state if state is not None else AcceleratorState()).num_processes
 
     def step(self, *args, **kwargs) -> None:
         """Advance the schedule if the optimizer really stepped (see the class docstring)."""

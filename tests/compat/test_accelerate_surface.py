@@ -52,6 +52,9 @@ ALLOWED = [
             ("accelerate", "notebook_launcher"),
             ("accelerate.launchers", "notebook_launcher"),
             ("accelerate.optimizer", "AcceleratedOptimizer"),
+            ("accelerate.scheduler", "AcceleratedScheduler"),
+            ("accelerate.utils", "DeepSpeedSchedulerWrapper"),
+            ("accelerate.utils.deepspeed", "DeepSpeedSchedulerWrapper"),
             ("accelerate.tracking", "MLflowTracker"),
             ("accelerate", "Accelerator.save_state"),
             ("accelerate.accelerator", "Accelerator.save_state"),
@@ -66,8 +69,8 @@ ALLOWED = [
         "difference": "extra_params",
         "reason": (
             "hasten additions after Accelerate's parameters (start_method, strategy, tracking_uri, async_save, "
-            "convert_outputs_to_fp32); "
-            "every call written for Accelerate works unchanged"
+            "convert_outputs_to_fp32; the wrappers' keyword-only state and gradient_state, which the Accelerator "
+            "hands in instead of their looking the process's up); every call written for Accelerate works unchanged"
         ),
     },
     {

@@ -46,7 +46,7 @@ def _truncate(data, rows: int):
     return recursively_apply(lambda t: t[:rows], data)
 
 
-def gather_for_metrics(input_data, use_gather_object: bool = False):
+def gather_for_metrics(input_data, state: GradientState, use_gather_object: bool = False):
     """Gather ``input_data`` from all processes for metric computation, without the samples padded in.
 
     Where Accelerate gives a result, this is Accelerate's result: the gathered data, cut on the last batch of a
@@ -54,9 +54,9 @@ def gather_for_metrics(input_data, use_gather_object: bool = False):
     processes hold different numbers of rows (``even_batches=False``, where Accelerate's gather fails), the
     rows are gathered at their sizes: on the last batch as the loader laid them out, and after the loop, on
     the outputs collected during it (concatenated, or the list of batches), the dataset exactly, in order.
-    Non-tensor data (or ``use_gather_object=True``) goes through ``gather_object``.
+    Non-tensor data (or ``use_gather_object=True``) goes through ``gather_object``. ``state`` is the caller's
+    :class:`~hasten.state.GradientState`: which loader is being iterated, and after the loop which one ran last.
     """
-    state = GradientState()
     loader = state.active_dataloader
     as_objects = use_gather_object or not _tensors_or_empty(input_data)
     if not _distributed() or as_objects or (loader is not None and not loader.end_of_dataloader):

@@ -17,7 +17,7 @@ from ..enums import DistributedType
 from ..runtime.compilation import compile_model
 from ..runtime.precision import Precision
 from ..runtime.weights.offloaded import cpu_state_dict, has_offloaded_weights
-from ..state import warn_once
+from ..state import GradientState, warn_once
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,9 +52,14 @@ class Strategy(ABC):
     Args:
         state: the process's ``AcceleratorState``.
         precision: the mixed precision policy.
+
+    :attr:`gradient_state` is the Accelerator's :class:`~hasten.state.GradientState` (whether this step syncs, the
+    dataloader being iterated), which :meth:`StrategyPlan.build <hasten.strategies.plan.StrategyPlan.build>` hands to
+    every strategy it builds, whatever its engine's :meth:`build` does; a strategy never looks it up.
     """
 
     distributed_type: ClassVar[DistributedType]
+    gradient_state: GradientState
 
     def __init__(self, state, precision: Precision):
         self.state = state
@@ -186,7 +191,7 @@ class Strategy(ABC):
         """Gather evaluation outputs from the data-parallel ranks, without the samples padded in at the end."""
         from ..data_loader import gather_for_metrics
 
-        return gather_for_metrics(input_data, use_gather_object=use_gather_object)
+        return gather_for_metrics(input_data, self.gradient_state, use_gather_object=use_gather_object)
 
     @property
     def replicates_model(self) -> bool:

@@ -39,9 +39,11 @@ class StrategyPlan:
     strategy_class: type
     settings: EngineSettings
 
-    def build(self, state, precision, *, ddp_kwargs=None) -> Strategy:
-        """The strategy, for ``state`` and ``precision`` built from :attr:`settings`."""
-        return self.strategy_class.build(state, precision, self.settings, ddp_kwargs=ddp_kwargs)
+    def build(self, state, gradient_state, precision, *, ddp_kwargs=None) -> Strategy:
+        """The strategy, for ``state`` and ``precision`` built from :attr:`settings`, holding ``gradient_state``."""
+        strategy = self.strategy_class.build(state, precision, self.settings, ddp_kwargs=ddp_kwargs)
+        strategy.gradient_state = gradient_state
+        return strategy
 
     def arguments(self) -> dict[str, Any]:
         """The chosen engine's arguments as settled (its plugin included), by ``Accelerator`` keyword."""

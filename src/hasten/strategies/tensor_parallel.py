@@ -132,20 +132,20 @@ def apply_tensor_parallel(model: torch.nn.Module, tp_mesh) -> int:
     return len(split)
 
 
-def gather_for_metrics_over_dp(data, tp_size: int, use_gather_object: bool = False):
+def gather_for_metrics_over_dp(data, tp_size: int, gradient_state, use_gather_object: bool = False):
     """``gather_for_metrics`` when tensor-parallel peers hold the same samples: one copy from each data-parallel rank.
 
     Ranks are laid out with ``tp`` innermost, so every ``tp_size``-th rank's data, in rank order, is the
-    data-parallel gather; the samples padded into the loader's last round are dropped as usual.
+    data-parallel gather; the samples padded into the last round of the loader ``gradient_state`` (the strategy's
+    :class:`~hasten.state.GradientState`) says is being iterated are dropped as usual.
     """
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
 
     from ..data_loader.metrics import _is_tensor_structure
     from ..runtime.operations import gather_object
     from ..runtime.tree import concatenate, recursively_apply
-    from ..state import GradientState
 
-    loader = GradientState().active_dataloader
+    loader = gradient_state.active_dataloader
     final = loader.final_round if loader is not None and loader.end_of_dataloader else None
     if _is_tensor_structure(data):
         # outputs of tensor-parallel layers may still wait on their collective: pickling would read them early

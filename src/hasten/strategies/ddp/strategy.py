@@ -88,7 +88,9 @@ class DDPStrategy(Strategy):
             return super().gather_for_metrics(input_data, use_gather_object)
         from ..tensor_parallel import gather_for_metrics_over_dp
 
-        return gather_for_metrics_over_dp(input_data, self.parallelism_config.sp_size, use_gather_object)
+        return gather_for_metrics_over_dp(
+            input_data, self.parallelism_config.sp_size, self.gradient_state, use_gather_object
+        )
 
     def setup_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False

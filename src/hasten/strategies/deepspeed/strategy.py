@@ -25,7 +25,7 @@ from ...logging import get_logger
 from ...runtime.compilation import compile_regions_deepspeed, compile_settings
 from ...runtime.operations import barrier
 from ...scheduler import AcceleratedScheduler
-from ...state import GradientState, warn_once
+from ...state import warn_once
 from ..base import EngineSettings, Strategy, _suffix
 from . import config as dsc
 from . import zero3
@@ -48,10 +48,12 @@ class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
     Args:
         scheduler: the scheduler the engine steps.
         optimizers: the optimizer(s) it follows.
+        state, gradient_state: hasten only: the Accelerator's, as :class:`~hasten.scheduler.AcceleratedScheduler`
+            takes them.
     """
 
-    def __init__(self, scheduler, optimizers):
-        super().__init__(scheduler, optimizers)
+    def __init__(self, scheduler, optimizers, *, state=None, gradient_state=None):
+        super().__init__(scheduler, optimizers, state=state, gradient_state=gradient_state)
 
     def step(self):
         """No-op: ``accelerator.backward`` runs the engine's step, which steps this scheduler."""
@@ -184,7 +186,13 @@ class DeepSpeedStrategy(Strategy):
         _install_safe_loader(engine, self)
         prepared_optimizers = [engine_optimizer] if optimizer is not None else []
         prepared_schedulers = (
-            [DeepSpeedSchedulerWrapper(engine_scheduler, prepared_optimizers)] if scheduler is not None else []
+            [
+                DeepSpeedSchedulerWrapper(
+                    engine_scheduler, prepared_optimizers, state=self.state, gradient_state=self.gradient_state
+                )
+            ]
+            if scheduler is not None
+            else []
         )
         return [engine], prepared_optimizers, prepared_schedulers
 
@@ -304,7 +312,9 @@ class DeepSpeedStrategy(Strategy):
             return super().gather_for_metrics(input_data, use_gather_object)
         from ..tensor_parallel import gather_for_metrics_over_dp
 
-        return gather_for_metrics_over_dp(input_data, self.parallelism_config.sp_size, use_gather_object)
+        return gather_for_metrics_over_dp(
+            input_data, self.parallelism_config.sp_size, self.gradient_state, use_gather_object
+        )
 
     def setup_model(
         self, model: torch.nn.Module, device_placement: bool = True, evaluation_mode: bool = False
@@ -330,7 +340,7 @@ class DeepSpeedStrategy(Strategy):
     def backward(self, loss: torch.Tensor, accumulation_steps: int = 1, **kwargs) -> None:
         """The engine's backward (it divides by its accumulation steps); at a sync step, also the engine's step."""
         engine = self._require_engine()
-        sync = GradientState().sync_gradients
+        sync = self.gradient_state.sync_gradients
         if engine.managed_gradient_accumulation():
             engine.set_gradient_accumulation_boundary(sync)
         engine.backward(loss, **kwargs)

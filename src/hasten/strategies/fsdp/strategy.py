@@ -131,7 +131,7 @@ class FSDPStrategy(Strategy):
         from ..tensor_parallel import gather_for_metrics_over_dp
 
         copies = self.parallelism_config.non_data_parallel_size
-        return gather_for_metrics_over_dp(input_data, copies, use_gather_object)
+        return gather_for_metrics_over_dp(input_data, copies, self.gradient_state, use_gather_object)
 
     def sequence_parallel_loader(self, loader, model: torch.nn.Module | None = None):
         """With sequence parallelism (``sp``), ``loader`` splitting each batch's sequences over the ``sp`` ranks
