@@ -24,8 +24,9 @@ import torch
 from . import environment
 from .checkpointing.facade import CheckpointingMethods
 from .compat.accelerator_members import AcceleratorCompatibility, refuse_unsupported_plugins
-from .data_loader import DataLoaderStateMixin, prepare_data_loader, skip_first_batches
+from .data_loader import DataLoaderStateMixin, skip_first_batches
 from .data_loader.facade import DataLoaderSettings
+from .data_loader.prepare import Sharing, prepare_loader_for
 from .enums import DistributedType, RNGType
 from .errors import ConfigError
 from .optimizer import AcceleratedOptimizer
@@ -349,11 +350,10 @@ class Accelerator(
             return data_loader
         config = self.dataloader_config
         dp_size, dp_rank = self._strategy.data_parallel_world
-        prepared = prepare_data_loader(
+        prepared = prepare_loader_for(
+            Sharing(dp_size, dp_rank, self.state, self.gradient_state),
             data_loader,
             self.device,
-            num_processes=dp_size,
-            process_index=dp_rank,
             split_batches=config.split_batches,
             put_on_device=self.device_placement if device_placement is None else device_placement,
             rng_types=list(self.rng_types),

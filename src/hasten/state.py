@@ -247,6 +247,32 @@ class PartialState(ProcessControl):
         cls._shared_state.clear()
 
 
+class ProcessStateOnDemand:
+    """The process's :class:`PartialState`, looked up at each attribute read (never created before one).
+
+    What hasten's objects hold instead of a state handed in when a user builds them without an ``Accelerator``
+    (``DataLoaderShard(...)``, ``prepare_data_loader`` alone, the public RNG helpers): they ask which process they are
+    on only when they need to, as Accelerate's do, so building one creates no state. Use :data:`PROCESS_STATE`.
+    """
+
+    __slots__ = ()
+
+    def __getattr__(self, name: str):
+        if name.startswith("__"):  # copy and pickle probe for hooks: they must not create a state
+            raise AttributeError(name)
+        return getattr(PartialState(), name)
+
+    def __repr__(self) -> str:
+        return "<the process's PartialState, looked up when read>"
+
+    def __reduce__(self) -> str:
+        return "PROCESS_STATE"  # unpickled as the one instance
+
+
+PROCESS_STATE = ProcessStateOnDemand()
+"""The one :class:`ProcessStateOnDemand`."""
+
+
 class AcceleratorState(ProcessControl):
     """How this process trains: everything in :class:`PartialState` plus precision and strategy settings.
 

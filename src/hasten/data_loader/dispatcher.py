@@ -15,7 +15,6 @@ from torch.utils.data import DataLoader
 from ..runtime import preemption
 from ..runtime.operations import broadcast, broadcast_object_list
 from ..runtime.tree import send_to_device
-from ..state import PartialState
 from .epoch_rng import draw_iterator_seed
 from .loaders import DataLoaderStateMixin
 from .position import rows_in, skip_samples
@@ -36,6 +35,9 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         device: where batches are placed.
         slice_fn: ``slice_fn(batch, rows, process_index, num_processes)`` returning this process's part of
             a global batch (``rows`` is a ``slice``); by default every tensor and list is cut on its first dimension.
+
+    The private arguments are what :func:`prepare_data_loader` settled; ``_state`` and ``_gradient_state`` are the
+    preparing Accelerator's (None: the process's), whose processes share the batches.
     """
 
     def __init__(
@@ -48,16 +50,17 @@ class DataLoaderDispatcher(DataLoaderStateMixin, DataLoader):
         slice_fn=None,
         _batch_size: int = 1,
         _drop_last: bool = False,
+        _state=None,
+        _gradient_state=None,
         **kwargs,
     ):
         super().__init__(dataset, **kwargs)
-        self._init_state()
+        self._init_state(_state, _gradient_state)
         self._batch_size, self._drop_last = _batch_size, _drop_last
-        state = PartialState()
-        self._world, self._rank = state.num_processes, state.process_index
+        self._world, self._rank = self._process.num_processes, self._process.process_index
         self.split_batches = split_batches
         self.even_batches = even_batches
-        self.device = torch.device(device) if device is not None else state.device
+        self.device = torch.device(device) if device is not None else self._process.device
         self._non_blocking = _non_blocking
         self._final: FinalRound | None = None
         self._slice_fn = slice_fn

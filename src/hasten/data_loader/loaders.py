@@ -21,9 +21,9 @@ from torch.utils.data import BatchSampler, DataLoader
 
 from ..errors import ConfigError
 from ..runtime import preemption
-from ..runtime.rng import synchronize_rng_state, synchronize_rng_states
+from ..runtime.rng import broadcast_rng_state, broadcast_rng_states
 from ..runtime.tree import send_to_device
-from ..state import GradientState, PartialState, warn_once
+from ..state import PROCESS_STATE, GradientState, warn_once
 from .epoch_rng import EpochStart
 from .position import rows_in, skip_samples
 from .sharding import (
@@ -87,8 +87,11 @@ class DataLoaderStateMixin:
     base_dataloader = _ItselfOnInstances()
     use_stateful_dataloader = False  # Accelerate's attribute; prepare_data_loader records the value it was given
 
-    def _init_state(self) -> None:
-        self.gradient_state = GradientState()
+    def _init_state(self, process, gradient_state) -> None:
+        """Start at epoch 0, for ``process`` (the process state: the device, the main process) and ``gradient_state``:
+        the Accelerator hands in its own; a loader built without them (None) uses the process's, as Accelerate's do."""
+        self._process = process if process is not None else PROCESS_STATE
+        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self.end_of_dataloader = False
         self.iteration = 0
         self.remainder = -1
@@ -252,7 +255,8 @@ class DataLoaderStateMixin:
         left (the iteration ends without drawing anything); resets the iteration's counters."""
         resume, self._resume = self._resume, None
         restarted, self._restarted = self._restarted, None
-        if resume is None and restarted is not None and restarted[0] == self.iteration:
+        restarts = resume is None and restarted is not None and restarted[0] == self.iteration
+        if restarts and self._process.is_main_process:
             _warn_restart(*restarted)
         self._yielded, self._active = 0, True
         if resume is None:
@@ -287,9 +291,7 @@ class DataLoaderStateMixin:
 
 
 def _warn_restart(epoch: int, batches: int) -> None:
-    """On the main process: a loader restarts the epoch a checkpoint recorded mid-way, at its first batch."""
-    if not PartialState().is_main_process:
-        return
+    """Warn (on the main process) that a loader restarts the epoch a checkpoint recorded mid-way, at its first batch."""
     frame, level = sys._getframe(1), 2
     while frame is not None and frame.f_globals.get("__name__", "").startswith("hasten."):
         frame, level = frame.f_back, level + 1  # up to the loop iterating the loader
@@ -348,6 +350,9 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
             given rank 0's state at the start of each epoch.
         skip_batches: batches of the first iteration to skip.
         non_blocking: asynchronous host-to-device copies.
+
+    The private arguments are what :func:`prepare_data_loader` settled; ``_state`` and ``_gradient_state`` are the
+    preparing Accelerator's (None: the process's).
     """
 
     def __init__(
@@ -362,13 +367,15 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         _drop_last: bool = False,
         _local_batch_size: int | None = None,
         _num_processes: int = 1,
+        _state=None,
+        _gradient_state=None,
         **kwargs,
     ):
         self._local_batch_size = _local_batch_size
         self._num_processes = _num_processes
         super().__init__(dataset, **kwargs)
         self._drop_last = _drop_last
-        self._init_state()
+        self._init_state(_state, _gradient_state)
         self.device = torch.device(device) if device is not None else None
         self._place = self.device is not None and self.device.type != "cpu"
         self.rng_types = list(rng_types or [])
@@ -447,9 +454,9 @@ class DataLoaderShard(DataLoaderStateMixin, DataLoader):
         (so that the ranks shuffle alike even when ``rng_types`` leaves it out)."""
         others = [t for t in self.rng_types if str(t) != "generator"]
         if others:
-            synchronize_rng_states(others)
+            broadcast_rng_states(self._process, others)
         if self.synchronized_generator is not None:
-            synchronize_rng_state("generator", generator=self.synchronized_generator)
+            broadcast_rng_state(self._process, "generator", generator=self.synchronized_generator)
 
     def _start(self) -> Iterator:
         """Start an epoch: synchronise, set the epoch, then create the iterator, skip to a resumed position and fetch

@@ -21,13 +21,16 @@ resumed epoch replays its order without drawing again (``data_loader/epoch_rng.p
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 from torch.utils.data.distributed import DistributedSampler
 
 from ..errors import ConfigError
 from ..runtime.operations import broadcast_object_list
-from ..state import PartialState, warn_once
+from ..state import PROCESS_STATE, GradientState, warn_once
 from .dispatcher import DataLoaderDispatcher
 from .loaders import DataLoaderShard, _loader_kwargs
 from .sharding import (
@@ -78,12 +81,14 @@ def _generator_to_share(sampler) -> torch.Generator | None:
     return sampler.generator
 
 
-def _dispatches(dispatch_batches: bool | None, put_on_device: bool, iterable: bool) -> bool:
-    """Whether rank 0 reads the batches and dispatches them: ``dispatch_batches``, else (None) True for an
-    ``IterableDataset`` placed on the device, as in Accelerate. Dispatching places batches, so it needs
-    ``put_on_device``."""
+def _dispatches(dataloader: DataLoader, dispatch_batches: bool | None, put_on_device: bool) -> bool:
+    """Whether rank 0 reads the batches of ``dataloader`` (checked to be a ``DataLoader``) and dispatches them:
+    ``dispatch_batches``, else (None) True for an ``IterableDataset`` placed on the device, as in Accelerate.
+    Dispatching places batches, so it needs ``put_on_device``."""
+    if not isinstance(dataloader, DataLoader):
+        raise TypeError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}.")
     if dispatch_batches is None:
-        dispatch_batches = bool(put_on_device) and iterable
+        dispatch_batches = bool(put_on_device) and isinstance(dataloader.dataset, IterableDataset)
     if dispatch_batches and not put_on_device:
         raise ConfigError(
             "dispatch_batches=True places the dispatched batches on the device, so it needs put_on_device=True "
@@ -92,12 +97,31 @@ def _dispatches(dispatch_batches: bool | None, put_on_device: bool, iterable: bo
     return dispatch_batches
 
 
-def _world_and_rank(num_processes: int | None, process_index: int | None) -> tuple[int, int]:
-    """The number of processes and this process's index: the arguments, else the process state's."""
-    state = PartialState()
-    world = num_processes if num_processes is not None else state.num_processes
-    rank = process_index if process_index is not None else state.process_index
-    return world, rank
+@dataclasses.dataclass(frozen=True)
+class Sharing:
+    """Whom a prepared loader serves: the processes its batches are shared between and this one's index among them
+    (the data-parallel ranks), the process state it asks for its device and main process (a ``PartialState`` or
+    ``AcceleratorState``), and the :class:`~hasten.state.GradientState` its iterations register with.
+
+    ``Accelerator.prepare_data_loader`` hands in its own; :func:`prepare_data_loader` alone uses the process's.
+    """
+
+    num_processes: int
+    process_index: int
+    state: Any
+    gradient_state: GradientState
+
+    def loader_kwargs(self) -> dict[str, Any]:
+        """The private arguments a prepared loader takes the states by."""
+        return {"_state": self.state, "_gradient_state": self.gradient_state}
+
+
+def _the_process_sharing(num_processes: int | None, process_index: int | None) -> Sharing:
+    """The :class:`Sharing` of a loader prepared without an Accelerator: the given number of processes and index,
+    else the process state's (looked up only then), and the process's ``GradientState``."""
+    world = num_processes if num_processes is not None else PROCESS_STATE.num_processes
+    rank = process_index if process_index is not None else PROCESS_STATE.process_index
+    return Sharing(world, rank, PROCESS_STATE, GradientState())
 
 
 def prepare_data_loader(
@@ -138,15 +162,49 @@ def prepare_data_loader(
             Accelerate; every prepared loader records its position either way.
         torch_device_mesh: accepted for compatibility: hasten's loaders shard by data-parallel rank only.
     """
-    if not isinstance(dataloader, DataLoader):
-        raise TypeError(f"prepare_data_loader needs a torch.utils.data.DataLoader, got {type(dataloader).__name__}.")
+    dispatch_batches = _dispatches(dataloader, dispatch_batches, put_on_device)  # checked before any state is read
+    return prepare_loader_for(
+        _the_process_sharing(num_processes, process_index),
+        dataloader,
+        device,
+        split_batches=split_batches,
+        put_on_device=put_on_device,
+        rng_types=rng_types,
+        dispatch_batches=dispatch_batches,
+        even_batches=even_batches,
+        slice_fn_for_dispatch=slice_fn_for_dispatch,
+        use_seedable_sampler=use_seedable_sampler,
+        data_seed=data_seed,
+        non_blocking=non_blocking,
+        use_stateful_dataloader=use_stateful_dataloader,
+    )
+
+
+def prepare_loader_for(
+    sharing: Sharing,
+    dataloader: DataLoader,
+    device=None,
+    *,
+    split_batches: bool,
+    put_on_device: bool,
+    rng_types,
+    dispatch_batches: bool | None,
+    even_batches: bool,
+    slice_fn_for_dispatch,
+    use_seedable_sampler: bool,
+    data_seed: int | None,
+    non_blocking: bool,
+    use_stateful_dataloader: bool,
+) -> DataLoader:
+    """:func:`prepare_data_loader` for ``sharing`` (the Accelerator's data-parallel ranks and states), with the same
+    options."""
+    dispatch_batches = _dispatches(dataloader, dispatch_batches, put_on_device)
     iterable = isinstance(dataloader.dataset, IterableDataset)
-    dispatch_batches = _dispatches(dispatch_batches, put_on_device, iterable)
-    world, rank = _world_and_rank(num_processes, process_index)
+    world, rank = sharing.num_processes, sharing.process_index
     if split_batches:
         _check_split_batches(dataloader, world)
     device = device if put_on_device else None
-    kwargs = _loader_kwargs(dataloader)
+    kwargs = {**_loader_kwargs(dataloader), **sharing.loader_kwargs()}  # every loader built below takes both
     if world > 1 and _user_sharded(dataloader):
         return _recording(_keep_user_sharding(dataloader, world, device, non_blocking, kwargs), use_stateful_dataloader)
     sampler = get_sampler(dataloader)

@@ -48,6 +48,23 @@ def synchronize_rng_state(rng_type: str | RNGType | None = None, generator: torc
         rng_type: ``"torch"`` (global CPU generator), ``"cuda"``, ``"xpu"`` or ``"generator"``.
         generator: the generator to synchronise when ``rng_type`` is ``"generator"``.
     """
+    from ..state import PROCESS_STATE
+
+    broadcast_rng_state(PROCESS_STATE, rng_type, generator)
+
+
+def synchronize_rng_states(rng_types: list[str | RNGType], generator: torch.Generator | None = None) -> None:
+    """:func:`synchronize_rng_state` for each type in ``rng_types``."""
+    from ..state import PROCESS_STATE
+
+    broadcast_rng_states(PROCESS_STATE, rng_types, generator)
+
+
+def broadcast_rng_state(
+    process, rng_type: str | RNGType | None = None, generator: torch.Generator | None = None
+) -> None:
+    """:func:`synchronize_rng_state` for the process whose state is ``process`` (a ``PartialState`` or
+    ``AcceleratorState``: under NCCL the generator's state travels through its ``device``)."""
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
@@ -66,9 +83,7 @@ def synchronize_rng_state(rng_type: str | RNGType | None = None, generator: torc
         if module is None or not module.is_available():
             return
         state = module.get_rng_state()
-    from ..state import PartialState
-
-    device = PartialState().device if dist.get_backend() == "nccl" else torch.device("cpu")
+    device = process.device if dist.get_backend() == "nccl" else torch.device("cpu")
     synced = broadcast(state.to(device)).cpu()
     if rng_type == RNGType.TORCH:
         torch.set_rng_state(synced)
@@ -78,10 +93,10 @@ def synchronize_rng_state(rng_type: str | RNGType | None = None, generator: torc
         _device_module(rng_type.value).set_rng_state(synced)
 
 
-def synchronize_rng_states(rng_types: list[str | RNGType], generator: torch.Generator | None = None) -> None:
-    """:func:`synchronize_rng_state` for each type in ``rng_types``."""
+def broadcast_rng_states(process, rng_types: list[str | RNGType], generator: torch.Generator | None = None) -> None:
+    """:func:`broadcast_rng_state` for each type in ``rng_types``."""
     for rng_type in rng_types:
-        synchronize_rng_state(rng_type, generator=generator)
+        broadcast_rng_state(process, rng_type, generator=generator)
 
 
 def capture_rng_states() -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
