@@ -248,6 +248,12 @@ class Accelerator(
         """True when the FSDP strategy is in use."""
         return self.state.is_fsdp2
 
+    @property
+    def replicates_model(self) -> bool:
+        """hasten only: True when every process holds the whole prepared model (one device, DDP), False when the
+        engine shards it (FSDP, DeepSpeed); ``LocalSGD`` averages only a replicated model."""
+        return self._strategy.replicates_model
+
     def wait_for_everyone(self) -> None:
         """Barrier: block until every process reaches this point."""
         self.state.wait_for_everyone()

@@ -203,9 +203,9 @@ def check_port_free(host: str, port: int, fix: str) -> None:
 
 
 def _check_no_state() -> None:
-    from .state import AcceleratorState, PartialState
+    from .state import is_initialized, process_state_exists
 
-    if AcceleratorState._shared_state.get("initialized") or PartialState._shared_state.get("initialized"):
+    if is_initialized() or process_state_exists():
         raise ConfigError(
             "An Accelerator (or PartialState) already exists in this process, so the new processes would inherit it. "
             "Create the Accelerator inside the function you launch; in a notebook, restart the kernel and run "

@@ -36,7 +36,7 @@ class LocalSGD:
     def __init__(self, accelerator, model: torch.nn.Module, local_sgd_steps: int, enabled: bool = True):
         if not isinstance(local_sgd_steps, int) or local_sgd_steps < 1:
             raise ConfigError(f"LocalSGD(local_sgd_steps={local_sgd_steps!r}): give a positive integer.")
-        if enabled and not accelerator._strategy.replicates_model:
+        if enabled and not accelerator.replicates_model:
             kind = getattr(accelerator.distributed_type, "value", accelerator.distributed_type)
             raise NotSupportedError(
                 f"LocalSGD works with DDP (or one process); {kind} shards the model, so "

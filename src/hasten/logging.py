@@ -22,9 +22,9 @@ class MultiProcessAdapter(logging.LoggerAdapter):
 
     @staticmethod
     def _state():
-        from .state import PartialState
+        from .state import PartialState, process_state_exists
 
-        if not PartialState._shared_state.get("initialized"):
+        if not process_state_exists():
             raise DistributedSetupError(
                 "hasten's logger was used before the process state exists. Create the Accelerator (or "
                 "hasten.PartialState()) before logging, e.g. move `accelerator = Accelerator()` above the first log "

@@ -466,13 +466,18 @@ def is_initialized() -> bool:
     return bool(AcceleratorState._shared_state.get("initialized"))
 
 
+def process_state_exists() -> bool:
+    """True once a ``PartialState`` exists in this process (asking creates none, unlike ``PartialState()``)."""
+    return bool(PartialState._shared_state.get("initialized"))
+
+
 def reset_state(destroy_process_group: bool = False) -> None:
     """Forget all process-wide state, so that the next ``Accelerator()`` starts from scratch.
 
     Args:
         destroy_process_group: also destroy the process group hasten created.
     """
-    if destroy_process_group and PartialState._shared_state.get("initialized"):
+    if destroy_process_group and process_state_exists():
         PartialState().destroy_process_group()
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()

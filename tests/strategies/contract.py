@@ -108,7 +108,7 @@ class StrategyContract:
         strategy = accelerator._strategy
         answers = Answers(
             distributed_type=accelerator.distributed_type,
-            replicates_model=strategy.replicates_model,
+            replicates_model=accelerator.replicates_model,
             joins_uneven_inputs=strategy.joins_uneven_inputs,
             handles_optimizer_step=strategy.handles_optimizer_step,
             saves_full_state_dicts=strategy.saves_full_state_dicts,

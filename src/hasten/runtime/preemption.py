@@ -37,7 +37,6 @@ from pathlib import Path
 
 from .. import environment
 from ..errors import HastenError
-from ..state import GradientState
 
 PREEMPTED_EXIT_CODE = 75
 """Exit code of a worker and of ``hasten launch`` after a preemption signal when the checkpoint was saved
@@ -187,7 +186,7 @@ def _agree() -> None:
         )
     save_due = _steps == _target
     if save_due:
-        loader = GradientState().active_dataloader
+        loader = accelerator.gradient_state.active_dataloader
         _feeder = weakref.ref(loader) if loader is not None else None
 
 
