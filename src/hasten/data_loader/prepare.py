@@ -116,14 +116,6 @@ class Sharing:
         return {"_state": self.state, "_gradient_state": self.gradient_state}
 
 
-def _the_process_sharing(num_processes: int | None, process_index: int | None) -> Sharing:
-    """The :class:`Sharing` of a loader prepared without an Accelerator: the given number of processes and index,
-    else the process state's (looked up only then), and the process's ``GradientState``."""
-    world = num_processes if num_processes is not None else PROCESS_STATE.num_processes
-    rank = process_index if process_index is not None else PROCESS_STATE.process_index
-    return Sharing(world, rank, PROCESS_STATE, GradientState())
-
-
 def prepare_data_loader(
     dataloader: DataLoader,
     device=None,
@@ -163,8 +155,14 @@ def prepare_data_loader(
         torch_device_mesh: accepted for compatibility: hasten's loaders shard by data-parallel rank only.
     """
     dispatch_batches = _dispatches(dataloader, dispatch_batches, put_on_device)  # checked before any state is read
+    sharing = Sharing(  # no Accelerator hands its own in: the process's (its PartialState read only if needed)
+        num_processes if num_processes is not None else PROCESS_STATE.num_processes,
+        process_index if process_index is not None else PROCESS_STATE.process_index,
+        PROCESS_STATE,
+        GradientState(),
+    )
     return prepare_loader_for(
-        _the_process_sharing(num_processes, process_index),
+        sharing,
         dataloader,
         device,
         split_batches=split_batches,
