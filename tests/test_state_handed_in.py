@@ -6,17 +6,21 @@ it needs (the strategy, the optimizer and scheduler wrappers, the prepared loade
 ``_shared_state``) is left only where no Accelerator can hand anything in: Accelerate's public functions and the
 classes users build themselves, which fall back to the process's state. This test reads every module outside the
 state's own (``state.py``, ``gradient_state.py``) and fails on a lookup in a function not listed in ``BOUNDARIES``,
-each with its reason; docs/architecture.md ("State handed in") lists the same boundaries.
+each with its reason; docs/architecture.md ("State handed in") lists the same boundaries. The last two tests check the
+handing itself: the parts hold the Accelerator's own state objects, and a loader built by hand creates no state before
+it reads one.
 """
 
 from __future__ import annotations
 
 import ast
 import functools
+import pickle
 import re
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "hasten"
@@ -158,3 +162,38 @@ def test_the_scan_sees_what_it_looks_for():
         ("A.f", 7, "PROCESS_STATE"),
         ("A.f", 7, "_shared_state"),
     ]
+
+
+def test_what_the_accelerator_builds_is_what_its_parts_hold():
+    """One process: the strategy, the wrappers and the prepared loader hold the Accelerator's own state objects."""
+    from torch.utils.data import DataLoader
+
+    from hasten import Accelerator
+
+    accelerator = Accelerator()
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1)
+    _, optimizer, scheduler, loader = accelerator.prepare(
+        model, optimizer, scheduler, DataLoader(range(4), batch_size=2)
+    )
+    handed = accelerator.gradient_state
+    assert accelerator._strategy.gradient_state is handed
+    assert optimizer.gradient_state is handed and scheduler.gradient_state is handed and loader.gradient_state is handed
+    assert loader._process is accelerator.state
+
+
+def test_a_loader_built_by_hand_creates_no_state_until_it_needs_one():
+    """Without an Accelerator a loader holds the on-demand view: building it creates no PartialState (as in
+    Accelerate); reading it does."""
+    from hasten.data_loader import DataLoaderShard
+    from hasten.state import PROCESS_STATE, process_state_exists
+
+    loader = DataLoaderShard(range(4), batch_size=2)
+    assert loader._process is PROCESS_STATE
+    assert [batch.tolist() for batch in loader] == [[0, 1], [2, 3]]
+    with pytest.raises(AttributeError):
+        PROCESS_STATE.__deepcopy__  # noqa: B018 - copy's probe for a hook
+    assert pickle.loads(pickle.dumps(PROCESS_STATE)) is PROCESS_STATE
+    assert not process_state_exists()
+    assert PROCESS_STATE.num_processes == 1 and process_state_exists()

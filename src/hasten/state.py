@@ -248,7 +248,7 @@ class PartialState(ProcessControl):
 
 
 class ProcessStateOnDemand:
-    """The process's :class:`PartialState`, looked up at each attribute read (never created before one).
+    """The process's :class:`PartialState`, looked up at each attribute read (so created, if need be, only then).
 
     What hasten's objects hold instead of a state handed in when a user builds them without an ``Accelerator``
     (``DataLoaderShard(...)``, ``prepare_data_loader`` alone, the public RNG helpers): they ask which process they are
