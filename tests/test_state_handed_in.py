@@ -52,11 +52,6 @@ BOUNDARIES = {
     ("compat/modeling.py", "get_mixed_precision_context_manager"): "public (accelerate.utils): the state's precision",
     ("compat/operations.py", "copy_tensor_to_devices"): "public (accelerate.utils): the process's device",
     ("test_utils/testing.py", "are_the_same_tensors"): "public test helper (accelerate.test_utils)",
-    # Not handed in yet: the checkpointing package is being reworked (issue 34, save_state and load_state as
-    # one-way pipelines); the Accelerator's save_state/load_state should hand it the state.
-    ("checkpointing/accelerator_state.py", "save_state"): "not handed in yet (checkpointing is being reworked)",
-    ("checkpointing/accelerator_state.py", "_write_and_publish"): "not handed in yet (checkpointing is being reworked)",
-    ("checkpointing/accelerator_state.py", "load_state"): "not handed in yet (checkpointing is being reworked)",
     ("checkpointing/custom.py", "save_custom_state"): "public (accelerate.checkpointing.save_custom_state)",
 }
 

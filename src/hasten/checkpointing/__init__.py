@@ -4,8 +4,9 @@
 manifest written last, safetensors + JSON, no pickle) is described in docs/checkpointing.md.
 """
 
-from .accelerator_state import CheckpointContents, check_checkpointable, load_state, save_state
+from .accelerator_state import load_state, save_state
 from .background import end_background_saves, wait_for_pending_save
+from .contents import CheckpointContents, check_checkpointable
 from .custom import load_custom_state, save_custom_state
 from .files import MANIFEST, CheckpointReader, CheckpointWriter, read_manifest
 from .naming import checkpoint_path, complete_checkpoints, latest_checkpoint, rotate

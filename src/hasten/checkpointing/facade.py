@@ -1,7 +1,8 @@
 """The ``Accelerator``'s checkpoint methods, mixed into the facade: what to save, and the calls into this package.
 
 They read the facade's prepared objects (``_models``, ``_optimizers``, ...), its strategy and its project
-configuration; the work is done by :func:`save_state`/:func:`load_state` of this package.
+configuration, and hand them, with the facade's ``state``, to :func:`save_state`/:func:`load_state` of this package,
+which do the work and look no process-wide state up.
 """
 
 from __future__ import annotations
@@ -71,7 +72,12 @@ class CheckpointingMethods:
         _warn_ignored("save_state", save_model_func_kwargs=save_model_func_kwargs)
         return str(
             save_state(
-                self._checkpoint_contents(), self.project_configuration, output_dir, safe_serialization, async_save
+                self._checkpoint_contents(),
+                self.project_configuration,
+                self.state,
+                output_dir,
+                safe_serialization,
+                async_save,
             )
         )
 
@@ -91,7 +97,7 @@ class CheckpointingMethods:
         from . import load_state
 
         _warn_ignored("load_state", load_kwargs=load_kwargs or {}, load_model_func_kwargs=load_model_func_kwargs)
-        path, self.step = load_state(self._checkpoint_contents(), self.project_configuration, input_dir)
+        path, self.step = load_state(self._checkpoint_contents(), self.project_configuration, self.state, input_dir)
         return str(path)
 
     def register_for_checkpointing(self, *objects) -> None:

@@ -306,6 +306,60 @@ def announce_failed(target, step: int, ranks, message: str) -> None:
         store.set(f"{key}/published", _FAILED + message.encode("utf-8"))
 
 
+def failure_line(error: BaseException, final, where: str = "the main process") -> str:
+    """The message every process raises for a save that failed on one of them."""
+    if isinstance(error, CheckpointError):
+        return str(error)
+    return (
+        f"Could not save the checkpoint {final}: {where} failed ({type(error).__name__}: {error}). Earlier "
+        "checkpoints are untouched."
+    )
+
+
+class Gathering:
+    """On the publishing process of a replicated save: the other processes whose random states go into its folder
+    (``peers``; none under a sharded engine or in a folder of one process's own), met through the store.
+
+    Made before the writer begins (it records the save in progress, :func:`open_record`); then :meth:`begun` once
+    the temporary folder exists, :meth:`collect` once this process's files are written, and :meth:`published` or
+    :meth:`failed` at the end.
+    """
+
+    def __init__(self, target, step: int, rank: int, peers):
+        self.target, self.step, self.rank, self.peers = target, step, rank, list(peers)
+        self.sequence = open_record(target, step, rank) if self.peers else None
+        self.joined: list[int] = []
+        self.late: list[int] = []
+
+    def begun(self) -> None:
+        """The temporary folder exists: the peers' save hooks may write into it."""
+        if self.peers:
+            announce_begun(self.target, self.step)
+
+    def collect(self, deadline: float) -> dict[int, Any]:
+        """The random states the peers handed over (see :func:`collect`), by rank."""
+        if not self.peers:
+            return {}
+        states, self.late = collect(self.target, self.step, self.peers, deadline, (self.rank, self.sequence))
+        self.joined = sorted(states)
+        return states
+
+    def close(self) -> None:
+        """This process failed before it collected: its record takes no more states."""
+        if self.peers:
+            close_record(self.target, self.step, self.rank, self.sequence, [])
+
+    def failed(self, error: BaseException) -> None:
+        """The save failed: every peer raises one line saying so instead of waiting."""
+        if self.peers:
+            announce_failed(self.target, self.step, self.peers, failure_line(error, self.target))
+
+    def published(self) -> None:
+        """The checkpoint is published: the peers waiting for it go on (the late ones add their states)."""
+        if self.peers:
+            announce_published(self.target, self.step, self.joined, self.late, self.sequence)
+
+
 def check_attendance(target, rank: int, world: int, what: str) -> None:
     """Before a sharded save: wait (boundedly) until every process called ``save_state``; fail at once, on every
     process, when the processes name different folders.
