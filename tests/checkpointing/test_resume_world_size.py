@@ -101,21 +101,20 @@ def test_same_number_of_processes_keeps_the_missing_state_missing():
     assert random_state_for(reader, 1, 2) is None
 
 
-def test_deepspeed_checkpoints_of_another_number_of_processes_are_refused_first():
+def test_deepspeed_checkpoints_of_another_number_of_processes_are_partitioned_again_or_refused_first():
     names = [
         "deepspeed/state/mp_rank_00_model_states.pt",
         "deepspeed/state/zero_pp_rank_0_mp_rank_00_optim_states.pt",
         "deepspeed/state/zero_pp_rank_1_mp_rank_00_optim_states.pt",
     ]
-    check_world_size(names, Path("/ckpt"), 2)
-    check_world_size(["model.safetensors"], Path("/ckpt"), 4)
+    assert check_world_size(names, Path("/ckpt"), 2) is None
+    assert check_world_size(["model.safetensors"], Path("/ckpt"), 4) is None
+    assert check_world_size(names, Path("/ckpt"), 1) == 2  # ZeRO 1-3: partitioned again (strategies/deepspeed)
     with pytest.raises(
         CheckpointError,
-        match=r"partitioned over 2 processes; this run has 1, .* Resume on 2 processes; or merge the weights with "
-        r"`hasten merge-weights /ckpt MERGED_DIR`.* Nothing was loaded",
+        match=r"bf16 optimizer \(ZeRO stage 0\) partitioned over 2 processes; this run has 4, .* Resume on 2 "
+        r"processes; or merge the weights with `hasten merge-weights /ckpt MERGED_DIR`.* Nothing was loaded",
     ):
-        check_world_size(names, Path("/ckpt"), 1)
-    with pytest.raises(CheckpointError, match="partitioned over 2 processes; this run has 4"):
         check_world_size([n.replace("zero_pp", "bf16_zero_pp") for n in names], Path("/ckpt"), 4)
 
 

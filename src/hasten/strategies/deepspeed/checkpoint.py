@@ -116,11 +116,12 @@ def _files(folder: Path, pattern: str) -> list[Path]:
 _OPTIMIZER_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt")
 
 
-def check_world_size(file_names, directory, world_size: int) -> None:
-    """Refuse, before anything is loaded, a ZeRO checkpoint partitioned over another number of processes.
+def check_world_size(file_names, directory, world_size: int) -> int | None:
+    """How many processes partitioned a ZeRO checkpoint, when that is not ``world_size`` (None when it is).
 
-    DeepSpeed splits the optimizer state (and under ZeRO-3 the weights) into one file per data-parallel
-    process and cannot load them on another number: it raises only after it has loaded the weights.
+    hasten partitions the state of ZeRO stages 1-3 again on another number of processes
+    (:mod:`~hasten.strategies.deepspeed.resharding`); the optimizer files of ZeRO stage 0's bf16 optimizer
+    (``bf16_zero_pp_rank_*``) it cannot, and those are refused here, before anything is loaded.
 
     Args:
         file_names: the checkpoint's file names (relative paths; those of the engine's ``*_optim_states.pt``
@@ -128,16 +129,18 @@ def check_world_size(file_names, directory, world_size: int) -> None:
         directory: the checkpoint folder, for the message.
         world_size: the data-parallel processes of this run.
     """
-    saved = {int(m.group(1)) for name in file_names if (m := _OPTIMIZER_SHARD.fullmatch(Path(name).name))}
+    found = [m for name in file_names if (m := _OPTIMIZER_SHARD.fullmatch(Path(name).name))]
+    saved = {int(m.group(1)) for m in found}
     if not saved or len(saved) == world_size:
-        return
-    raise CheckpointError(
-        f"Checkpoint {directory} holds DeepSpeed ZeRO state partitioned over {len(saved)} processes; this run has "
-        f"{world_size}, and DeepSpeed cannot split its optimizer state (or, under ZeRO-3, its weights) again. "
-        f"Resume on {len(saved)} processes; or merge the weights with `hasten merge-weights {directory} MERGED_DIR` "
-        "and start this run from them (the optimizer state then starts afresh). Nothing was loaded. (DeepSpeed's "
-        "universal checkpoints, made by deepspeed.checkpoint.ds_to_universal, are not read by load_state.)"
-    )
+        return None
+    if any(m.group(0).startswith("bf16_") for m in found):
+        raise CheckpointError(
+            f"Checkpoint {directory} holds the state of DeepSpeed's bf16 optimizer (ZeRO stage 0) partitioned over "
+            f"{len(saved)} processes; this run has {world_size}, and hasten partitions again only ZeRO stage 1-3 "
+            f"state. Resume on {len(saved)} processes; or merge the weights with `hasten merge-weights {directory} "
+            "MERGED_DIR` and start this run from them (the optimizer state then starts afresh). Nothing was loaded."
+        )
+    return len(saved)
 
 
 # ------------------------------------------------------------------------------------ merging

@@ -31,6 +31,7 @@ from . import config as dsc
 from . import zero3
 from .checkpoint import check_world_size, deepspeed_classes, safe_torch_load
 from .dummies import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
+from .resharding import engine_checkpoint, resume_on_this_world
 from .ulysses import DeepSpeedSequenceParallel, check_deepspeed_layout
 
 _CHECKPOINT_FOLDER = "deepspeed"
@@ -455,29 +456,32 @@ class DeepSpeedStrategy(Strategy):
                 writer.save_tensors(f"model{_suffix(i)}.safetensors", super().get_state_dict(model))
 
     def load_checkpoint(self, reader, models: list, optimizers: list) -> None:
-        """Restore the engine (weights, optimizer, scheduler) and the other models."""
-        if any(model is self.engine for model in models):
-            # with DeepSpeed's sequence-parallel groups ZeRO partitions over the sequence-data-parallel ranks
-            partitions = self.engine.dp_world_size or getattr(self.engine, "seq_dp_world_size", None)
-            check_world_size(reader.files, reader.directory, partitions)
+        """Restore the engine (weights, optimizer, scheduler) and the other models; a ZeRO checkpoint of another
+        number of processes is partitioned again (:mod:`~hasten.strategies.deepspeed.resharding`)."""
+        index = next((i for i, model in enumerate(models) if model is self.engine), None)
+        found = None if index is None else engine_checkpoint(reader, index, _CHECKPOINT_FOLDER, _TAG)
+        # with DeepSpeed's sequence-parallel groups ZeRO partitions over the sequence-data-parallel ranks
+        partitions = self.engine.dp_world_size or getattr(self.engine, "seq_dp_world_size", None)
+        saved = check_world_size(found[2], found[0] / found[1], partitions) if found else None
         for i, model in enumerate(models):
             if model is not self.engine:
                 self.unwrap_model(model).load_state_dict(reader.load_tensors(f"model{_suffix(i)}.safetensors"))
                 continue
-            if not any(name.startswith(f"{_CHECKPOINT_FOLDER}/") for name in reader.files):
+            if found is None:
                 raise CheckpointError(
                     f"Checkpoint {reader.directory} holds no DeepSpeed engine state ({_CHECKPOINT_FOLDER}/): it was "
                     "not saved under DeepSpeed."
                 )
-            self._reader = reader
+            self._reader = reader if reader.manifest.get("format") != "accelerate" else None
             try:
-                path, _ = self.engine.load_checkpoint(str(reader.directory / _CHECKPOINT_FOLDER), tag=_TAG)
+                if saved:
+                    resume_on_this_world(self.engine, found[0] / found[1], self._load_file, self.state.is_main_process)
+                    continue
+                path, _ = self.engine.load_checkpoint(str(found[0]), tag=found[1])
             finally:
                 self._reader = None
             if path is None:
-                raise CheckpointError(
-                    f"DeepSpeed could not load its state from {reader.directory / _CHECKPOINT_FOLDER}."
-                )
+                raise CheckpointError(f"DeepSpeed could not load its state from {found[0] / found[1]}.")
 
     def _load_file(self, path: str, map_location=None):
         """Read one engine checkpoint file: checksum checked against the manifest, no code executed."""
