@@ -261,7 +261,10 @@ def test_full_disk_removes_the_partial_folder_and_says_what_is_needed(tmp_path):
         assert re.search(expected, message), message
         assert sorted(os.listdir(disk)) == ["small"]
         reset_state()
-        acc.load_state(disk / "small")
+        other = Accelerator()  # a new run resumes from the earlier checkpoint, untouched by the failed save
+        fresh = torch.nn.Linear(256, 256)
+        other.prepare(fresh, torch.optim.AdamW(fresh.parameters()))
+        other.load_state(disk / "small")
 
 
 @requires("tmpfs")
