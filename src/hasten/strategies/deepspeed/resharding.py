@@ -167,10 +167,11 @@ def read_zero_checkpoint(checkpoint_dir, load: Callable | None = None) -> ZeroFu
         state.weights[name] = torch.empty(shape, dtype=torch.float32)
     state.param_groups, keys = _param_groups(first, layout)
     for name in layout.shapes:
-        state.optimizer_state[name] = {key: torch.zeros(layout.shapes[name]) for key in keys}
-    del first
+        state.optimizer_state[name] = {key: torch.empty(layout.shapes[name]) for key in keys}  # every value is read
     for rank, path in enumerate(optimizer_files):
-        layout.gather(rank, path, _read(load, path)["optimizer_state_dict"], state)
+        saved = first if rank == 0 else _read(load, path)["optimizer_state_dict"]
+        layout.gather(rank, path, saved, state)
+        first = saved = None  # one process's file in memory at a time
     state.weights.update(_frozen(model, model_files, stage, world, load))
     return state
 
@@ -240,8 +241,13 @@ class _Layout:
             offset += numel + (self.paddings[index][position] if self.paddings else 0)
 
     def needed(self, index: int, rank: int) -> int:
-        """How many values process ``rank``'s slice of flat group ``index`` must hold."""
-        return max((local + count for _, local, _, count in self.segments(index, rank, 1 << 62)), default=0)
+        """How many values process ``rank``'s slice of flat group ``index`` must hold to cover its parameters."""
+        if self.stage >= 3:
+            return sum(math.ceil(math.prod(shape) / self.world) for shape in self.groups[index].values())
+        paddings = self.paddings[index] if self.paddings else [0] * len(self.groups[index])
+        total = sum(math.prod(shape) + pad for shape, pad in zip(self.groups[index].values(), paddings))
+        total -= paddings[-1] if paddings else 0
+        return max(0, min(self.partition[index], total - rank * self.partition[index]))
 
     def gather(self, rank: int, path: Path, saved: dict, state: ZeroFullState) -> None:
         """Copy process ``rank``'s slices (fp32 weights, split optimizer state) into ``state``'s full tensors."""
@@ -252,9 +258,9 @@ class _Layout:
             raise CheckpointError(f"{path} holds another layout than the other processes' files. Nothing was loaded.")
         for index, flat in enumerate(flats):
             tensors = {"": flat, **{key: value for key, value in entries[index].items() if self.is_split(value)}}
-            length = flat.numel()
+            length, needed = flat.numel(), self.needed(index, rank)
             for key, tensor in tensors.items():
-                if tensor.numel() < min(length, self.needed(index, rank)):
+                if tensor.numel() < needed:
                     raise CheckpointError(
                         f"{path}: its slice of group {index} ({key or 'fp32 weights'}) holds {tensor.numel()} values, "
                         f"fewer than its parameters need; the checkpoint is corrupt. Nothing was loaded."
@@ -264,6 +270,8 @@ class _Layout:
                     target.view(-1)[full : full + count] = tensor[local : local + count]
             if rank == 0:
                 for name in self.groups[index]:
+                    for key in state.optimizer_state[name].keys() - entries[index].keys():
+                        del state.optimizer_state[name][key]  # this group had no such state when it was saved
                     for key, value in entries[index].items():
                         if not self.is_split(value):
                             state.optimizer_state[name][key] = value
@@ -399,10 +407,13 @@ def _zero3_slices(optimizer, names: dict[int, str]) -> list:
 
 def _fill(target: torch.Tensor, segments: list, full: dict[str, torch.Tensor]) -> None:
     """Copy each segment of the full tensors into ``target``'s slice; the padding between them becomes zero."""
-    staged = torch.zeros(target.numel(), dtype=target.dtype)
-    for name, local, position, count in segments:
-        staged[local : local + count] = full[name].reshape(-1)[position : position + count]
-    target.data.copy_(staged.view_as(target))
+    flat = target.data.view(-1)
+    end = 0
+    for name, local, position, count in sorted(segments, key=lambda segment: segment[1]):
+        flat[end:local].zero_()
+        flat[local : local + count].copy_(full[name].reshape(-1)[position : position + count])
+        end = local + count
+    flat[end:].zero_()
 
 
 def _set_module_weights(engine, state: ZeroFullState, names: dict[int, str]) -> None:
