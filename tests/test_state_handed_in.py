@@ -192,3 +192,27 @@ def test_a_loader_built_by_hand_creates_no_state_until_it_needs_one():
     assert pickle.loads(pickle.dumps(PROCESS_STATE)) is PROCESS_STATE
     assert not process_state_exists()
     assert PROCESS_STATE.num_processes == 1 and process_state_exists()
+
+
+def test_save_state_and_load_state_read_the_state_handed_in(tmp_path, monkeypatch):
+    """One process: with every lookup of the process state made to fail, the Accelerator's save_state and load_state
+    still work (the checkpoint pipeline reads the state the Accelerator hands it)."""
+    from hasten import Accelerator
+    from hasten.state import PartialState, reset_state
+
+    reset_state()
+    accelerator = Accelerator()
+    model = torch.nn.Linear(2, 1)
+    model, optimizer = accelerator.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+
+    def looked_up(*args, **kwargs):
+        raise AssertionError("the checkpoint pipeline looked the process state up")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(PartialState, "__init__", looked_up)
+        saved = accelerator.save_state(tmp_path / "checkpoint")
+        with torch.no_grad():
+            model.weight.zero_()
+        accelerator.load_state(saved)
+    reset_state()
+    assert model.weight.abs().sum() > 0, "the weights saved came back"

@@ -50,7 +50,8 @@ def save_state(
     plan = plan_save(contents, project, process, output_dir, safe_serialization, async_save)
     writing = hand_over(plan) if plan.hands_over else plan
     if writing is not None:
-        publish(stage(writing))
+        staged = stage(writing)
+        publish(staged)
     if plan.automatic:
         project.iteration += 1
     return plan.returned

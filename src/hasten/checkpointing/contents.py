@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..errors import CheckpointError, ConfigError
+from ..errors import ConfigError
 from ..runtime.rng import capture_rng_states
 
 
@@ -114,18 +114,3 @@ def run_save_hooks(contents: CheckpointContents, folder: Path) -> list[dict] | N
     for hook in contents.save_hooks:
         hook(models, weights, str(folder))
     return weights
-
-
-def run_late_save_hooks(contents: CheckpointContents, final: Path, rank: int) -> None:
-    """The save hooks of a process that came after the writer closed its door, run on the target folder (the
-    checkpoint is published, or about to be, without them)."""
-    models = list(contents.models)
-    try:
-        for hook in contents.save_hooks:
-            hook(models, [contents.strategy.get_state_dict(model) for model in models], str(final))
-    except BaseException as error:
-        raise CheckpointError(
-            f"A save hook on process {rank} failed ({type(error).__name__}: {error}) for the checkpoint {final}, "
-            "which the main process wrote without waiting for this process: it holds everything but this "
-            "process's random number generator states."
-        ) from error

@@ -4,10 +4,12 @@ random states handed to the process that publishes the folder (see ``plan.py`` f
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from ..errors import CheckpointError
 from . import participants
 from .background import start_waiting
-from .contents import rng_states, run_late_save_hooks, run_save_hooks
+from .contents import CheckpointContents, rng_states, run_save_hooks
 from .manifest import read_manifest
 from .parts import add_random_states
 from .plan import SavePlan
@@ -40,7 +42,7 @@ def hand_over(plan: SavePlan) -> SavePlan | None:
     if wait_published == participants.ELSEWHERE:
         return plan.on_its_own()
     if contents.save_hooks and not arrived:
-        run_late_save_hooks(contents, final, rank)
+        _run_late_save_hooks(contents, final, rank)
 
     def finish() -> None:
         if not wait_published():
@@ -53,7 +55,7 @@ def hand_over(plan: SavePlan) -> SavePlan | None:
     return None
 
 
-def _add_late_states(final, rank: int, rng: dict) -> None:
+def _add_late_states(final: Path, rank: int, rng: dict) -> None:
     """Add this process's random states to the checkpoint the writer published without them."""
     try:
         add_random_states(final, read_manifest(final)["save_id"], rank, rng)
@@ -61,4 +63,19 @@ def _add_late_states(final, rank: int, rng: dict) -> None:
         raise CheckpointError(
             f"The checkpoint {final} was saved, but process {rank} could not add its random number generator states "
             f"to it ({error}): loading it restores every state but those."
+        ) from error
+
+
+def _run_late_save_hooks(contents: CheckpointContents, final: Path, rank: int) -> None:
+    """The save hooks of a process that came after the writer closed its door, run on the target folder (the
+    checkpoint is published, or about to be, without them)."""
+    models = list(contents.models)
+    try:
+        for hook in contents.save_hooks:
+            hook(models, [contents.strategy.get_state_dict(model) for model in models], str(final))
+    except BaseException as error:
+        raise CheckpointError(
+            f"A save hook on process {rank} failed ({type(error).__name__}: {error}) for the checkpoint {final}, "
+            "which the main process wrote without waiting for this process: it holds everything but this "
+            "process's random number generator states."
         ) from error
