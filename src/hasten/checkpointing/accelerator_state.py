@@ -15,6 +15,7 @@ process-wide state up.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .background import wait_for_pending_save
 from .contents import CheckpointContents
@@ -25,11 +26,14 @@ from .plan import plan_save
 from .publisher import publish
 from .stage import stage
 
+if TYPE_CHECKING:
+    from ..state import AcceleratorState
+
 
 def save_state(
     contents: CheckpointContents,
     project,
-    process,
+    process: AcceleratorState,
     output_dir=None,
     safe_serialization: bool = True,
     async_save: bool | None = None,
@@ -57,7 +61,7 @@ def save_state(
     return plan.returned
 
 
-def load_state(contents: CheckpointContents, project, process, input_dir=None) -> tuple[Path, int]:
+def load_state(contents: CheckpointContents, project, process: AcceleratorState, input_dir=None) -> tuple[Path, int]:
     """Restore the training state from ``input_dir`` (or the latest automatic checkpoint); returns (path, step).
 
     Every file is verified (size and checksum) and every saved object checked against its live

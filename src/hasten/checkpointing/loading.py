@@ -12,7 +12,7 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CheckpointError, ConfigError
 from ..runtime.operations import gather_object
@@ -24,8 +24,11 @@ from .naming import latest_checkpoint
 from .publishing import finish_interrupted
 from .world_change import random_state_for
 
+if TYPE_CHECKING:
+    from ..state import AcceleratorState
 
-@dataclass
+
+@dataclass(frozen=True)
 class Loading:
     """One ``load_state`` on its way: the folder and its reader; after :func:`verify`, the models left to load and
     the small states read."""
@@ -41,7 +44,7 @@ class Loading:
         return int(self.reader.manifest.get("step") or 0)
 
 
-def read(contents: CheckpointContents, project, process, input_dir) -> Loading:
+def read(contents: CheckpointContents, project, process: AcceleratorState, input_dir) -> Loading:
     """Open ``input_dir`` (or the latest automatic checkpoint) for this process (``process``: the state the
     ``Accelerator`` handed in); a save into a shared folder that was cut short completes first."""
     source = _source(project, input_dir)
@@ -49,7 +52,7 @@ def read(contents: CheckpointContents, project, process, input_dir) -> Loading:
     return Loading(source, open_checkpoint(source, process.process_index, list(contents.models)))
 
 
-def verify(loading: Loading, contents: CheckpointContents, process) -> Loading:
+def verify(loading: Loading, contents: CheckpointContents, process: AcceleratorState) -> Loading:
     """Check every file, run the load hooks, check the saved objects against the live ones and read the small states
     (schedulers, scaler, dataloader positions, custom objects, random states); changes nothing live."""
     reader = loading.reader
@@ -94,7 +97,7 @@ def _source(project, input_dir) -> Path:
     return latest
 
 
-def _verify_files(reader, process) -> None:
+def _verify_files(reader, process: AcceleratorState) -> None:
     """Check every file of the checkpoint; the processes of a machine share the work on the manifest's files and
     agree on the verdict (each checks all of its own folder when the processes load different folders, saved per
     process). The random states that processes added after the publish (``reader.parts``) are checked by each
@@ -126,7 +129,7 @@ def _check_counts(reader, contents: CheckpointContents, models: int) -> None:
             )
 
 
-def _read_small_states(reader, contents: CheckpointContents, process) -> dict[str, Any]:
+def _read_small_states(reader, contents: CheckpointContents, process: AcceleratorState) -> dict[str, Any]:
     """Read (not apply) schedulers, scaler, dataloader positions, custom objects and RNG states."""
     if contents.scaler is not None and not reader.exists("scaler.json"):
         raise CheckpointError(

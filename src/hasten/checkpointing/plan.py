@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, ConfigError
-from ..state import warn_once
+from ..state import AcceleratorState, warn_once
 from . import participants
 from .contents import CheckpointContents
 from .naming import checkpoint_path
@@ -60,7 +60,12 @@ class SavePlan:
 
 
 def plan_save(
-    contents: CheckpointContents, project, process, output_dir, safe_serialization: bool, async_save: bool | None
+    contents: CheckpointContents,
+    project,
+    process: AcceleratorState,
+    output_dir,
+    safe_serialization: bool,
+    async_save: bool | None,
 ) -> SavePlan:
     """The plan of this process's part in one save (``process``: the state the ``Accelerator`` handed in).
 
@@ -138,7 +143,7 @@ def _asynchronous(contents: CheckpointContents, project, async_save: bool | None
     return asynchronous
 
 
-def _folder_peers(process, on_each_node: bool, group: int) -> tuple[int, ...]:
+def _folder_peers(process: AcceleratorState, on_each_node: bool, group: int) -> tuple[int, ...]:
     """Replicated save, on the publishing process: the other processes whose random states belong in its folder."""
     per_node = max(process.launch.local_world_size, 1)
     return tuple(
