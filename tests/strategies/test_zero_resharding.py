@@ -58,7 +58,7 @@ def test_one_process_to_two(checkpoints):
 
 
 @requires("reference")
-def test_a_checkpoint_of_accelerate_on_two_processes_resumes_on_one(checkpoints):
+def test_a_checkpoint_of_accelerate_on_two_processes_resumes_on_one_and_two(checkpoints):
     launch = ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port())]
     command = [sys.executable, "-m", "torch.distributed.run", *launch, str(SCRIPT), str(checkpoints.root), STAGES]
     saved = subprocess.run(
@@ -68,6 +68,9 @@ def test_a_checkpoint_of_accelerate_on_two_processes_resumes_on_one(checkpoints)
     assert (checkpoints.root / "accelerate" / "zero2_w2" / "pytorch_model").is_dir()
     text = _launch(1, checkpoints.root, "accelerate:2")
     assert text.count(PARTITIONED) == 3, text[-4000:]
+    # and on the number of processes that saved it, through DeepSpeed's own load (hasten found no engine folder)
+    text = _launch(2, checkpoints.root, "accelerate:2")
+    assert PARTITIONED not in text, text[-4000:]
 
 
 @requires("all cases")

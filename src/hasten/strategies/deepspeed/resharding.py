@@ -21,6 +21,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
@@ -65,18 +66,43 @@ class ZeroFullState:
     scaler: dict = field(default_factory=dict)
 
 
-def engine_checkpoint(reader, index: int, folder: str, tag: str) -> tuple[Path, str, list[str]] | None:
-    """Where the engine state of prepared model ``index`` lies in a checkpoint: ``(folder, tag, file names)``.
+class EngineCheckpoint(NamedTuple):
+    """Where a checkpoint keeps an engine's state: ``folder / tag`` holds the files named in ``files``."""
+
+    folder: Path
+    tag: str
+    files: list[str]
+    accelerate: bool  # written by Accelerate: no manifest, the scheduler saved outside the engine
+
+    @property
+    def path(self) -> Path:
+        """The folder of the engine's ``*.pt`` files."""
+        return self.folder / self.tag
+
+
+def engine_checkpoint(reader, index: int, folder: str, tag: str) -> EngineCheckpoint:
+    """Where the engine state of prepared model ``index`` lies in a checkpoint.
 
     hasten writes it to ``<checkpoint>/<folder>/<tag>/``; Accelerate (``reader.manifest["format"] ==
-    "accelerate"``) to ``<checkpoint>/pytorch_model[_<index>]/``. None when the checkpoint holds none.
+    "accelerate"``) to ``<checkpoint>/pytorch_model[_<index>]/``.
+
+    Raises:
+        CheckpointError: the checkpoint holds none (it was not saved under DeepSpeed).
     """
     if reader.manifest.get("format") == "accelerate":
         tag = "pytorch_model" if index == 0 else f"pytorch_model_{index}"
-        files = sorted(p.name for p in (reader.directory / tag).glob("*.pt"))
-        return (reader.directory, tag, files) if files else None
-    files = [name for name in reader.files if name.startswith(f"{folder}/")]
-    return (reader.directory / folder, tag, files) if files else None
+        found = EngineCheckpoint(
+            reader.directory, tag, sorted(p.name for p in (reader.directory / tag).glob("*.pt")), True
+        )
+    else:
+        files = [name for name in reader.files if name.startswith(f"{folder}/")]
+        found = EngineCheckpoint(reader.directory / folder, tag, files, False)
+    if not found.files:
+        raise CheckpointError(
+            f"Checkpoint {reader.directory} holds no DeepSpeed engine state ({found.path.relative_to(reader.directory)}"
+            "/): it was not saved under DeepSpeed."
+        )
+    return found
 
 
 def resume_on_this_world(engine, folder: Path, load: Callable | None = None, announce: bool = True) -> ZeroFullState:

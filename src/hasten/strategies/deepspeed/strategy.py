@@ -458,30 +458,26 @@ class DeepSpeedStrategy(Strategy):
     def load_checkpoint(self, reader, models: list, optimizers: list) -> None:
         """Restore the engine (weights, optimizer, scheduler) and the other models; a ZeRO checkpoint of another
         number of processes is partitioned again (:mod:`~hasten.strategies.deepspeed.resharding`)."""
-        index = next((i for i, model in enumerate(models) if model is self.engine), None)
-        found = None if index is None else engine_checkpoint(reader, index, _CHECKPOINT_FOLDER, _TAG)
+        index = next((i for i, model in enumerate(models) if model is self.engine), -1)
+        found = engine_checkpoint(reader, index, _CHECKPOINT_FOLDER, _TAG) if index >= 0 else None
         # with DeepSpeed's sequence-parallel groups ZeRO partitions over the sequence-data-parallel ranks
         partitions = self.engine.dp_world_size or getattr(self.engine, "seq_dp_world_size", None)
-        saved = check_world_size(found[2], found[0] / found[1], partitions) if found else None
+        saved = check_world_size(found.files, found.path, partitions) if found else None
         for i, model in enumerate(models):
             if model is not self.engine:
                 self.unwrap_model(model).load_state_dict(reader.load_tensors(f"model{_suffix(i)}.safetensors"))
                 continue
-            if found is None:
-                raise CheckpointError(
-                    f"Checkpoint {reader.directory} holds no DeepSpeed engine state ({_CHECKPOINT_FOLDER}/): it was "
-                    "not saved under DeepSpeed."
-                )
-            self._reader = reader if reader.manifest.get("format") != "accelerate" else None
+            self._reader = None if found.accelerate else reader
             try:
                 if saved:
-                    resume_on_this_world(self.engine, found[0] / found[1], self._load_file, self.state.is_main_process)
+                    resume_on_this_world(self.engine, found.path, self._load_file, self.state.is_main_process)
                     continue
-                path, _ = self.engine.load_checkpoint(str(found[0]), tag=found[1])
+                inside = not found.accelerate  # Accelerate saves the scheduler apart (the reader restores it)
+                path, _ = self.engine.load_checkpoint(str(found.folder), found.tag, load_lr_scheduler_states=inside)
             finally:
                 self._reader = None
             if path is None:
-                raise CheckpointError(f"DeepSpeed could not load its state from {found[0] / found[1]}.")
+                raise CheckpointError(f"DeepSpeed could not load its state from {found.path}.")
 
     def _load_file(self, path: str, map_location=None):
         """Read one engine checkpoint file: checksum checked against the manifest, no code executed."""
