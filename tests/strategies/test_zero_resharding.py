@@ -115,10 +115,10 @@ def test_a_missing_or_damaged_shard_is_refused_naming_it(checkpoints, tmp_path, 
         read_zero_checkpoint(files)
 
 
-def _engine(model: torch.nn.Module, groups: int = 1):
+def _engine(model: torch.nn.Module, groups: int = 1, stage: int = 2):
     """What apply_zero_full_state looks at before it writes anything."""
     optimizer = SimpleNamespace(optimizer=SimpleNamespace(param_groups=[{} for _ in range(groups)]))
-    return SimpleNamespace(module=model, optimizer=optimizer, zero_optimization_stage=lambda: 2)
+    return SimpleNamespace(module=model, optimizer=optimizer, zero_optimization_stage=lambda: stage)
 
 
 def test_a_model_that_does_not_match_is_refused_naming_the_parameter(checkpoints):
@@ -138,3 +138,5 @@ def test_a_model_that_does_not_match_is_refused_naming_the_parameter(checkpoints
         apply_zero_full_state(_engine(model), state)
     with pytest.raises(CheckpointError, match="holds 1 parameter groups; the optimizer has 2"):
         apply_zero_full_state(_engine(TinyTransformer(), groups=2), state)
+    with pytest.raises(CheckpointError, match="saved under ZeRO stage 2; this run uses stage 3"):
+        apply_zero_full_state(_engine(TinyTransformer(), stage=3), state)

@@ -334,8 +334,8 @@ def apply_zero_full_state(engine, state: ZeroFullState) -> None:
         state: what :func:`read_zero_checkpoint` returned (or a state built the same way).
 
     Raises:
-        CheckpointError: the parameter names, shapes or groups differ from the engine's (naming the parameter), or
-            the engine keeps its optimizer state on NVMe; nothing was changed.
+        CheckpointError: another ZeRO stage, parameter names, shapes or groups that differ from the engine's (naming
+            the parameter), or an optimizer state kept on NVMe; nothing was changed.
     """
     optimizer = engine.optimizer
     names = {id(param): name for name, param in engine.module.named_parameters()}
@@ -375,6 +375,12 @@ def _check_matches(engine, state: ZeroFullState, names: dict[int, str]) -> None:
         raise CheckpointError(
             f"{where} cannot be partitioned again into an optimizer state kept on NVMe (offload_optimizer: nvme); "
             "resume on the number of processes that saved it, or offload to the CPU. Nothing was loaded."
+        )
+    if engine.zero_optimization_stage() != state.stage:
+        raise CheckpointError(
+            f"{where} was saved under ZeRO stage {state.stage}; this run uses stage "
+            f"{engine.zero_optimization_stage()}. Resume under stage {state.stage} (zero_stage in the DeepSpeed "
+            "config), or merge the weights with `hasten merge-weights` and start from them. Nothing was loaded."
         )
     live = dict(engine.module.named_parameters())
     for name in sorted(live.keys() - state.weights.keys()):
