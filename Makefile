@@ -24,6 +24,11 @@ DS_OPS_STAMP := $(VENV)/.deepspeed-ops
 EXT_DIR_STAMP := $(VENV)/.torch-extensions-dir
 COMPILED_STAMP := $(VENV)/.compiled
 TORCH_EXT_DIR := $(abspath $(VENV))/torch_extensions
+# The environment of the activated venv for what builds or loads torch extensions (DeepSpeed's ops): its bin/ first on
+# PATH, so that torch runs the venv's ninja, as in a user's activated shell. ninja 1.11 (Debian's) and 1.13 (the ninja
+# wheel DeepSpeed installs) record a build's command under different hashes, so each switch between the two rebuilt
+# every op: ~25 CPU-s per DeepSpeed launch on 2 cores, and the ops make had built were rebuilt in the user's shell.
+IN_VENV := PATH="$(abspath $(VENV))/bin:$$PATH" TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR)
 # What hasten's accelerate distribution is built from (its version comes from _version.py).
 ALIAS_SOURCES := alias/pyproject.toml alias/build_alias.py alias/entry_points.txt src/hasten/_version.py \
 	$(wildcard src/hasten/_accelerate_shim/*/*.py src/hasten/_accelerate_shim/*/METADATA)
@@ -91,7 +96,7 @@ $(EXT_DIR_STAMP): | $(PY)
 # run make while a job of the venv compiles an op); the time limit turns any other hang into a failed step.
 $(DS_OPS_STAMP): $(PKG_STAMP) $(EXT_DIR_STAMP)
 	@mkdir -p $(TORCH_EXT_DIR) && find $(TORCH_EXT_DIR) -name lock -delete
-	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) timeout 1800 $(PY) -c "from deepspeed.ops.op_builder import CPUAdamBuilder; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; CPUAdamBuilder().load(); ShareMemCommBuilder().load()"
+	$(IN_VENV) timeout 1800 $(PY) -c "from deepspeed.ops.op_builder import CPUAdamBuilder; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; CPUAdamBuilder().load(); ShareMemCommBuilder().load()"
 	@touch $@
 
 # Offline, the install fails with a warning and the tests that compare with Accelerate skip, saying why.
@@ -127,7 +132,7 @@ lint: $(PKG_STAMP)
 # PYTHONDONTWRITEBYTECODE is set: the thousand processes they start would each compile hasten again (0.1-0.2 s of CPU
 # each, measured).
 TEST_WORKERS ?= $(shell nproc)
-PYTEST := PYTHONDONTWRITEBYTECODE= TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) -m pytest -q
+PYTEST := PYTHONDONTWRITEBYTECODE= $(IN_VENV) $(PY) -m pytest -q
 # $(1): a marker expression ending in "and " (or nothing), $(2): more pytest options.
 define run_tests
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "$(1)not serial" --cpu-durations=25 $(2); parallel=$$?; \
@@ -145,7 +150,7 @@ test-all: setup reference
 	$(call run_tests,,--all-cases)
 
 bench: setup
-	TORCH_EXTENSIONS_DIR=$(TORCH_EXT_DIR) $(PY) bench/run_all.py
+	$(IN_VENV) $(PY) bench/run_all.py
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .reference

@@ -41,6 +41,9 @@ def pytest_configure(config):
     if "cuda" not in (config.option.markexpr or ""):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
     os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+    scripts = os.path.dirname(sys.executable)
+    others = [entry for entry in os.environ.get("PATH", "").split(os.pathsep) if entry and entry != scripts]
+    os.environ["PATH"] = os.pathsep.join([scripts, *others])
     helpers.ALL_CASES = config.getoption("--all-cases")
     if config.getoption("--cpu-durations") is not None:
         config.pluginmanager.register(_CpuTimes(config.getoption("--cpu-durations")), "hasten-cpu-durations")
