@@ -66,3 +66,19 @@ def test_the_venv_of_make_points_every_process_at_its_folder():
     env["TORCH_EXTENSIONS_DIR"] = "/elsewhere"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "/elsewhere"
+
+
+@requires("deepspeed")
+def test_an_op_built_by_another_ninja_is_named_as_compiled_again(script, tmp_path):
+    # What ninja says when its log holds another version's hash for the command: the output is out of date.
+    build = tmp_path / "extensions" / "deepspeed_shm_comm"
+    build.mkdir(parents=True)
+    (build / "deepspeed_shm_comm.so").write_bytes(b"")
+    (build / "build.ninja").write_text(
+        "rule link\n  command = touch $out\nbuild deepspeed_shm_comm.so: link shm.o\nbuild shm.o: link\n"
+    )
+    (note,) = _warnings("--zero_stage", "2", script)
+    assert note.startswith("DeepSpeed compiles its deepspeed_shm_comm op into ")
+    assert "finds the build of deepspeed_shm_comm there out of date: another ninja built it" in note, note
+    subprocess.run(["ninja", "-C", str(build)], check=True, capture_output=True)
+    assert _warnings("--zero_stage", "2", script) == []  # ninja agrees: nothing to say

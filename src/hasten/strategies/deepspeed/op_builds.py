@@ -4,11 +4,15 @@ DeepSpeed compiles an op the first time a process needs it (``deepspeed_shm_comm
 processes, ``cpu_adam`` for the Adam optimizer of an optimizer offloaded to the CPU or NVMe) into the torch extensions
 folder, and says nothing while it does: a minute or two per op on a 2-core machine. ``make`` builds both into the
 venv's folder, which every process of that venv uses; elsewhere, or after that folder was removed, ``hasten launch``
-says which ops the job compiles first, where, and about how long it takes.
+says which ops the job compiles first, where, and about how long it takes. An op already built there counts as built
+only when the ``ninja`` on ``PATH`` agrees: Debian's ninja and the wheel's record a build under different hashes,
+so an op built by one is compiled again by the other (an activated venv and one that is not).
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 from ... import environment
@@ -30,7 +34,20 @@ def ops_to_build(settings) -> list[str]:
     if _offloaded_optimizer(config.deepspeed_config) in ("cpu", "nvme"):
         needed.append("cpu_adam")
     folder = environment.torch_extensions_dir()
-    return [op for op in needed if not (folder / op / f"{op}.so").is_file()]
+    return [op for op in needed if not (folder / op / f"{op}.so").is_file() or _rebuilt(folder / op)]
+
+
+def _rebuilt(build: Path) -> bool:
+    """True when the ``ninja`` on ``PATH`` would compile the op built in ``build`` again (another ninja built it,
+    or its sources changed)."""
+    ninja = shutil.which("ninja")
+    if ninja is None or not (build / "build.ninja").is_file():
+        return False
+    try:
+        dry = subprocess.run([ninja, "-C", str(build), "-n"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return dry.returncode == 0 and "no work to do" not in dry.stdout
 
 
 def _offloaded_optimizer(section) -> str | None:
@@ -52,8 +69,17 @@ def build_note(settings) -> list[str]:
     ops = ops_to_build(settings)
     if not ops:
         return []
+    folder = environment.torch_extensions_dir()
+    again = [op for op in ops if (folder / op / f"{op}.so").is_file()]
     return [
-        f"DeepSpeed compiles its {' and '.join(ops)} op{'s' if len(ops) > 1 else ''} into "
-        f"{environment.torch_extensions_dir()} before the first step ({BUILD_TIME}); later runs reuse "
-        f"{'them' if len(ops) > 1 else 'it'}. `make` builds both ahead, into the venv's folder."
+        f"DeepSpeed compiles its {' and '.join(ops)} op{'s' if len(ops) > 1 else ''} into {folder} before the first "
+        f"step ({BUILD_TIME}); later runs reuse {'them' if len(ops) > 1 else 'it'}. `make` builds both ahead, into "
+        "the venv's folder."
+        + (
+            f" {shutil.which('ninja')} finds the build of {' and '.join(again)} there out of date: another ninja "
+            "built it (each switch between two compiles again: activate the venv, docs/deepspeed.md) or its sources "
+            "changed."
+            if again
+            else ""
+        )
     ]
