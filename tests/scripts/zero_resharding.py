@@ -14,6 +14,11 @@ Actions:
   checkpoint hasten saved on N processes and train ``NEXT`` steps; the losses, the fp32 weights and Adam's moments
   must match within ``RELATIVE``, and the module's weights must be the fp32 master weights right after the load.
 * ``accelerate:<N>`` (hasten): the same from the checkpoint the reference copy saved on N processes.
+* ``save-bf16`` and ``resume-bf16:<N>`` (hasten): the same model in bf16 mixed precision, saved to
+  ``ROOT/hasten/zero<stage>_bf16_w<processes>``; after the load on another number of processes the masters and
+  moments must be the saved ones, the module's bf16 weights the masters, and the next steps' losses finite.
+
+After every load the fp32 masters and Adam's moments are the saved ones bit for bit.
 
 Prints ``rank R: <action> zero<stage> passed`` per stage and action (and hasten's info line about the new
 partitioning); exits non-zero at the first failure.
@@ -37,6 +42,7 @@ from accelerate.utils import DeepSpeedPlugin
 SIDE = "hasten" if os.environ.get("HASTEN_DIFFERENTIAL_SIDE", "hasten") == "hasten" else "accelerate"
 VOCAB, WIDTH, LENGTH, GLOBAL, FIRST, NEXT = 32, 16, 8, 4, 3, 3
 RELATIVE = 1e-6
+SUFFIX = {"no": "", "bf16": "_bf16"}
 torch.manual_seed(0)
 TOKENS = torch.randint(0, VOCAB, (GLOBAL * (FIRST + NEXT), LENGTH + 1))
 
@@ -72,14 +78,14 @@ def world() -> tuple[int, int]:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
-def build(stage: int):
+def build(stage: int, precision: str = "no"):
     AcceleratorState._reset_state(True)
     GradientState._reset_state()
     plugin = DeepSpeedPlugin(zero_stage=stage, gradient_clipping=1e6)  # Accelerate would fill in 1.0
     if SIDE == "accelerate":  # it counts one process: give DeepSpeed the batch sizes of its processes itself
         plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = GLOBAL
         plugin.deepspeed_config["train_batch_size"] = GLOBAL * int(os.environ["WORLD_SIZE"])
-    accelerator = Accelerator(deepspeed_plugin=plugin)
+    accelerator = Accelerator(deepspeed_plugin=plugin, mixed_precision=precision)
     torch.manual_seed(1)
     raw = TinyTransformer()
     optimizer = torch.optim.AdamW(raw.parameters(), lr=1e-2, weight_decay=0.01)
@@ -115,11 +121,20 @@ def full_state(model) -> dict[str, torch.Tensor]:
     return state
 
 
-def check_module_is_master(model, stage: int) -> None:
+def check_loaded(model, stage: int, folder: Path) -> None:
+    """Right after the load: the fp32 masters and Adam's moments are the saved ones, bit for bit, and the module's
+    weights (bf16 or fp32) are the masters in the module's precision."""
+    from hasten.strategies.deepspeed.resharding import read_zero_checkpoint
+
+    saved = read_zero_checkpoint(folder)
+    state = full_state(model)
     for name, param in model.module.named_parameters():
-        master = safe_get_full_fp32_param(param)
+        assert torch.equal(state[name], saved.weights[name]), f"zero{stage}: master of {name} differs from the saved"
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(state[f"{name}:{key}"], saved.optimizer_state[name][key]), f"zero{stage}: {name} {key}"
         with deepspeed.zero.GatheredParameters([param], enabled=stage == 3):
-            assert torch.equal(param.data.cpu(), master.cpu()), f"zero{stage}: module weight {name} is not its master"
+            master = state[name].to(param.dtype)
+            assert torch.equal(param.data.cpu(), master), f"zero{stage}: module weight {name} is not its master"
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -147,13 +162,22 @@ def write_from_rank_zero_only() -> None:
     accelerate.checkpointing.save = _WritesNothing.save
 
 
-def save(root: Path, stage: int) -> None:
+def save(root: Path, stage: int, precision: str = "no") -> None:
     if SIDE == "accelerate" and int(os.environ["RANK"]) > 0:
         write_from_rank_zero_only()
-    accelerator, model, optimizer, scheduler = build(stage)
+    accelerator, model, optimizer, scheduler = build(stage, precision)
     train(accelerator, model, optimizer, scheduler, 0, FIRST)
-    accelerator.save_state(str(root / SIDE / f"zero{stage}_w{os.environ['WORLD_SIZE']}"))
+    accelerator.save_state(str(root / SIDE / f"zero{stage}{SUFFIX[precision]}_w{os.environ['WORLD_SIZE']}"))
     accelerator.wait_for_everyone()
+
+
+def resume_bf16(stage: int, folder: Path) -> None:
+    """Under bf16 (files named bf16_zero_pp_rank_*) the loaded state is the saved one and training goes on."""
+    accelerator, model, optimizer, scheduler = build(stage, "bf16")
+    accelerator.load_state(str(folder))
+    check_loaded(model, stage, folder)
+    losses = train(accelerator, model, optimizer, scheduler, FIRST, NEXT)
+    assert all(math.isfinite(loss) for loss in losses), losses
 
 
 def resume(stage: int, folder: Path) -> None:
@@ -162,7 +186,7 @@ def resume(stage: int, folder: Path) -> None:
     expected_state, expected_lr = full_state(model), scheduler.get_last_lr()
     accelerator, model, optimizer, scheduler = build(stage)
     accelerator.load_state(str(folder))
-    check_module_is_master(model, stage)
+    check_loaded(model, stage, folder)
     resumed = train(accelerator, model, optimizer, scheduler, FIRST, NEXT)
     for a, b in zip(resumed, expected):
         assert abs(a - b) <= RELATIVE * abs(b), f"zero{stage} from {folder.name}: losses {resumed} != {expected}"
@@ -179,8 +203,10 @@ def main():
     for action in sys.argv[3:]:
         kind, _, saved = action.partition(":")
         for stage in stages:
-            if kind == "save":
-                save(root, stage)
+            if kind.startswith("save"):
+                save(root, stage, "bf16" if kind == "save-bf16" else "no")
+            elif kind == "resume-bf16":
+                resume_bf16(stage, root / "hasten" / f"zero{stage}_bf16_w{saved}")
             else:
                 side = "hasten" if kind == "resume" else "accelerate"
                 resume(stage, root / side / f"zero{stage}_w{saved}")

@@ -2,8 +2,10 @@
 
 The launches run tests/scripts/zero_resharding.py (a tiny transformer with tied weights, AdamW, fp32, every stage in
 one launch): after the resume the next steps' losses, the fp32 weights and Adam's moments match a run on the target
-number of processes that never stopped, within 1e-6 relative. 2->1 and 1->2 run by default; 4->2 and 2->4 with
---all-cases. The checks of the reader and of the loader's refusals run without a launch, on those checkpoints.
+number of processes that never stopped, within 1e-6 relative, and right after the load the masters and moments are
+the saved ones bit for bit (also in bf16 mixed precision, whose files are named bf16_zero_pp_rank_*, with the module's
+bf16 weights the masters). 2->1 and 1->2 run by default; 4->2 and 2->4 with --all-cases. The checks of the reader
+and of the loader's refusals run without a launch, on those checkpoints.
 """
 
 import shutil
@@ -42,19 +44,19 @@ def _launch(nproc: int, root: Path, *actions: str) -> str:
 def checkpoints(tmp_path_factory):
     """Checkpoints of every stage saved on 2 and on 1 process; the 1-process launch also resumes the 2-process ones."""
     root = tmp_path_factory.mktemp("zero")
-    _launch(2, root, "save")
-    resumed = _launch(1, root, "resume:2", "save")
+    _launch(2, root, "save", "save-bf16")
+    resumed = _launch(1, root, "resume:2", "resume-bf16:2", "save", "save-bf16")
     return SimpleNamespace(root=root, two_to_one=resumed)
 
 
 def test_two_processes_to_one(checkpoints):
-    assert checkpoints.two_to_one.count(PARTITIONED) == 3, checkpoints.two_to_one[-4000:]
+    assert checkpoints.two_to_one.count(PARTITIONED) == 6, checkpoints.two_to_one[-4000:]
     assert "saved by 2 process(es) and is resumed on 1" in checkpoints.two_to_one
 
 
 def test_one_process_to_two(checkpoints):
-    text = _launch(2, checkpoints.root, "resume:1")
-    assert text.count(PARTITIONED) == 3, text[-4000:]  # one line per resume, from the main process only
+    text = _launch(2, checkpoints.root, "resume:1", "resume-bf16:1")
+    assert text.count(PARTITIONED) == 6, text[-4000:]  # one line per resume, from the main process only
 
 
 @requires("reference")
@@ -140,3 +142,18 @@ def test_a_model_that_does_not_match_is_refused_naming_the_parameter(checkpoints
         apply_zero_full_state(_engine(TinyTransformer(), groups=2), state)
     with pytest.raises(CheckpointError, match="saved under ZeRO stage 2; this run uses stage 3"):
         apply_zero_full_state(_engine(TinyTransformer(), stage=3), state)
+
+
+def test_the_bf16_optimizer_of_zero_stage_0_is_refused_naming_the_file(checkpoints, tmp_path):
+    files = _copy(checkpoints, tmp_path, 2)
+    for rank in range(2):  # what DeepSpeed's bf16 optimizer writes: no ZeRO stage, its own layout
+        torch.save(
+            {"optimizer_state_dict": {"partition_count": 2}},
+            files / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt",
+        )
+        (files / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").unlink()
+    first = files / "bf16_zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    with pytest.raises(
+        CheckpointError, match=rf"{first} holds the state of DeepSpeed's bf16 optimizer of ZeRO stage 0"
+    ):
+        read_zero_checkpoint(files)

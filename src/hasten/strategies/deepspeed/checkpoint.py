@@ -119,28 +119,17 @@ _OPTIMIZER_SHARD = re.compile(r"(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_\d+_optim_s
 def check_world_size(file_names, directory, world_size: int) -> int | None:
     """How many processes partitioned a ZeRO checkpoint, when that is not ``world_size`` (None when it is).
 
-    hasten partitions the state of ZeRO stages 1-3 again on another number of processes
-    (:mod:`~hasten.strategies.deepspeed.resharding`); the optimizer files of ZeRO stage 0's bf16 optimizer
-    (``bf16_zero_pp_rank_*``) it cannot, and those are refused here, before anything is loaded.
+    Such a checkpoint is partitioned again by :mod:`~hasten.strategies.deepspeed.resharding`, which refuses,
+    before anything is loaded, what it cannot partition again (ZeRO stage 0's bf16 optimizer, model parallelism).
 
     Args:
         file_names: the checkpoint's file names (relative paths; those of the engine's ``*_optim_states.pt``
-            files are looked at).
-        directory: the checkpoint folder, for the message.
+            files, ``bf16_`` prefixed or not, are looked at).
+        directory: the checkpoint folder, for messages.
         world_size: the data-parallel processes of this run.
     """
-    found = [m for name in file_names if (m := _OPTIMIZER_SHARD.fullmatch(Path(name).name))]
-    saved = {int(m.group(1)) for m in found}
-    if not saved or len(saved) == world_size:
-        return None
-    if any(m.group(0).startswith("bf16_") for m in found):
-        raise CheckpointError(
-            f"Checkpoint {directory} holds the state of DeepSpeed's bf16 optimizer (ZeRO stage 0) partitioned over "
-            f"{len(saved)} processes; this run has {world_size}, and hasten partitions again only ZeRO stage 1-3 "
-            f"state. Resume on {len(saved)} processes; or merge the weights with `hasten merge-weights {directory} "
-            "MERGED_DIR` and start this run from them (the optimizer state then starts afresh). Nothing was loaded."
-        )
-    return len(saved)
+    saved = {int(m.group(1)) for name in file_names if (m := _OPTIMIZER_SHARD.fullmatch(Path(name).name))}
+    return len(saved) if saved and len(saved) != world_size else None
 
 
 # ------------------------------------------------------------------------------------ merging

@@ -105,13 +105,9 @@ def engine_checkpoint(reader, index: int, folder: str, tag: str) -> EngineCheckp
     return found
 
 
-def resume_on_this_world(engine, folder: Path, load: Callable | None = None, announce: bool = True) -> ZeroFullState:
-    """Load the ZeRO checkpoint in ``folder`` (saved on another number of processes) into ``engine``.
-
-    Reads it whole (:func:`read_zero_checkpoint`), then applies it (:func:`apply_zero_full_state`); with
-    ``announce`` (the main process) says so in one info line. Returns the state read.
-    """
-    state = read_zero_checkpoint(folder, load)
+def resume_on_this_world(engine, state: ZeroFullState, announce: bool = True) -> None:
+    """Apply a ZeRO checkpoint read by :func:`read_zero_checkpoint` (saved on another number of processes) to
+    ``engine`` (:func:`apply_zero_full_state`); with ``announce`` (the main process) say so in one info line."""
     apply_zero_full_state(engine, state)
     if announce:
         keys = sorted({key for entry in state.optimizer_state.values() for key in entry})
@@ -120,7 +116,6 @@ def resume_on_this_world(engine, folder: Path, load: Callable | None = None, ann
             f"on {engine.dp_world_size}: its fp32 weights and optimizer state ({', '.join(keys)}) of "
             f"{len(state.weights)} parameters were partitioned again in memory."
         )
-    return state
 
 
 # ------------------------------------------------------------------------------------ reading
@@ -170,6 +165,13 @@ def read_zero_checkpoint(checkpoint_dir, load: Callable | None = None) -> ZeroFu
     optimizer_files = _files(folder, "*_optim_states.pt")
     model = _read(load, model_files[0])
     first = _read(load, optimizer_files[0])["optimizer_state_dict"]
+    if "zero_stage" not in first:
+        raise CheckpointError(
+            f"{optimizer_files[0]} holds the state of DeepSpeed's bf16 optimizer of ZeRO stage 0, which hasten does "
+            f"not partition again (only ZeRO stage 1-3 state). Resume on {len(optimizer_files)} processes; or merge "
+            "the weights with `hasten merge-weights` and start this run from them (the optimizer state then starts "
+            "afresh). Nothing was loaded."
+        )
     stage = int(first["zero_stage"])
     world = first["partition_count"]
     world = max(world) if isinstance(world, list) else int(world)
@@ -351,8 +353,19 @@ def apply_zero_full_state(engine, state: ZeroFullState) -> None:
             _set_optimizer_state(optimizer.optimizer.state[master], master, segments, state)
     for group, saved in zip(groups, state.param_groups):
         group.update({key: value for key, value in saved.items() if key != "params"})
+    link_optimizer_views(engine)
     _set_module_weights(engine, state, names)
     _set_engine_state(engine, state)
+
+
+def link_optimizer_views(engine) -> None:
+    """Under ZeRO-1/2, point every parameter's view of its optimizer state (what ``safe_get_full_optimizer_state``
+    reads) at the engine's state as it is now. DeepSpeed makes these views at its first step only: after a load they
+    are missing until the next step, or, in a process that had stepped before, still point at the replaced state."""
+    optimizer = engine.optimizer
+    if engine.zero_optimization_stage() in (1, 2) and hasattr(optimizer, "_lazy_init_hp_params_optimizer_state"):
+        optimizer._hp_optimizer_states_linked = False
+        optimizer._lazy_init_hp_params_optimizer_state()
 
 
 def _set_optimizer_state(moments: dict, master: torch.Tensor, segments: list, state: ZeroFullState) -> None:

@@ -31,7 +31,7 @@ from . import config as dsc
 from . import zero3
 from .checkpoint import check_world_size, deepspeed_classes, safe_torch_load
 from .dummies import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
-from .resharding import engine_checkpoint, resume_on_this_world
+from .resharding import engine_checkpoint, link_optimizer_views, read_zero_checkpoint, resume_on_this_world
 from .ulysses import DeepSpeedSequenceParallel, check_deepspeed_layout
 
 _CHECKPOINT_FOLDER = "deepspeed"
@@ -463,21 +463,22 @@ class DeepSpeedStrategy(Strategy):
         # with DeepSpeed's sequence-parallel groups ZeRO partitions over the sequence-data-parallel ranks
         partitions = self.engine.dp_world_size or getattr(self.engine, "seq_dp_world_size", None)
         saved = check_world_size(found.files, found.path, partitions) if found else None
-        for i, model in enumerate(models):
-            if model is not self.engine:
-                self.unwrap_model(model).load_state_dict(reader.load_tensors(f"model{_suffix(i)}.safetensors"))
-                continue
-            self._reader = None if found.accelerate else reader
-            try:
-                if saved:
-                    resume_on_this_world(self.engine, found.path, self._load_file, self.state.is_main_process)
-                    continue
-                inside = not found.accelerate  # Accelerate saves the scheduler apart (the reader restores it)
-                path, _ = self.engine.load_checkpoint(str(found.folder), found.tag, load_lr_scheduler_states=inside)
-            finally:
-                self._reader = None
-            if path is None:
-                raise CheckpointError(f"DeepSpeed could not load its state from {found.path}.")
+        self._reader = None if found is None or found.accelerate else reader
+        try:  # another number of processes: every file is read and checked before anything is loaded
+            full = read_zero_checkpoint(found.path, self._load_file) if saved else None
+            for i, model in enumerate(models):
+                if model is not self.engine:
+                    self.unwrap_model(model).load_state_dict(reader.load_tensors(f"model{_suffix(i)}.safetensors"))
+                elif full is not None:
+                    resume_on_this_world(self.engine, full, self.state.is_main_process)
+                else:
+                    inside = not found.accelerate  # Accelerate saves the scheduler apart (the reader restores it)
+                    path, _ = self.engine.load_checkpoint(str(found.folder), found.tag, load_lr_scheduler_states=inside)
+                    if path is None:
+                        raise CheckpointError(f"DeepSpeed could not load its state from {found.path}.")
+                    link_optimizer_views(self.engine)
+        finally:
+            self._reader = None
 
     def _load_file(self, path: str, map_location=None):
         """Read one engine checkpoint file: checksum checked against the manifest, no code executed."""
