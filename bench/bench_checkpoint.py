@@ -478,25 +478,27 @@ def _report_stall(stall: dict[str, list[float]], steps_after: int, busy: int) ->
 
 
 def _main_only_launches(rounds: int, accelerate_path: str) -> None:
-    """Wall time of tests/scripts/eco_diffusers.py (main-only saves with hooks, 2 processes) under hasten and
-    Accelerate, alternately."""
+    """Wall time of tests/scripts/eco_diffusers.py (main-only saves with hooks, 2 CPU processes) under hasten and
+    Accelerate, alternately. Accelerate's runs start from torchrun with ``ACCELERATE_USE_CPU=1``, as
+    tests/compat/test_clients.py runs it: ``accelerate launch --cpu --num_processes 2`` starts one process."""
     script = Path(__file__).resolve().parent.parent / "tests" / "scripts" / "eco_diffusers.py"
-    launchers = {
-        "hasten": ([sys.executable, "-m", "hasten.commands.main", "launch", "--as_accelerate", "-q"], None),
-        "accelerate": ([sys.executable, "-m", "accelerate.commands.launch"], accelerate_path),
-    }
+
+    def command(name: str, port: str) -> list[str]:
+        if name == "hasten":
+            launch = ["-m", "hasten.commands.main", "launch", "--as_accelerate", "-q", "--cpu", "--num_processes", "2"]
+            return [sys.executable, *launch, "--main_process_port", port]
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", port]
+
+    sides = {"hasten": {}, "accelerate": {"PYTHONPATH": accelerate_path, "ACCELERATE_USE_CPU": "1"}}
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HASTEN_", "ACCELERATE_", "MASTER_", "RANK"))}
-    times: dict[str, list[float]] = {name: [] for name in launchers}
+    times: dict[str, list[float]] = {name: [] for name in sides}
     for round_index in range(rounds):
-        for name in round_order(list(launchers), round_index):
-            command, path = launchers[name]
-            run_env = {**env, "OMP_NUM_THREADS": "1", **({"PYTHONPATH": path} if path else {})}
+        for name in round_order(list(sides), round_index):
             with tempfile.TemporaryDirectory() as out:
                 start = time.perf_counter()
-                port = str(free_port())
                 subprocess.run(
-                    [*command, "--cpu", "--num_processes", "2", "--main_process_port", port, str(script), out],
-                    env=run_env,
+                    [*command(name, str(free_port())), str(script), out],
+                    env={**env, "OMP_NUM_THREADS": "1", **sides[name]},
                     check=True,
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
