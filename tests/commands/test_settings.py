@@ -5,7 +5,6 @@ plugins' own reads of the variables, the dialogue of each table, and the tables'
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,7 +14,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 import pytest
-from helpers import free_port
+from helpers import free_port, requires
 
 from hasten import config as cfg
 from hasten import environment, state
@@ -47,8 +46,7 @@ SECTION_KEYS = [(table, row) for table, row in KEYED if table.name]
 
 def _fp8_recipes():
     """The fp8 rows fill two recipes: ``backend`` FP8RecipeKwargs', the torchao settings AORecipeKwargs' (needs
-    torchao)."""
-    pytest.importorskip("torchao", reason="AORecipeKwargs needs torchao (pip install 'hasten[fp8]')")
+    torchao: the cases that build it require it, see :data:`PLUGIN_NEEDS`)."""
     from hasten.utils import AORecipeKwargs, FP8RecipeKwargs
 
     with warnings.catch_warnings():
@@ -62,19 +60,22 @@ def _fp8_recipes():
     )
 
 
-def _deepspeed_plugin():
-    if importlib.util.find_spec("deepspeed") is None:
-        pytest.skip("deepspeed is not installed (pip install 'hasten[deepspeed]'): DeepSpeedPlugin cannot be built")
-    return DeepSpeedPlugin()
-
-
 PLUGINS = {
     DYNAMO.name: TorchDynamoPlugin,
-    DEEPSPEED.name: _deepspeed_plugin,
+    DEEPSPEED.name: DeepSpeedPlugin,
     FSDP.name: FullyShardedDataParallelPlugin,
     PARALLELISM.name: ParallelismConfig,
     FP8.name: _fp8_recipes,
 }
+
+PLUGIN_NEEDS = {DEEPSPEED.name: "deepspeed", FP8.name: "torchao"}  # the package a table's plugin imports when built
+
+
+def _building(builds: str | None, *values, id: str):
+    """One case of ``values``; it requires the package that the plugin of the table named ``builds`` imports."""
+    need = PLUGIN_NEEDS.get(builds)
+    return pytest.param(*values, id=id, marks=[requires(need)] if need else [])
+
 
 # plugin field -> (variable's text, the field's value after the plugin read it); every row with a field needs one.
 ENV_SAMPLES = {
@@ -132,13 +133,15 @@ COMPANIONS = {"offload_param_device": {"DEEPSPEED_ZERO_STAGE": "3"}}
 class Effect:
     """What a setting changes: ``read(plan)`` is what the process (after taking the launch's variables) or the launcher
     gets; with the setting given as ``text`` it gets ``expected``, and something else without it. ``needs``: other
-    settings (config path -> value) the sample needs, given in the config file; ``hardware``: the machine seen."""
+    settings (config path -> value) the sample needs, given in the config file; ``hardware``: the machine seen;
+    ``builds``: the table whose plugin ``read`` builds (its case requires what the plugin imports)."""
 
     text: str
     read: Callable[[Any], Any]
     expected: Any
     needs: dict = field(default_factory=dict)
     hardware: Hardware = CPU
+    builds: str | None = None
 
 
 def _sequence_option(axis: str, option: str) -> Callable[[Any], Any]:
@@ -175,7 +178,7 @@ def _plugin_effect(table, row) -> Effect:
     text, expected = overrides.get(row.field, (text, expected))
     if row.field in ("offload_param_device", "zero3_init_flag"):
         needs["deepspeed_config.zero_stage"] = 3
-    return Effect(text, lambda plan: _outcome(PLUGINS[table.name], row.field), expected, needs)
+    return Effect(text, lambda plan: _outcome(PLUGINS[table.name], row.field), expected, needs, builds=table.name)
 
 
 def _engine(plan) -> str:
@@ -231,7 +234,11 @@ LAUNCH_EFFECTS = {
         )
     },
     "deepspeed_config.deepspeed_config_file": Effect(
-        "DSFILE", lambda plan: _outcome(_deepspeed_plugin, "config_name"), "DSFILE", {"distributed_type": "DEEPSPEED"}
+        "DSFILE",
+        lambda plan: _outcome(DeepSpeedPlugin, "config_name"),
+        "DSFILE",
+        {"distributed_type": "DEEPSPEED"},
+        builds=DEEPSPEED.name,
     ),
     "deepspeed_config.deepspeed_multinode_launcher": Effect(
         "pdsh",
@@ -282,15 +289,11 @@ def _effect(table, row) -> Effect | None:
 
 
 SOURCES = [
-    (table, row, source)
+    _building(getattr(_effect(table, row), "builds", None), table, row, source, id=f"{table.path(row)}-{source}")
     for table, row in KEYED
     for source, given in (("flag", row.flag_name), ("variable", row.env_name), ("file", True))
     if given
 ]
-
-
-def _ids(items):
-    return [f"{table.path(row)}-{source}" for table, row, source in items]
 
 
 @pytest.fixture
@@ -341,7 +344,7 @@ def _sample(effect: Effect, tmp_path) -> tuple[str, Any]:
     return effect.text, effect.expected
 
 
-@pytest.mark.parametrize(("table", "row", "source"), SOURCES, ids=_ids(SOURCES))
+@pytest.mark.parametrize(("table", "row", "source"), SOURCES)
 def test_each_flag_variable_and_file_key_changes_what_a_process_gets(table, row, source, launch, monkeypatch, tmp_path):
     effect = _effect(table, row)
     path = table.path(row)
@@ -375,10 +378,10 @@ def test_the_settings_without_effect_are_rows():
 # ------------------------------------------------------------------------------ the plugins' own reads
 
 
-FIELDED = [(table, row) for table in TABLES for row in table.rows if row.field]
+FIELDED = [_building(t.name, t, r, id=f"{t.name}.{r.key or r.env_name}") for t in TABLES for r in t.rows if r.field]
 
 
-@pytest.mark.parametrize(("table", "row"), FIELDED, ids=[f"{t.name}.{r.key or r.env_name}" for t, r in FIELDED])
+@pytest.mark.parametrize(("table", "row"), FIELDED)
 @pytest.mark.parametrize("prefix", ["HASTEN_", "ACCELERATE_"])
 def test_the_plugin_reads_the_variable(table, row, prefix, monkeypatch):
     text, expected = TABLE_SAMPLES.get((table.name, row.field)) or ENV_SAMPLES[row.field]
