@@ -89,6 +89,20 @@ class WeightsMerge:
 
 
 @dataclass(frozen=True, slots=True)
+class CheckpointReading:
+    """How a checkpoint this engine saved is read by parameter name, for ``load_state`` under another engine.
+
+    ``holds(reader, index)`` tells whether prepared model ``index`` of an open checkpoint is kept in this engine's own
+    files; ``read(reader, index)`` returns that model's training state by parameter name (a
+    :class:`~hasten.strategies.deepspeed.resharding.ZeroFullState`: weights, optimizer state, parameter groups,
+    buffers), everything read and checked. Both may import the engine's modules (they run only on such a load).
+    """
+
+    holds: Callable[[Any, int], bool]
+    read: Callable[[Any, int], Any]
+
+
+@dataclass(frozen=True, slots=True)
 class Dialogue:
     """How ``hasten config`` offers an engine: a yes/no ``question`` asked when the machine type answered is one of
     ``offered_for``; after a yes, ``ask(asker, answers)`` asks the engine's settings and returns the config sections
@@ -123,6 +137,7 @@ class Engine:
         launch_warnings: ``f(settings) -> [line]``, settings it does not act on, when it runs.
         explain_failure: ``f(variables, exit code) -> advice or None``, for a worker that failed under it.
         merge_weights: how ``hasten merge-weights`` merges its sharded checkpoints (:class:`WeightsMerge`).
+        checkpoint_reading: how another engine reads the checkpoints it saves (:class:`CheckpointReading`).
         memory_table: ``f(arguments, total parameters, largest layer's parameters) -> [line]``, its part of
             ``hasten estimate-memory``'s report (the parsed command line holds ``num_gpus``, ``num_nodes``, ...).
     """
@@ -144,6 +159,7 @@ class Engine:
     launch_warnings: Callable[[Any], list[str]] | None = None
     explain_failure: Callable[[dict, int], str | None] | None = None
     merge_weights: WeightsMerge | None = None
+    checkpoint_reading: CheckpointReading | None = None
     memory_table: Callable[[Any, int, int], list[str]] | None = None
 
     @property

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ...settings import prefixed
 from ...settings.deepspeed import DEEPSPEED
 from ...settings.dialogue import ask_table
-from ...settings.engines import Argument, Dialogue, Engine, Requirement, WeightsMerge
+from ...settings.engines import Argument, CheckpointReading, Dialogue, Engine, Requirement, WeightsMerge
 from ...settings.launch import MIXED_PRECISION
 from ...settings.parallelism import PARALLELISM, asks_for_no_engine
 
@@ -95,6 +95,20 @@ def _memory_table(args, total_params: int, largest_layer_params: int) -> list[st
     return [*lines, "  per CPU |   per GPU | Options", *(row.format() for row in rows)]
 
 
+def _holds_state(reader, index: int) -> bool:
+    """Whether model ``index`` of an open checkpoint is kept as a DeepSpeed engine's files."""
+    from .other_engines import holds_engine_state
+
+    return holds_engine_state(reader, index)
+
+
+def _read_state(reader, index: int):
+    """Model ``index``'s ZeRO state by parameter name, for a resume under another engine."""
+    from .other_engines import read_engine_state
+
+    return read_engine_state(reader, index)
+
+
 ENGINE = Engine(
     name="deepspeed",
     strategy="hasten.strategies.deepspeed.strategy:DeepSpeedStrategy",
@@ -128,5 +142,6 @@ ENGINE = Engine(
         _holds,
         _merge,
     ),
+    checkpoint_reading=CheckpointReading(_holds_state, _read_state),
     memory_table=_memory_table,
 )

@@ -31,11 +31,11 @@ from . import config as dsc
 from . import zero3
 from .checkpoint import check_world_size, deepspeed_classes, safe_torch_load
 from .dummies import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
+from .other_engines import CHECKPOINT_FOLDER as _CHECKPOINT_FOLDER
+from .other_engines import TAG as _TAG
+from .other_engines import resume_torch_checkpoint
 from .resharding import engine_checkpoint, link_optimizer_views, read_zero_checkpoint, resume_on_this_world
 from .ulysses import DeepSpeedSequenceParallel, check_deepspeed_layout
-
-_CHECKPOINT_FOLDER = "deepspeed"
-_TAG = "state"
 
 
 class DeepSpeedSchedulerWrapper(AcceleratedScheduler):
@@ -457,7 +457,10 @@ class DeepSpeedStrategy(Strategy):
 
     def load_checkpoint(self, reader, models: list, optimizers: list) -> None:
         """Restore the engine (weights, optimizer, scheduler) and the other models; a ZeRO checkpoint of another
-        number of processes is partitioned again (:mod:`~hasten.strategies.deepspeed.resharding`)."""
+        number of processes is partitioned again (:mod:`~hasten.strategies.deepspeed.resharding`), one of a torch
+        optimizer (DDP, one process) is given to the engine by parameter name (:mod:`.other_engines`)."""
+        if resume_torch_checkpoint(self, reader, models):
+            return
         index = next((i for i, model in enumerate(models) if model is self.engine), -1)
         found = engine_checkpoint(reader, index, _CHECKPOINT_FOLDER, _TAG) if index >= 0 else None
         # with DeepSpeed's sequence-parallel groups ZeRO partitions over the sequence-data-parallel ranks
