@@ -124,3 +124,26 @@ def test_load_state_on_one_process_refuses_a_zero_checkpoint_of_another_model(ch
         accelerator.load_state(str(checkpoints.root / "zero3_w2"))
     assert all(torch.equal(before[name], tensor) for name, tensor in model.state_dict().items())
     assert not optimizer.state_dict()["state"]
+
+
+def test_sgd_momentum_goes_by_name_from_a_torch_checkpoint_to_the_state_and_back(tmp_path):
+    accelerator = Accelerator(cpu=True)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    model(torch.zeros(2, 8, dtype=torch.long)).sum().backward()
+    optimizer.step()
+    accelerator.save_state(str(tmp_path / "sgd"))
+    reader = open_checkpoint(tmp_path / "sgd", 0, [model])
+    state = _empty(reader)
+    fill_from_torch_checkpoint(state, reader, 0, model, _groups(model), "here")
+    assert set(state.optimizer_state["up.weight"]) == {"momentum_buffer"}
+    assert state.param_groups[0]["momentum"] == 0.9
+    fresh = _model()
+    again = torch.optim.SGD(fresh.parameters(), lr=0.5)
+    load_state_by_name(state, fresh, [again], "here")
+    saved, loaded = optimizer.state_dict(), again.state_dict()
+    assert loaded["param_groups"][0]["momentum"] == 0.9 and loaded["param_groups"][0]["lr"] == 0.1
+    for position, entry in saved["state"].items():
+        assert torch.equal(loaded["state"][position]["momentum_buffer"], entry["momentum_buffer"])
+    assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), model.parameters()))
