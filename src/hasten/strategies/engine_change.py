@@ -32,10 +32,10 @@ def saved_by_torch(reader, index: int) -> bool:
     return reader.exists(f"model{suffix(index)}.safetensors")
 
 
-def warn_left_behind(source: str, target: str, left: str) -> None:
-    """The one warning line of a resume under another engine: what did not carry over."""
+def warn_left_behind(where: str, source: str, target: str, left: str) -> None:
+    """The one warning line of a resume under another engine (``where``: the checkpoint): what did not carry over."""
     warnings.warn(
-        f"This checkpoint was saved under {source} and is resumed under {target}: the weights, the optimizer state "
+        f"{where} was saved under {source} and is resumed under {target}: the weights, the optimizer state "
         f"(matched by parameter name), schedulers, data positions and random states carry over; {left}.",
         stacklevel=4,
     )
@@ -155,7 +155,7 @@ def resume_saved_by_another_engine(strategy, reader, models: list, optimizers: l
         targets[i].load_state_dict(tensors)
     if strategy.state.is_main_process:
         left = f"the {engine.name} engine's own state (its step and sample counters, loss scaler and config) does not"
-        warn_left_behind(f"the {engine.name} engine on {full.world_size} process(es)", "a torch optimizer", left)
+        warn_left_behind(where, f"the {engine.name} engine on {full.world_size} process(es)", "a torch optimizer", left)
     return True
 
 

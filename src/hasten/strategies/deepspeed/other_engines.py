@@ -70,7 +70,7 @@ def resume_torch_checkpoint(strategy, reader, models: list) -> bool:
         left = "DeepSpeed's step and sample counters start from 0"
         if reader.exists("scaler.json"):
             left += ", and the fp16 gradient scaler's state is not DeepSpeed's loss scaler: it starts afresh"
-        warn_left_behind(f"a torch optimizer on {state.world_size} process(es)", f"ZeRO-{stage}", left)
+        warn_left_behind(where, f"a torch optimizer on {state.world_size} process(es)", f"ZeRO-{stage}", left)
     return True
 
 
