@@ -3,7 +3,7 @@
 Real processes (``tests/scripts/resume_world_size.py``): loaders saved mid-epoch on N processes and resumed
 on M (2->1, 1->2, 2->4, 4->2; even and uneven last rounds, split batches, iterable datasets dispatched or
 read by every process) see every sample of the epoch exactly once across both runs; FSDP's sharded model
-and optimizer states are resharded; DeepSpeed's are refused before anything is loaded. In one process: which
+and optimizer states are resharded (DeepSpeed's: tests/strategies/test_zero_resharding.py). In one process: which
 random state each process restores, and the one line the main process prints about it.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import SCRIPTS, requires, torchrun
+from helpers import SCRIPTS, torchrun
 
 from hasten.checkpointing.world_change import random_state_for
 from hasten.runtime.rng import capture_rng_states, set_seed
@@ -130,12 +130,3 @@ def test_resumed_on_another_number_of_processes_each_sample_once(saved, saved_on
     assert out.count("samples, each once") == len(VARIANTS), out
     assert f"fsdp {saved_on}->{resumed_on}: weights and optimizer state resharded" in out, out
     assert out.count(f"was saved by {saved_on} process(es) and is resumed on {resumed_on}") == len(VARIANTS), out
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # two DeepSpeed launches; the first on a machine may compile DeepSpeed's CPU extensions
-@requires("deepspeed")
-def test_a_deepspeed_checkpoint_is_refused_on_another_number_of_processes_before_anything_loads(tmp_path):
-    torchrun(SCRIPT, "deepspeed-save", str(tmp_path), nproc=2, timeout=900)
-    out = torchrun(SCRIPT, "deepspeed-load", str(tmp_path), nproc=1, timeout=900).stdout
-    assert "deepspeed 2->1 refused before loading: Checkpoint" in out and "hasten merge-weights" in out, out

@@ -10,9 +10,6 @@ each; FSDP's weights come back equal to the saved ones and its optimizer state f
 Variants: ``even`` (batch 4 per process; the last round is padded, padding is not counted), ``uneven``
 (``even_batches=False``), ``split`` (``split_batches=True``, global batch 8), ``iterable`` (rank 0 reads
 and dispatches) and ``iterable-shard`` (every process reads, ``dispatch_batches=False``).
-
-``deepspeed-save FOLDER`` / ``deepspeed-load FOLDER``: a ZeRO-2 checkpoint saved on N processes is refused
-on another number before anything is loaded (the weights stay as they were).
 """
 
 import json
@@ -27,7 +24,6 @@ from safetensors.torch import load_file, save_file
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from hasten import Accelerator, DataLoaderConfiguration, PartialState
-from hasten.errors import CheckpointError
 from hasten.runtime.operations import gather_object
 from hasten.state import reset_state
 from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
@@ -186,36 +182,8 @@ def fsdp_resume(saved_world):
     reset_state()
 
 
-def deepspeed(mode):
-    from hasten.utils import DeepSpeedPlugin
-
-    accelerator = Accelerator(deepspeed_plugin=DeepSpeedPlugin(zero_stage=2))
-    set_seed(0)
-    model = torch.nn.Linear(4, 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    data = DataLoader(TensorDataset(DATA), batch_size=4)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, data)
-    if mode == "deepspeed-save":
-        train(accelerator, model, optimizer, loader, STEPS)
-        accelerator.save_state(FOLDER / "deepspeed")
-        return
-    before = {k: v.clone() for k, v in accelerator.get_state_dict(model).items()}
-    try:
-        accelerator.load_state(FOLDER / "deepspeed")
-    except CheckpointError as error:
-        message = str(error)
-        assert "partitioned over 2 processes; this run has 1" in message and "Nothing was loaded" in message, message
-    else:
-        raise AssertionError("a ZeRO checkpoint of 2 processes must be refused on 1")
-    after = accelerator.get_state_dict(model)
-    assert all(torch.equal(before[k], after[k]) for k in before), "the refused load changed the weights"
-    accelerator.print(f"deepspeed 2->1 refused before loading: {message}")
-
-
 if MODE == "save":
     save()
-elif MODE.startswith("deepspeed"):
-    deepspeed(MODE)
 else:
     resume(int(sys.argv[3]))
 print(f"rank {PartialState().process_index}: resume_world_size {MODE} done", flush=True)
