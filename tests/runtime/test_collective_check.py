@@ -8,7 +8,7 @@ import time
 
 import pytest
 import torch
-from helpers import requires
+from helpers import ROOT, requires
 
 from hasten.runtime import collective_check, stack_dump
 
@@ -105,3 +105,31 @@ def test_a_process_without_the_handler_is_not_signalled(tmp_path):
             assert proc.poll() is None  # SIGUSR2 would have ended it
         finally:
             proc.kill()
+
+
+def test_a_process_forked_after_a_destroyed_group_runs_its_collectives():
+    # The check's view of the default group held it strongly: after destroy_process_group the group stayed alive, and
+    # the debug launcher's forked workers destroyed their copy of it when they replaced the view, aborting
+    # (std::system_error) or crashing (SIGSEGV) before their first collective. make test's workers hit it whenever an
+    # in-process test of the same worker had used a group.
+    code = textwrap.dedent(
+        """
+        import os
+        import torch
+        import torch.distributed as dist
+        from helpers import free_port
+        from hasten.launchers import debug_launcher
+        from hasten.runtime import operations
+        from hasten.test_utils.scripts import test_ops
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        assert operations.gather(torch.ones(2)).tolist() == [1.0, 1.0]
+        dist.destroy_process_group()
+        debug_launcher(test_ops.main, num_processes=2)
+        print("forked workers done")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and "forked workers done" in run.stdout, run.stderr[-4000:]

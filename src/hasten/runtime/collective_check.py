@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import weakref
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -62,7 +63,10 @@ class _Channel:
     per default group, not per call; rebuilt when the default group is (OOM recovery), with the room back at 0."""
 
     def __init__(self, world):
-        self.world = world
+        # Held weakly: a strong reference kept a destroyed group alive, and a process forked after that (the debug
+        # launcher's workers) destroyed its copy of the parent's gloo group when it replaced this view:
+        # std::system_error or SIGSEGV in the child, before its first collective.
+        self.world = weakref.ref(world)
         self.size, self.rank = dist.get_world_size(), dist.get_rank()
         self.rides = "gloo" in str(dist.get_backend())
         self.side = None  # the gloo group beside a device backend, created at the first exchange
@@ -76,7 +80,7 @@ def channel() -> _Channel:
     """The checks' view of the current default group (it must exist)."""
     global _channel
     world = dist.group.WORLD
-    if _channel is None or _channel.world is not world:
+    if _channel is None or _channel.world() is not world:
         _channel = _Channel(world)
     return _channel
 
@@ -86,7 +90,7 @@ def header_group():
     (created on first use, a collective of every process)."""
     found = channel()
     if found.rides:
-        return found.world
+        return found.world()
     if found.side is None:
         found.side = dist.new_group(backend="gloo")
     return found.side
