@@ -90,13 +90,14 @@ $(EXT_DIR_STAMP): | $(PY)
 		> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/hasten-torch-extensions.pth"
 	@touch $@
 
-# DeepSpeed compiles its CPU Adam and shared-memory ops on first use (minutes); build them once here instead of
+# DeepSpeed compiles its CPU Adam (offloaded optimizers), fused Adam (a config file's Adam/AdamW: transformers' Trainer)
+# and shared-memory ops on first use (minutes); build them once here instead of
 # inside the first test or example that needs them, into the venv's extension folder (above). A build killed there
 # leaves a lock file that every later build waits on for ever, so locks left from before are deleted first (do not
 # run make while a job of the venv compiles an op); the time limit turns any other hang into a failed step.
 $(DS_OPS_STAMP): $(PKG_STAMP) $(EXT_DIR_STAMP)
 	@mkdir -p $(TORCH_EXT_DIR) && find $(TORCH_EXT_DIR) -name lock -delete
-	$(IN_VENV) timeout 1800 $(PY) -c "from deepspeed.ops.op_builder import CPUAdamBuilder; from deepspeed.ops.op_builder.cpu import ShareMemCommBuilder; CPUAdamBuilder().load(); ShareMemCommBuilder().load()"
+	$(IN_VENV) timeout 1800 $(PY) -c "from deepspeed.ops.op_builder.cpu import CPUAdamBuilder, FusedAdamBuilder, ShareMemCommBuilder; [b().load() for b in (CPUAdamBuilder, FusedAdamBuilder, ShareMemCommBuilder)]"
 	@touch $@
 
 # Offline, the install fails with a warning and the tests that compare with Accelerate skip, saying why.

@@ -4,6 +4,7 @@ every process use its own extensions folder (``hasten-torch-extensions.pth``).""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -40,7 +41,7 @@ def test_the_ops_a_cpu_job_compiles_are_named_with_their_folder(script, tmp_path
     assert note == (
         f"DeepSpeed compiles its deepspeed_shm_comm and cpu_adam ops into {tmp_path / 'extensions'} before the first "
         "step (about 1-2 minutes per op on 2 free cores, more on busy ones); later runs reuse them. `make` builds "
-        "both ahead, into the venv's folder."
+        "all three ahead, into the venv's folder."
     )
     built = tmp_path / "extensions" / "deepspeed_shm_comm" / "deepspeed_shm_comm.so"
     built.parent.mkdir(parents=True)
@@ -48,6 +49,18 @@ def test_the_ops_a_cpu_job_compiles_are_named_with_their_folder(script, tmp_path
     (note,) = _warnings("--deepspeed_config_file", CONFIG, script)
     assert note.startswith("DeepSpeed compiles its cpu_adam op into ") and "reuse it." in note
     assert _warnings("--zero_stage", "2", script) == []  # no offload: only the collectives' op, built
+
+
+@requires("deepspeed")
+def test_an_adam_named_by_the_config_file_is_deepspeeds_fused_adam_op(script, tmp_path):
+    built = tmp_path / "extensions" / "deepspeed_shm_comm" / "deepspeed_shm_comm.so"
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"")
+    config = tmp_path / "ds.json"
+    for optimizer, op in (({"type": "AdamW"}, ["fused_adam"]), ({"type": "Adam", "params": {"torch_adam": True}}, [])):
+        config.write_text(json.dumps({"zero_optimization": {"stage": 2}, "optimizer": optimizer}))
+        notes = _warnings("--deepspeed_config_file", str(config), script)
+        assert [note.split(" op")[0].removeprefix("DeepSpeed compiles its ") for note in notes] == op, notes
 
 
 def test_the_folder_is_torchs_own_default_without_the_variable(monkeypatch):
