@@ -4,7 +4,9 @@ sampled unless ``--all-cases``, CPU time per test (``--cpu-durations``), and no 
 ``make test`` runs the tests on pytest-xdist workers with ``--dist loadfile``: the tests of a file stay on one worker,
 in their order, so a module-scoped fixture (a launch, a venv) is built once and a module written as one scenario in
 steps runs as written. (``--dist loadgroup``'s ``xdist_group`` marks have no effect with pytest 9: pytest-xdist 3.8
-renames ``item._nodeid``, which pytest 9 no longer reads.) Tests marked ``serial`` run after, alone."""
+renames ``item._nodeid``, which pytest 9 no longer reads.) The files with the most tests marked slow (the ones that
+launch processes) come first, so that the workers do not end on them one beside an idle one: collected in name order,
+tests/test_examples.py (about 3 minutes on one worker) came last. Tests marked ``serial`` run after, alone."""
 
 import os
 import resource
@@ -47,6 +49,14 @@ def pytest_configure(config):
     helpers.ALL_CASES = config.getoption("--all-cases")
     if config.getoption("--cpu-durations") is not None:
         config.pluginmanager.register(_CpuTimes(config.getoption("--cpu-durations")), "hasten-cpu-durations")
+
+
+def pytest_collection_modifyitems(items):
+    """The files with the most slow tests first (stable: each file's tests keep their order)."""
+    slow = defaultdict(int)
+    for item in items:
+        slow[item.path] += item.get_closest_marker("slow") is not None
+    items.sort(key=lambda item: -slow[item.path])
 
 
 def pytest_runtest_setup(item):
