@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from hasten.runtime.preemption import PREEMPTED_EXIT_CODE
 
 SCRIPT = SCRIPTS / "preempt_train.py"
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # signals sent mid-training: make test runs them alone
+pytestmark = pytest.mark.slow  # signals go to this test's own launch only: it runs beside other tests
 
 
 def _launch_cmd(folder: Path, *script_args: str, launch_args: tuple[str, ...] = ()) -> list[str]:
