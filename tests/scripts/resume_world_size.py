@@ -187,3 +187,5 @@ if MODE == "save":
 else:
     resume(int(sys.argv[3]))
 print(f"rank {PartialState().process_index}: resume_world_size {MODE} done", flush=True)
+if torch.distributed.is_initialized():  # a gloo group torn down at interpreter exit aborted now and then
+    torch.distributed.destroy_process_group()
