@@ -25,14 +25,6 @@ from hasten.state import reset_state
 from hasten.utils import ProjectConfiguration, set_seed
 
 
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    reset_state()
-    yield
-    wait_for_pending_save()
-    reset_state()
-
-
 def build(acc, outputs=1):
     set_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, outputs))

@@ -9,20 +9,11 @@ import pytest
 import torch
 
 from hasten import Accelerator
-from hasten.checkpointing import CheckpointReader, read_manifest, wait_for_pending_save
+from hasten.checkpointing import CheckpointReader, read_manifest
 from hasten.checkpointing.parts import add_random_states, record_name
 from hasten.checkpointing.publishing import holds_only_a_checkpoint
 from hasten.errors import CheckpointError
 from hasten.runtime.rng import capture_rng_states
-from hasten.state import reset_state
-
-
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    reset_state()
-    yield
-    wait_for_pending_save()
-    reset_state()
 
 
 def _saved(tmp_path):

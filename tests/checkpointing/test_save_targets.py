@@ -33,13 +33,6 @@ class Counter:
         self.value = state["value"]
 
 
-@pytest.fixture(autouse=True)
-def _fresh_state():
-    reset_state()
-    yield
-    reset_state()
-
-
 def build(fill, custom=()):
     """An accelerator with a small model whose weights all hold ``fill``, and the custom objects registered."""
     reset_state()
