@@ -19,8 +19,8 @@ from helpers import SCRIPTS, requires, torchrun
 from hasten import Accelerator
 from hasten.checkpointing.accelerate_format import open_checkpoint
 from hasten.errors import CheckpointError
-from hasten.strategies.deepspeed.resharding import ZeroFullState, read_zero_checkpoint
-from hasten.strategies.engine_change import fill_from_torch_checkpoint, load_state_by_name
+from hasten.strategies.deepspeed.resharding import read_zero_checkpoint
+from hasten.strategies.engine_change import StateByName, fill_from_torch_checkpoint, load_state_by_name
 
 pytestmark = [pytest.mark.slow, requires("deepspeed")]
 
@@ -67,8 +67,8 @@ def _model(**changes) -> torch.nn.Module:
     return model
 
 
-def _empty(reader) -> ZeroFullState:
-    return ZeroFullState(stage=2, world_size=2, folder=reader.directory)
+def _empty(reader) -> StateByName:
+    return StateByName(stage=2, world_size=2, folder=reader.directory)
 
 
 def _groups(model) -> list[list[str]]:

@@ -238,10 +238,15 @@ class AccelerateCheckpointReader:
         """The shape of every tensor of model file ``name`` (tied weights filled in)."""
         return {key: tuple(value.shape) for key, value in self.load_tensors(name).items()}
 
+    def param_group_keys(self, name: str) -> list[list] | None:
+        """What each group of saved optimizer ``name`` lists under ``params`` (positions or parameter names)."""
+        groups = self.load_state(name).get("param_groups")
+        return [list(group.get("params", [])) for group in groups] if isinstance(groups, list) else None
+
     def param_group_sizes(self, name: str) -> list[int] | None:
         """The number of parameters in each group of saved optimizer ``name``."""
-        groups = self.load_state(name).get("param_groups")
-        return [len(group.get("params", [])) for group in groups] if isinstance(groups, list) else None
+        keys = self.param_group_keys(name)
+        return None if keys is None else [len(group) for group in keys]
 
     def exists(self, name: str) -> bool:
         """True when the folder holds Accelerate's file for hasten's file ``name``."""

@@ -371,11 +371,17 @@ class CheckpointReader:
             shapes[alias] = shapes.get(source)
         return shapes
 
-    def param_group_sizes(self, name: str) -> list[int] | None:
-        """The number of parameters in each group of saved optimizer ``name`` (None when it holds no groups)."""
+    def param_group_keys(self, name: str) -> list[list] | None:
+        """What each group of saved optimizer ``name`` lists under ``params`` (positions, or FSDP2's parameter names),
+        read without its tensors; None when it holds no groups."""
         tree = self.load_json(f"{name}.json")["tree"]
         groups = tree.get("param_groups") if isinstance(tree, dict) else None
-        return [len(group.get("params", [])) for group in groups] if isinstance(groups, list) else None
+        return [list(group.get("params", [])) for group in groups] if isinstance(groups, list) else None
+
+    def param_group_sizes(self, name: str) -> list[int] | None:
+        """The number of parameters in each group of saved optimizer ``name`` (None when it holds no groups)."""
+        keys = self.param_group_keys(name)
+        return None if keys is None else [len(group) for group in keys]
 
     def find_corrupt(self, names: list[str] | None = None, share: tuple[int, int] = (0, 1)) -> list[str]:
         """The files among ``names`` (all by default) whose checksum does not match; the others count as verified.

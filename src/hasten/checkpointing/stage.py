@@ -86,6 +86,7 @@ def _info(plan: SavePlan, saved_models: int | None) -> dict[str, Any]:
     return {
         "save_id": uuid.uuid4().hex,  # what random states added after the publish belong to (parts.py)
         "world_size": plan.world,
+        "engine": contents.strategy.distributed_type.value,  # a resume under another engine says what changed
         "step": contents.step,
         "iteration": plan.project.iteration if plan.automatic else None,
         "contents": {

@@ -93,13 +93,16 @@ class CheckpointReading:
     """How a checkpoint this engine saved is read by parameter name, for ``load_state`` under another engine.
 
     ``holds(reader, index)`` tells whether prepared model ``index`` of an open checkpoint is kept in this engine's own
-    files; ``read(reader, index)`` returns that model's training state by parameter name (a
-    :class:`~hasten.strategies.deepspeed.resharding.ZeroFullState`: weights, optimizer state, parameter groups,
-    buffers), everything read and checked. Both may import the engine's modules (they run only on such a load).
+    files; ``read(reader, index, module)`` returns that model's training state by parameter name (a
+    :class:`~hasten.strategies.engine_change.StateByName`: weights, optimizer state, parameter groups, buffers),
+    everything read and checked (``module``: the live model, whose names tell parameters from buffers). Both may
+    import the engine's modules (they run only on such a load). ``left_behind``: what of this engine's state another
+    engine does not take, in words for the resume's warning line (empty: everything carries over).
     """
 
     holds: Callable[[Any, int], bool]
-    read: Callable[[Any, int], Any]
+    read: Callable[[Any, int, Any], Any]
+    left_behind: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -275,13 +275,14 @@ class Strategy(ABC):
         """Restore what :meth:`save_checkpoint` wrote (``reader`` is a ``CheckpointReader``).
 
         Every model and optimizer is checked against the checkpoint before any is changed; tensors are
-        then read straight into the live ones where shape and dtype match. A model that a DeepSpeed ZeRO engine
-        saved is restored by parameter name (:mod:`~hasten.strategies.engine_change`).
+        then read straight into the live ones where shape and dtype match. A checkpoint that another engine saved
+        (DeepSpeed ZeRO's files, FSDP2's shards or full state dict) is restored by parameter name
+        (:mod:`~hasten.strategies.engine_change`).
         """
         from ..checkpointing.live_load import check_model, check_optimizer, load_model, load_optimizer
         from .engine_change import resume_saved_by_another_engine
 
-        if resume_saved_by_another_engine(self, reader, models, optimizers):  # e.g. a DeepSpeed engine's
+        if resume_saved_by_another_engine(self, reader, models, optimizers):  # e.g. ZeRO's or FSDP2's
             return
         targets = [self.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=False) for model in models]
         for i, target in enumerate(targets):

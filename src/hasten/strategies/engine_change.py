@@ -1,30 +1,70 @@
-"""Checkpoints resumed under another engine: a DDP or one-process checkpoint under DeepSpeed ZeRO, and back.
+"""Checkpoints resumed under another engine: single, DDP, FSDP2 and DeepSpeed ZeRO 1-3, in any direction.
 
-Both directions go through one state by parameter name (weights, optimizer state, parameter groups, buffers; it
-knows no layout: :class:`~hasten.strategies.deepspeed.resharding.ZeroFullState`), so that nothing is matched by
-position alone:
+Every direction goes through one state by parameter name, :class:`StateByName` (weights, optimizer state, parameter
+groups, buffers; it knows no layout), so that nothing is matched by position alone:
 
-* :func:`fill_from_torch_checkpoint` reads a checkpoint that a torch optimizer saved (``model.safetensors`` and
-  ``optimizer.*``): the optimizer's state is indexed by position in its groups, and the positions are given names
-  through the live model's parameters in the order the live optimizer holds them, checked against the saved
-  weights' names and shapes. The DeepSpeed strategy applies the state to its engine.
-* :func:`resume_saved_by_another_engine` (the plain strategies' load) asks the engine registry
-  (:class:`~hasten.settings.engines.CheckpointReading`) whether an engine of its own files saved the checkpoint, has
-  it read by name, and restores it into the module and its torch optimizer (:func:`load_state_by_name`): the weights
-  from the fp32 masters, an optimizer state dict built by name.
+* reading: :func:`fill_from_torch_checkpoint` reads a checkpoint a torch optimizer saved (``model.safetensors`` and
+  ``optimizer.*``): its state is indexed by position in its groups (one process, DDP), the positions named through
+  the live model's parameters in the order the live optimizer holds them and checked against the saved weights'
+  names and shapes; or by parameter name (FSDP2's full state dict), checked the same way. An engine keeping its own
+  files (ZeRO's partitions, FSDP2's shards) reads them itself: its registration's
+  :class:`~hasten.settings.engines.CheckpointReading`, found by :func:`read_other_engine`.
+* applying: each engine writes the state into its own layout: :func:`load_state_by_name` into a plain module and
+  its torch optimizer (:func:`resume_saved_by_another_engine`, the plain strategies' load), the DeepSpeed and FSDP2
+  strategies into their engine (their ``other_engines`` modules).
 
 Everything is checked before anything changes; a mismatch names the parameter. What does not carry over (an engine's
-own counters and knobs) is said in one warning line. This module imports no engine.
+own counters and knobs) is said in one warning line, and otherwise one info line says which engine saved it. This
+module imports no engine.
 """
 
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from ..checkpointing.contents import suffix
 from ..errors import CheckpointError
+from ..logging import get_logger
+
+_ENGINES = {"DEEPSPEED": "DeepSpeed ZeRO", "FSDP": "FSDP2", "NO": "one process"}
+
+
+@dataclass
+class StateByName:
+    """A checkpoint's training state by parameter name, independent of the engine and the processes that saved it.
+
+    Attributes:
+        world_size: the processes that saved it.
+        folder: where it was read from (for messages).
+        weights: every parameter's full weight (fp32 masters under mixed precision; frozen parameters: their saved
+            weight), by name. Tied parameters appear once, under the name ``named_parameters()`` gives them.
+        optimizer_state: per trained parameter name, the optimizer's state (``exp_avg``, ``exp_avg_sq``,
+            ``momentum_buffer``: full tensors of the parameter's shape; ``step`` and other values as saved).
+        param_groups: the optimizer's parameter groups: their hyperparameters (``lr``, ``betas``, ...) and under
+            ``"params"`` the names of their parameters, in the saving optimizer's order.
+        buffers: the module's saved buffers, by name.
+        stage: the ZeRO stage that saved it (0 when no ZeRO engine did).
+        shared: tied parameter names pointing to the name they share their tensor with.
+        engine: a ZeRO engine's own state: ``lr_scheduler`` (its state dict, or None), ``global_steps``,
+            ``global_samples``, ``skipped_steps``.
+        scaler: a ZeRO engine's fp16 loss scaler (``loss_scaler``, ``dynamic_loss_scale``, ``overflow``).
+    """
+
+    world_size: int
+    folder: Path
+    weights: dict[str, torch.Tensor] = field(default_factory=dict)
+    optimizer_state: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    param_groups: list[dict] = field(default_factory=list)
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    stage: int = 0
+    shared: dict[str, str] = field(default_factory=dict)
+    engine: dict = field(default_factory=dict)
+    scaler: dict = field(default_factory=dict)
 
 
 def saved_by_torch(reader, index: int) -> bool:
@@ -32,31 +72,123 @@ def saved_by_torch(reader, index: int) -> bool:
     return reader.exists(f"model{suffix(index)}.safetensors")
 
 
-def warn_left_behind(where: str, source: str, target: str, left: str) -> None:
-    """The one warning line of a resume under another engine (``where``: the checkpoint): what did not carry over."""
-    warnings.warn(
+def optimizer_saved_by_name(reader, index: int) -> bool:
+    """Whether optimizer ``index`` of the checkpoint names its parameters (FSDP2's full state dict) rather than
+    numbering them (a torch optimizer's own ``state_dict``); its tensors are not read."""
+    name = f"optimizer{suffix(index)}"
+    keys = reader.param_group_keys(name) if reader.exists(f"{name}.json") else None
+    return any(isinstance(key, str) for group in keys or [] for key in group)
+
+
+def saved_under(reader) -> str:
+    """The engine and processes that saved the checkpoint, in words (``"FSDP2 on 2 process(es)"``)."""
+    manifest = reader.manifest
+    engine = str(manifest.get("engine") or "")
+    label = _ENGINES.get(engine, "DDP" if engine.startswith("MULTI_") else "another engine")
+    return f"{label} on {manifest.get('world_size') or 1} process(es)"
+
+
+def say_resumed(where: str, source: str, target: str, left: str | None) -> None:
+    """The one line of a resume under another engine (``where``: the checkpoint): a warning naming what did not carry
+    over (``left``), or, when everything did, an info line."""
+    line = (
         f"{where} was saved under {source} and is resumed under {target}: the weights, the optimizer state "
-        f"(matched by parameter name), schedulers, data positions and random states carry over; {left}.",
-        stacklevel=4,
+        "(matched by parameter name), schedulers, data positions and random states carry over"
     )
+    if left:
+        warnings.warn(f"{line}; {left}.", stacklevel=4)
+    else:
+        get_logger("hasten.checkpointing").info(f"{line}.")
 
 
-# ------------------------------------------------------------------------------ torch checkpoint -> ZeRO
+class Found(NamedTuple):
+    """A model of the checkpoint to be loaded by parameter name: its ``index``, its ``state`` and what of the saving
+    engine's own state does not carry over (``left``, in words; empty when everything does)."""
+
+    index: int
+    state: StateByName
+    left: str
+
+
+def find_state_by_name(reader, modules: list, optimizers: list, own: str, native: str | None) -> Found | None:
+    """The model of the checkpoint that the loading engine cannot load as it is, read by parameter name.
+
+    That is a model kept in another engine's own files (ZeRO's partitions, FSDP2's shards: the registration that
+    claims them reads them), or a whole state dict whose optimizer state is indexed another way than the loading
+    engine's own (``native``: ``"position"`` for a torch optimizer, ``"name"`` for FSDP2, None for an engine that
+    takes neither).
+
+    Args:
+        reader: the open checkpoint.
+        modules: the live (unwrapped) models, in the order they were prepared (None: a model to leave to the
+            loading engine).
+        optimizers: the live optimizers, whose parameter order names a torch optimizer's positions.
+        own: the loading engine's registered name (its own files it loads itself).
+        native: how the loading engine indexes a saved optimizer state, as above.
+
+    Returns:
+        None, having read nothing, when the loading engine loads the checkpoint itself.
+
+    Raises:
+        CheckpointError: more than one optimizer, names, shapes or groups that differ (naming the parameter), or a
+            damaged file (naming it); nothing was changed.
+    """
+    from ..environment import ENGINES
+
+    where = f"Checkpoint {reader.directory}"
+    for index, module in enumerate(modules):
+        if module is None:
+            continue
+        claim = next((e for e in ENGINES if e.name != own and _claims(e, reader, index)), None)
+        if claim is None and not (optimizers and saved_by_torch(reader, index)):
+            continue
+        if claim is None and native == ("name" if optimizer_saved_by_name(reader, index) else "position"):
+            continue
+        if len(optimizers) > 1:
+            raise CheckpointError(
+                f"{where} holds model {index} as {saved_under(reader)} saved it, with one optimizer; this run "
+                f"prepared {len(optimizers)} optimizers: prepare one to resume it under another engine. Nothing was "
+                "loaded."
+            )
+        if claim is not None:
+            return Found(
+                index, claim.checkpoint_reading.read(reader, index, module), claim.checkpoint_reading.left_behind
+            )
+        state = StateByName(world_size=int(reader.manifest.get("world_size") or 1), folder=reader.directory)
+        fill_from_torch_checkpoint(state, reader, index, module, parameter_names(optimizers[0], module), where)
+        return Found(index, state, "")
+    return None
+
+
+def _claims(engine, reader, index: int) -> bool:
+    return engine.checkpoint_reading is not None and engine.checkpoint_reading.holds(reader, index)
+
+
+def parameter_names(optimizer, module: torch.nn.Module) -> list[list[str]]:
+    """Per parameter group of a torch ``optimizer``, the names in ``module`` of its parameters, in its order."""
+    names = {id(param): name for name, param in module.named_parameters()}
+    return [[names[id(param)] for param in group["params"]] for group in optimizer.param_groups]
+
+
+# ------------------------------------------------------------------------------ a torch checkpoint, by name
 
 
 def fill_from_torch_checkpoint(
-    state, reader, index: int, module: torch.nn.Module, groups: list[list[str]], where: str
+    state: StateByName, reader, index: int, module: torch.nn.Module, groups: list[list[str]], where: str
 ) -> None:
-    """Fill ``state`` with the training state of a torch optimizer's checkpoint, by parameter name.
+    """Fill ``state`` with the training state of a checkpoint holding a whole state dict and an optimizer's state.
+
+    The optimizer's state is indexed by position in its groups (a torch optimizer's ``state_dict``: the positions
+    are named by ``groups``) or by parameter name (FSDP2's full state dict: the names are checked against
+    ``groups``).
 
     Args:
-        state: an empty state by name (a ``ZeroFullState``): its weights, buffers, optimizer state and parameter
-            groups are filled.
+        state: an empty state by name: its weights, buffers, optimizer state and parameter groups are filled.
         reader: the open checkpoint.
         index: which prepared model and optimizer (``model_<index>``, ``optimizer_<index>``).
         module: the live model (its parameter and buffer names and shapes; ZeRO-3's ``ds_shape`` is read).
-        groups: per optimizer parameter group, the names of its parameters in the order the optimizer holds them
-            (the order the saved optimizer's positions follow).
+        groups: per optimizer parameter group, the names of its parameters in the order the live optimizer holds
+            them.
         where: the checkpoint, for messages.
 
     Raises:
@@ -71,13 +203,43 @@ def fill_from_torch_checkpoint(
     parameters = dict(module.named_parameters())
     state.weights = {name: saved[name].float() for name in parameters}
     state.buffers = {name: saved[name] for name, _ in module.named_buffers() if name in saved}
-    for saved_group, names in zip(saved_groups, groups):
-        for position, name in zip(saved_group["params"], names):
-            entry = optimizer["state"].get(position, optimizer["state"].get(str(position), {}))
+    canonical = canonical_names(module)
+    for position, (saved_group, names) in enumerate(zip(saved_groups, groups)):
+        keys = list(saved_group["params"])
+        if any(isinstance(key, str) for key in keys):  # saved by parameter name
+            named = [canonical.get(key, key) for key in keys]
+            _check_group_names(named, names, position, where)
+        else:
+            named = list(names)
+        for key, name in zip(keys, named):
+            entry = optimizer["state"].get(key, optimizer["state"].get(str(key), {}))
             _check_state_shapes(entry, name, tuple(state.weights[name].shape), where)
             state.optimizer_state[name] = dict(entry)
         hyper = {key: value for key, value in saved_group.items() if key != "params"}
-        state.param_groups.append({**hyper, "params": list(names)})
+        state.param_groups.append({**hyper, "params": named})
+
+
+def canonical_names(module: torch.nn.Module) -> dict[str, str]:
+    """Every parameter name of ``module``, tied ones included, to the name ``named_parameters()`` gives its tensor."""
+    first: dict[int, str] = {}
+    names = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        names[name] = first.setdefault(id(param), name)
+    return names
+
+
+def _check_group_names(saved: list[str], live: list[str], position: int, where: str) -> None:
+    for name in sorted(set(live) - set(saved)):
+        raise CheckpointError(
+            f"{where} holds no optimizer state for parameter {name!r} in parameter group {position}: create the "
+            "optimizer with the same groups as the run that saved it. Nothing was loaded."
+        )
+    for name in sorted(set(saved) - set(live)):
+        raise CheckpointError(
+            f"{where} holds optimizer state for parameter {name!r} in parameter group {position}, which this run's "
+            "optimizer does not hold there: create the optimizer with the same groups as the run that saved it. "
+            "Nothing was loaded."
+        )
 
 
 def _shape(param: torch.Tensor) -> tuple:
@@ -119,51 +281,41 @@ def _check_state_shapes(entry: dict, name: str, shape: tuple, where: str) -> Non
             )
 
 
-# ------------------------------------------------------------------------------ ZeRO checkpoint -> torch
+# ------------------------------------------------------------------------------ by name -> a torch optimizer
 
 
 def resume_saved_by_another_engine(strategy, reader, models: list, optimizers: list) -> bool:
-    """Load a checkpoint whose model an engine of its own files saved (DeepSpeed ZeRO) into ``strategy``'s plain
-    models and torch optimizers (one process, DDP); the other models are loaded whole.
+    """Load a checkpoint that another engine saved (ZeRO's partitions, FSDP2's shards or full state dict) into
+    ``strategy``'s plain models and torch optimizers (one process, DDP), by parameter name; the other models are
+    loaded whole.
 
     Returns:
-        False, having done nothing, when no registered engine claims a model of the checkpoint.
+        False, having done nothing, when the checkpoint is a torch optimizer's (the strategy's own load takes it).
 
     Raises:
-        CheckpointError: more than one optimizer for that model, names, shapes or groups that differ (naming the
-            parameter), or a damaged checkpoint; nothing was changed.
+        CheckpointError: more than one optimizer, names, shapes or groups that differ (naming the parameter), or a
+            damaged checkpoint; nothing was changed.
     """
-    from ..environment import ENGINES
-
-    readings = [engine for engine in ENGINES if engine.checkpoint_reading is not None]
-    found = next(((i, e) for i in range(len(models)) for e in readings if e.checkpoint_reading.holds(reader, i)), None)
+    targets = [strategy.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=False) for model in models]
+    found = find_state_by_name(reader, targets, optimizers, own="", native="position")
     if found is None:
         return False
-    index, engine = found
     where = f"Checkpoint {reader.directory}"
-    if len(optimizers) > 1:
-        raise CheckpointError(
-            f"{where} holds model {index} as a {engine.name} engine's files, with the one optimizer of that engine; "
-            f"this run prepared {len(optimizers)} optimizers: prepare one to resume it under another engine. Nothing "
-            "was loaded."
-        )
-    full = engine.checkpoint_reading.read(reader, index)
-    targets = [strategy.unwrap_model(model, keep_fp32_wrapper=True, keep_torch_compile=False) for model in models]
-    others = {i: reader.load_tensors(f"model{suffix(i)}.safetensors") for i in range(len(models)) if i != index}
-    load_state_by_name(full, targets[index], optimizers, where)
+    others = {i: reader.load_tensors(f"model{suffix(i)}.safetensors") for i in range(len(models)) if i != found.index}
+    load_state_by_name(found.state, targets[found.index], optimizers, where)
     for i, tensors in others.items():
         targets[i].load_state_dict(tensors)
     if strategy.state.is_main_process:
-        left = f"the {engine.name} engine's own state (its step and sample counters, loss scaler and config) does not"
-        warn_left_behind(where, f"the {engine.name} engine on {full.world_size} process(es)", "a torch optimizer", left)
+        target = "DDP" if strategy.state.num_processes > 1 else "one process"
+        say_resumed(where, saved_under(reader), f"{target} on {strategy.state.num_processes} process(es)", found.left)
     return True
 
 
 def load_state_by_name(full, module: torch.nn.Module, optimizers: list, where: str) -> None:
-    """Restore a state by parameter name (a ZeRO checkpoint's) into a plain module and its torch optimizer.
+    """Restore a state by parameter name into a plain module and its torch optimizer.
 
     Args:
-        full: the state by name (``read_zero_checkpoint``'s ``ZeroFullState``).
+        full: the state by name (a :class:`StateByName`).
         module: the unwrapped live model the engine trained.
         optimizers: the prepared optimizers of that model (none, or one).
         where: the checkpoint, for messages.
@@ -171,8 +323,8 @@ def load_state_by_name(full, module: torch.nn.Module, optimizers: list, where: s
     Raises:
         CheckpointError: names, shapes or groups that differ, naming the parameter; nothing was changed.
     """
-    _check_full_weights(full, module, where)
-    states = [_torch_optimizer_state(full, module, optimizer, where) for optimizer in optimizers]
+    check_weights(full, module, where)
+    states = [torch_optimizer_state(full, module, optimizer, where) for optimizer in optimizers]
     with torch.no_grad():
         for name, param in module.named_parameters():
             param.copy_(full.weights[name])
@@ -184,7 +336,8 @@ def load_state_by_name(full, module: torch.nn.Module, optimizers: list, where: s
         optimizer.load_state_dict(state)
 
 
-def _check_full_weights(full, module: torch.nn.Module, where: str) -> None:
+def check_weights(full: StateByName, module: torch.nn.Module, where: str) -> None:
+    """Refuse a state whose parameter names or shapes are not ``module``'s, naming the first that differs."""
     live = {name: tuple(param.shape) for name, param in module.named_parameters()}
     for name in sorted(live.keys() - full.weights.keys()):
         raise CheckpointError(f"{where} has no parameter {name!r}, which the model has. Nothing was loaded.")
@@ -198,8 +351,9 @@ def _check_full_weights(full, module: torch.nn.Module, where: str) -> None:
             )
 
 
-def _torch_optimizer_state(full, module: torch.nn.Module, optimizer, where: str) -> dict:
-    """A torch optimizer state dict for ``optimizer``'s groups, each parameter's state found by its name."""
+def torch_optimizer_state(full: StateByName, module: torch.nn.Module, optimizer, where: str) -> dict:
+    """A torch optimizer state dict for ``optimizer``'s groups, each parameter's state found by its name; a
+    parameter without state, or in another group than saved, is refused (naming it)."""
     names = {id(param): name for name, param in module.named_parameters()}
     live_groups = optimizer.param_groups
     if len(live_groups) != len(full.param_groups):

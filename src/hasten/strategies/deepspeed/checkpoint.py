@@ -10,6 +10,7 @@ DeepSpeed nor a process group.
 from __future__ import annotations
 
 import enum
+import io
 import math
 import os
 import pickle
@@ -81,6 +82,26 @@ def safe_torch_load(source, name, map_location=None, classes=None):
 
 
 # ------------------------------------------------------------------------------------ finding
+
+
+def verified_loader(reader):
+    """A ``load(path, map_location=None)`` for engine checkpoint files: each file's checksum is checked against the
+    manifest of ``reader`` (an open hasten checkpoint; None: Accelerate's, which has none) and no code is executed.
+    A file the manifest does not list is refused: the checkpoint was changed after it was saved."""
+
+    def load(path, map_location=None):
+        data = Path(path).read_bytes()
+        if reader is not None:
+            name = Path(path).resolve().relative_to(reader.directory.resolve()).as_posix()
+            if reader.files.get(name) is None:
+                raise CheckpointError(
+                    f"{path} is not listed in the manifest of {reader.directory}: the checkpoint was changed after it "
+                    "was saved."
+                )
+            reader.check_bytes(name, data)
+        return safe_torch_load(io.BytesIO(data), path, map_location, classes=deepspeed_classes())
+
+    return load
 
 
 def find_deepspeed_checkpoint(path: str | os.PathLike) -> Path | None:

@@ -102,11 +102,11 @@ def _holds_state(reader, index: int) -> bool:
     return holds_engine_state(reader, index)
 
 
-def _read_state(reader, index: int):
+def _read_state(reader, index: int, module):
     """Model ``index``'s ZeRO state by parameter name, for a resume under another engine."""
     from .other_engines import read_engine_state
 
-    return read_engine_state(reader, index)
+    return read_engine_state(reader, index, module)
 
 
 ENGINE = Engine(
@@ -142,6 +142,10 @@ ENGINE = Engine(
         _holds,
         _merge,
     ),
-    checkpoint_reading=CheckpointReading(_holds_state, _read_state),
+    checkpoint_reading=CheckpointReading(
+        _holds_state,
+        _read_state,
+        "the DeepSpeed engine's own state (its step and sample counters, loss scaler and config) does not",
+    ),
     memory_table=_memory_table,
 )

@@ -1,22 +1,24 @@
 """DeepSpeed's side of a checkpoint resumed under another engine.
 
-In: :func:`resume_torch_checkpoint` loads a checkpoint that a torch optimizer saved (one process, DDP) into a ZeRO
-1-3 engine. The checkpoint holds the model's full state dict and the optimizer's state indexed by position in its
-groups; the positions are named through the engine's own record of the parameters it was given, in the order the
-optimizer held them (ZeRO-1/2: ``bit16_groups``; ZeRO-3: ``trainable_param_groups``), the state is built by
-parameter name (:func:`~hasten.strategies.engine_change.fill_from_torch_checkpoint`) and every process takes its
-slice of it (:func:`~hasten.strategies.deepspeed.resharding.apply_zero_full_state`).
+In: :func:`resume_other_engine_checkpoint` loads a checkpoint that a torch optimizer saved (one process, DDP, FSDP2's
+full state dict) or that another engine kept in its own files (FSDP2's shards) into a ZeRO 1-3 engine. The state is
+read by parameter name (:func:`~hasten.strategies.engine_change.find_state_by_name`; a torch optimizer's positions
+are named through the engine's own record of the parameters it was given, in the order the optimizer held them:
+ZeRO-1/2 ``bit16_groups``, ZeRO-3 ``trainable_param_groups``) and every process takes its slice of it
+(:func:`~hasten.strategies.deepspeed.resharding.apply_zero_full_state`).
 
 Out: :func:`holds_engine_state` and :func:`read_engine_state`, the engine registration's
-:class:`~hasten.settings.engines.CheckpointReading`, with which another engine finds and reads a ZeRO checkpoint.
+:class:`~hasten.settings.engines.CheckpointReading`, with which another engine finds and reads a ZeRO checkpoint,
+every file checked against the checkpoint's manifest.
 """
 
 from __future__ import annotations
 
 from ...checkpointing.contents import suffix
 from ...errors import CheckpointError
-from ..engine_change import fill_from_torch_checkpoint, saved_by_torch, warn_left_behind
-from .resharding import ZeroFullState, apply_zero_full_state, engine_checkpoint, read_zero_checkpoint
+from ..engine_change import StateByName, find_state_by_name, saved_by_torch, saved_under, say_resumed
+from .checkpoint import verified_loader
+from .resharding import apply_zero_full_state, engine_checkpoint, read_zero_checkpoint
 
 CHECKPOINT_FOLDER = "deepspeed"  # where save_state puts the engine's own files
 TAG = "state"  # the tag under it
@@ -32,25 +34,27 @@ def holds_engine_state(reader, index: int) -> bool:
     return any(name.startswith(f"{CHECKPOINT_FOLDER}/") for name in reader.files)
 
 
-def read_engine_state(reader, index: int) -> ZeroFullState:
-    """Model ``index``'s ZeRO checkpoint by parameter name (:func:`read_zero_checkpoint`), every file checked."""
-    return read_zero_checkpoint(engine_checkpoint(reader, index, CHECKPOINT_FOLDER, TAG).path)
+def read_engine_state(reader, index: int, module=None) -> StateByName:
+    """Model ``index``'s ZeRO checkpoint by parameter name (:func:`read_zero_checkpoint`), every file checked against
+    the checkpoint's manifest (``module`` is not needed: the engine's files name parameters and buffers)."""
+    found = engine_checkpoint(reader, index, CHECKPOINT_FOLDER, TAG)
+    return read_zero_checkpoint(found.path, None if found.accelerate else verified_loader(reader))
 
 
-def resume_torch_checkpoint(strategy, reader, models: list) -> bool:
-    """Load a checkpoint of a torch optimizer into ``strategy``'s engine (and its other models whole).
+def resume_other_engine_checkpoint(strategy, reader, models: list) -> bool:
+    """Load a checkpoint of another engine into ``strategy``'s engine by parameter name (and its other models whole).
 
     Returns:
         False, having done nothing, when the checkpoint holds the engine's model as DeepSpeed files (or the
         strategy has no engine among ``models``): DeepSpeed's own load or the resharding reader takes it.
 
     Raises:
-        CheckpointError: under ZeRO stage 0, or names, shapes or groups that differ (naming the parameter); nothing
-            was changed.
+        CheckpointError: under ZeRO stage 0, or names, shapes or groups that differ (naming the parameter), or a
+            damaged file (naming it); nothing was changed.
     """
     engine = strategy.engine
-    index = next((i for i, model in enumerate(models) if model is engine), -1)
-    if index < 0 or holds_engine_state(reader, index) or not saved_by_torch(reader, index):
+    modules = [engine.module if model is engine else None for model in models]
+    if engine not in models or holds_engine_state(reader, models.index(engine)):
         return False
     where = f"Checkpoint {reader.directory}"
     stage = engine.zero_optimization_stage()
@@ -59,10 +63,13 @@ def resume_torch_checkpoint(strategy, reader, models: list) -> bool:
             f"{where} was saved without DeepSpeed; hasten resumes it under ZeRO stage 1, 2 or 3, and this run uses "
             f"stage {stage}. Set zero_stage to 1, 2 or 3 in the DeepSpeed config. Nothing was loaded."
         )
-    state = ZeroFullState(stage=stage, world_size=int(reader.manifest.get("world_size") or 1), folder=reader.directory)
-    fill_from_torch_checkpoint(state, reader, index, engine.module, _groups(engine), where)
+    found = find_state_by_name(reader, modules, [_Groups(engine)], own="deepspeed", native=None)
+    if found is None:
+        return False
+    state = found.state
+    state.stage = stage
     state.param_groups = _inner_groups(engine, state.param_groups)
-    others = {i: reader.load_tensors(f"model{suffix(i)}.safetensors") for i in range(len(models)) if i != index}
+    others = {i: reader.load_tensors(f"model{suffix(i)}.safetensors") for i in range(len(models)) if i != found.index}
     apply_zero_full_state(engine, state)
     for i, tensors in others.items():
         strategy.unwrap_model(models[i]).load_state_dict(tensors)
@@ -70,17 +77,25 @@ def resume_torch_checkpoint(strategy, reader, models: list) -> bool:
         left = "DeepSpeed's step and sample counters start from 0"
         if reader.exists("scaler.json"):
             left += ", and the fp16 gradient scaler's state is not DeepSpeed's loss scaler: it starts afresh"
-        warn_left_behind(where, f"a torch optimizer on {state.world_size} process(es)", f"ZeRO-{stage}", left)
+        target = f"ZeRO-{stage} on {engine.dp_world_size} process(es)"
+        say_resumed(where, saved_under(reader), target, "; ".join(filter(None, [found.left, left])))
     return True
 
 
-def _groups(engine) -> list[list[str]]:
-    """The names of the optimizer's parameters, per group, in the order the optimizer held them."""
-    names = {id(param): name for name, param in engine.module.named_parameters()}
+class _Groups:
+    """The engine's optimizer as :func:`~hasten.strategies.engine_change.find_state_by_name` reads one: its parameter
+    groups, each listing its parameters in the order the optimizer holds them."""
+
+    def __init__(self, engine):
+        self.param_groups = [{"params": params} for params in _params(engine)]
+
+
+def _params(engine) -> list[list]:
+    """The optimizer's parameters, per group, in the order the optimizer held them."""
     optimizer = engine.optimizer
     if engine.zero_optimization_stage() >= 3:
-        return [[names[id(param)] for param in group["params"]] for group in optimizer.trainable_param_groups]
-    return [[names[id(param)] for param in group] for group in optimizer.bit16_groups]
+        return [list(group["params"]) for group in optimizer.trainable_param_groups]
+    return [list(group) for group in optimizer.bit16_groups]
 
 
 def _inner_groups(engine, groups: list[dict]) -> list[dict]:

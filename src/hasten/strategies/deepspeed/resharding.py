@@ -4,7 +4,7 @@ DeepSpeed keeps a ZeRO checkpoint as one optimizer file per data-parallel proces
 of flat vectors (the fp32 master weights and every optimizer moment), and loads it on the same number of processes
 only. Here :func:`read_zero_checkpoint` reads the files one at a time into one full tensor per parameter name (weights,
 moments, step, the parameter groups' hyperparameters, the buffers and the engine's counters and scheduler):
-:class:`ZeroFullState`, which knows nothing of the layout it came from. :func:`apply_zero_full_state` is its
+:class:`StateByName`, which knows nothing of the layout it came from. :func:`apply_zero_full_state` is its
 counterpart: it writes such a state into a live DeepSpeed engine on the current processes, each taking its own slice
 of every tensor, and sets the module's weights from the fp32 masters. Nothing is gathered between processes: every
 process reads the files itself, so the cost is one pass over the saved optimizer state per process.
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -27,43 +26,11 @@ import torch
 
 from ...errors import CheckpointError
 from ...logging import get_logger
+from ..engine_change import StateByName
 from .checkpoint import _files, find_deepspeed_checkpoint, safe_torch_load
 
 _ENGINE_KEYS = ("lr_scheduler", "global_steps", "global_samples", "skipped_steps")
 _SCALER_KEYS = ("loss_scaler", "dynamic_loss_scale", "overflow")
-
-
-@dataclass
-class ZeroFullState:
-    """A ZeRO checkpoint's training state by parameter name, independent of how many processes saved it.
-
-    Attributes:
-        stage: the ZeRO stage that saved it (1, 2 or 3).
-        world_size: the data-parallel processes that saved it.
-        folder: the folder of its ``*_optim_states.pt`` files.
-        weights: every parameter's full fp32 master weight (frozen parameters: their saved weight), by name. Tied
-            parameters appear once, under the name ``named_parameters()`` gives them.
-        optimizer_state: per trained parameter name, the optimizer's state (``exp_avg``, ``exp_avg_sq``: full
-            tensors of the parameter's shape; ``step`` and other values not split over the processes as saved).
-        param_groups: the optimizer's parameter groups: their hyperparameters (``lr``, ``betas``, ...) and under
-            ``"params"`` the names of their parameters, in the engine's order.
-        buffers: the module's saved buffers, by name.
-        shared: tied parameter names pointing to the name they share their tensor with.
-        engine: the engine's own state: ``lr_scheduler`` (its state dict, or None), ``global_steps``,
-            ``global_samples``, ``skipped_steps``.
-        scaler: the fp16 loss scaler's state (``loss_scaler``, ``dynamic_loss_scale``, ``overflow``).
-    """
-
-    stage: int
-    world_size: int
-    folder: Path
-    weights: dict[str, torch.Tensor] = field(default_factory=dict)
-    optimizer_state: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
-    param_groups: list[dict] = field(default_factory=list)
-    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
-    shared: dict[str, str] = field(default_factory=dict)
-    engine: dict = field(default_factory=dict)
-    scaler: dict = field(default_factory=dict)
 
 
 class EngineCheckpoint(NamedTuple):
@@ -105,7 +72,7 @@ def engine_checkpoint(reader, index: int, folder: str, tag: str) -> EngineCheckp
     return found
 
 
-def resume_on_this_world(engine, state: ZeroFullState, announce: bool = True) -> None:
+def resume_on_this_world(engine, state: StateByName, announce: bool = True) -> None:
     """Apply a ZeRO checkpoint read by :func:`read_zero_checkpoint` (saved on another number of processes) to
     ``engine`` (:func:`apply_zero_full_state`); with ``announce`` (the main process) say so in one info line."""
     apply_zero_full_state(engine, state)
@@ -138,7 +105,7 @@ def _read(load: Callable, path: Path) -> dict:
         ) from None
 
 
-def read_zero_checkpoint(checkpoint_dir, load: Callable | None = None) -> ZeroFullState:
+def read_zero_checkpoint(checkpoint_dir, load: Callable | None = None) -> StateByName:
     """Read a ZeRO (stage 1, 2 or 3) checkpoint saved on any number of processes into one state per parameter name.
 
     The optimizer files are read one at a time (memory: the full state plus one process's file); every file is
@@ -185,7 +152,7 @@ def read_zero_checkpoint(checkpoint_dir, load: Callable | None = None) -> ZeroFu
             f"{folder} was saved with model (tensor or pipeline) parallelism ({model['mp_world_size']} model-parallel "
             "ranks); hasten partitions again only data-parallel ZeRO checkpoints. Nothing was loaded."
         )
-    state = ZeroFullState(stage=stage, world_size=world, folder=folder)
+    state = StateByName(stage=stage, world_size=world, folder=folder)
     state.buffers = {name: model["module"][name] for name in model.get("buffer_names") or [] if name in model["module"]}
     state.shared = dict(model.get("shared_params") or {})
     state.engine = {key: model.get(key) for key in _ENGINE_KEYS}
@@ -277,7 +244,7 @@ class _Layout:
         total -= paddings[-1] if paddings else 0
         return max(0, min(self.partition[index], total - rank * self.partition[index]))
 
-    def gather(self, rank: int, path: Path, saved: dict, state: ZeroFullState) -> None:
+    def gather(self, rank: int, path: Path, saved: dict, state: StateByName) -> None:
         """Copy process ``rank``'s slices (fp32 weights, split optimizer state) into ``state``'s full tensors."""
         flats = saved["single_partition_of_fp32_groups"] if self.stage <= 2 else saved["fp32_flat_groups"]
         base = saved.get("base_optimizer_state", saved.get("optimizer_state_dict"))
@@ -323,8 +290,8 @@ def _frozen(model: dict, model_files: list[Path], stage: int, world: int, load: 
 # ------------------------------------------------------------------------------------ applying
 
 
-def apply_zero_full_state(engine, state: ZeroFullState) -> None:
-    """Write a :class:`ZeroFullState` into a live DeepSpeed ZeRO engine, on however many processes it runs.
+def apply_zero_full_state(engine, state: StateByName) -> None:
+    """Write a :class:`StateByName` into a live DeepSpeed ZeRO engine, on however many processes it runs.
 
     Every process takes its own slice of each full tensor: the fp32 master weights, the split optimizer state
     (``exp_avg``, ``exp_avg_sq``...), with the unsplit values (``step``) and the groups' hyperparameters as saved;
@@ -368,7 +335,7 @@ def link_optimizer_views(engine) -> None:
         optimizer._lazy_init_hp_params_optimizer_state()
 
 
-def _set_optimizer_state(moments: dict, master: torch.Tensor, segments: list, state: ZeroFullState) -> None:
+def _set_optimizer_state(moments: dict, master: torch.Tensor, segments: list, state: StateByName) -> None:
     """One flat group's optimizer state: split values sliced like the master, the others (``step``) as saved."""
     first = state.optimizer_state[segments[0][0]]
     for key, sample in first.items():
@@ -381,7 +348,7 @@ def _set_optimizer_state(moments: dict, master: torch.Tensor, segments: list, st
             moments[key] = sample.clone() if isinstance(sample, torch.Tensor) else sample
 
 
-def _check_matches(engine, state: ZeroFullState, names: dict[int, str]) -> None:
+def _check_matches(engine, state: StateByName, names: dict[int, str]) -> None:
     """Refuse a state whose parameters (names, shapes, groups) are not the engine's, before anything is written."""
     where = f"ZeRO checkpoint {state.folder}"
     if getattr(engine.optimizer, "swap_optimizer", False):
@@ -461,7 +428,7 @@ def _fill(target: torch.Tensor, segments: list, full: dict[str, torch.Tensor]) -
     flat[end:].zero_()
 
 
-def _set_module_weights(engine, state: ZeroFullState, names: dict[int, str]) -> None:
+def _set_module_weights(engine, state: StateByName, names: dict[int, str]) -> None:
     """The module's (low-precision) weights from the fp32 masters just written, frozen parameters from the state."""
     optimizer = engine.optimizer
     if engine.zero_optimization_stage() >= 3:
@@ -483,7 +450,7 @@ def _set_module_weights(engine, state: ZeroFullState, names: dict[int, str]) -> 
         param.data.copy_(state.weights[name].to(param.dtype))
 
 
-def _set_engine_state(engine, state: ZeroFullState) -> None:
+def _set_engine_state(engine, state: StateByName) -> None:
     """Buffers, learning-rate scheduler, step counters and loss scaler, as saved."""
     buffers = dict(engine.module.named_buffers())
     for name, value in state.buffers.items():

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import io
 import math
 import os
-from pathlib import Path
 from typing import Iterable
 
 import torch
@@ -29,11 +27,11 @@ from ...state import warn_once
 from ..base import EngineSettings, Strategy, _suffix
 from . import config as dsc
 from . import zero3
-from .checkpoint import check_world_size, deepspeed_classes, safe_torch_load
+from .checkpoint import check_world_size, verified_loader
 from .dummies import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
 from .other_engines import CHECKPOINT_FOLDER as _CHECKPOINT_FOLDER
 from .other_engines import TAG as _TAG
-from .other_engines import resume_torch_checkpoint
+from .other_engines import resume_other_engine_checkpoint
 from .resharding import engine_checkpoint, link_optimizer_views, read_zero_checkpoint, resume_on_this_world
 from .ulysses import DeepSpeedSequenceParallel, check_deepspeed_layout
 
@@ -459,7 +457,7 @@ class DeepSpeedStrategy(Strategy):
         """Restore the engine (weights, optimizer, scheduler) and the other models; a ZeRO checkpoint of another
         number of processes is partitioned again (:mod:`~hasten.strategies.deepspeed.resharding`), one of a torch
         optimizer (DDP, one process) is given to the engine by parameter name (:mod:`.other_engines`)."""
-        if resume_torch_checkpoint(self, reader, models):
+        if resume_other_engine_checkpoint(self, reader, models):
             return
         index = next((i for i, model in enumerate(models) if model is self.engine), -1)
         found = engine_checkpoint(reader, index, _CHECKPOINT_FOLDER, _TAG) if index >= 0 else None
@@ -484,19 +482,8 @@ class DeepSpeedStrategy(Strategy):
             self._reader = None
 
     def _load_file(self, path: str, map_location=None):
-        """Read one engine checkpoint file: checksum checked against the manifest, no code executed."""
-        data = Path(path).read_bytes()
-        reader = self._reader
-        if reader is not None:
-            name = Path(path).resolve().relative_to(reader.directory.resolve()).as_posix()
-            record = reader.files.get(name)
-            if record is None:
-                raise CheckpointError(
-                    f"{path} is not listed in the manifest of {reader.directory}: the checkpoint was changed after it "
-                    "was saved."
-                )
-            reader.check_bytes(name, data)
-        return safe_torch_load(io.BytesIO(data), path, map_location, classes=deepspeed_classes())
+        """Read one engine checkpoint file: checksum checked against the manifest being loaded, no code executed."""
+        return verified_loader(self._reader)(path, map_location)
 
 
 def _give_launcher_variables(state) -> None:

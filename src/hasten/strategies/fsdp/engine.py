@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...settings.dialogue import ask_table
-from ...settings.engines import Argument, Dialogue, Engine, WeightsMerge
+from ...settings.engines import Argument, CheckpointReading, Dialogue, Engine, WeightsMerge
 from ...settings.fsdp import FSDP
 from ...settings.parallelism import PARALLELISM, asks_for_fsdp
 
@@ -35,6 +35,20 @@ def _merge(folder, output, safe_serialization: bool, max_shard_size: str) -> lis
     from .merging import merge_fsdp_weights
 
     return merge_fsdp_weights(folder, output, safe_serialization=safe_serialization)
+
+
+def _holds_shards(reader, index: int) -> bool:
+    """Whether model ``index`` of an open checkpoint is kept as FSDP2 shards."""
+    from .other_engines import holds_shards
+
+    return holds_shards(reader, index)
+
+
+def _read_shards(reader, index: int, module):
+    """Model ``index``'s FSDP2 shards by parameter name, for a resume under another engine."""
+    from .other_engines import read_shards
+
+    return read_shards(reader, index, module)
 
 
 ENGINE = Engine(
@@ -62,4 +76,5 @@ ENGINE = Engine(
         _holds,
         _merge,
     ),
+    checkpoint_reading=CheckpointReading(_holds_shards, _read_shards),
 )

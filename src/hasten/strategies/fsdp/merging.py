@@ -47,11 +47,23 @@ def read_sharded_model(checkpoint_dir: str | os.PathLike) -> dict[str, torch.Ten
 
     ``checkpoint_dir`` is the shards folder or a checkpoint folder holding ``pytorch_model_fsdp_0``.
     """
+    folder = _model_shards_folder(Path(checkpoint_dir))
+    _model_entries(folder)
+    state = read_full_tensors(folder)
+    prefix = "model."
+    if state and all(key.startswith(prefix) for key in state):
+        state = {key[len(prefix) :]: value for key, value in state.items()}
+    return state
+
+
+def read_full_tensors(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a DCP folder, whole, under its flattened key (``model.embed.weight``,
+    ``optimizer.state.embed.weight.exp_avg``), read in this process alone: nothing is exchanged with other processes,
+    whatever number of them wrote the shards."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    folder = _model_shards_folder(Path(checkpoint_dir))
-    entries = _model_entries(folder)
+    entries = _reader(folder).read_metadata().state_dict_metadata
     state = {
         key: torch.empty(meta.size, dtype=meta.properties.dtype)
         for key, meta in entries.items()
@@ -60,9 +72,6 @@ def read_sharded_model(checkpoint_dir: str | os.PathLike) -> dict[str, torch.Ten
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, storage_reader=_reader(folder), no_dist=True)
-    prefix = "model."
-    if state and all(key.startswith(prefix) for key in state):
-        state = {key[len(prefix) :]: value for key, value in state.items()}
     return state
 
 

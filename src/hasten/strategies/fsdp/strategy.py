@@ -456,7 +456,12 @@ class FSDPStrategy(Strategy):
 
     def load_checkpoint(self, reader, models: list, optimizers: list) -> None:
         """Restore what :meth:`save_checkpoint` wrote, sharded or full (whichever the checkpoint holds), onto any number
-        of processes."""
+        of processes; a checkpoint of another engine (one process, DDP, DeepSpeed ZeRO) by parameter name
+        (:mod:`.other_engines`)."""
+        from .other_engines import resume_by_name
+
+        if resume_by_name(self, reader, models, optimizers):
+            return
         for index, model in enumerate(models):
             fsdp_checkpoint.load_model(reader, model, index)
         for index, optimizer in enumerate(optimizers):
