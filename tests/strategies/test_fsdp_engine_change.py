@@ -79,7 +79,11 @@ def _state(accelerator, model, optimizer) -> dict[str, torch.Tensor]:
     return state
 
 
-PAIRS = {"one-process-to-fsdp2": (None, "sharded"), "fsdp2-sharded-to-one": ("sharded", None), "fsdp2-full-to-one": ("full", None)}
+PAIRS = {
+    "one-process-to-fsdp2": (None, "sharded"),
+    "fsdp2-sharded-to-one": ("sharded", None),
+    "fsdp2-full-to-one": ("full", None),
+}
 
 
 @pytest.mark.parametrize("source,target", PAIRS.values(), ids=PAIRS.keys())
