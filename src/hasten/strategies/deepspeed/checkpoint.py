@@ -153,6 +153,15 @@ def check_world_size(file_names, directory, world_size: int) -> int | None:
     return len(saved) if saved and len(saved) != world_size else None
 
 
+def saved_under_zero3(file_names) -> bool:
+    """Whether a DeepSpeed checkpoint's files (relative names) were written under ZeRO stage 3, which keeps one model
+    file per process (``zero_pp_rank_<r>_mp_rank_<m>_model_states.pt``) where stages 0-2 keep one in all."""
+    return any(_ZERO3_MODEL.fullmatch(Path(name).name) for name in file_names)
+
+
+_ZERO3_MODEL = re.compile(r"zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt")
+
+
 # ------------------------------------------------------------------------------------ merging
 
 

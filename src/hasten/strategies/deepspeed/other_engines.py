@@ -67,7 +67,6 @@ def resume_other_engine_checkpoint(strategy, reader, models: list) -> bool:
     if found is None:
         return False
     state = found.state
-    state.stage = stage
     state.param_groups = _inner_groups(engine, state.param_groups)
     others = {i: reader.load_tensors(f"model{suffix(i)}.safetensors") for i in range(len(models)) if i != found.index}
     apply_zero_full_state(engine, state)

@@ -80,8 +80,8 @@ def resume_on_this_world(engine, state: StateByName, announce: bool = True) -> N
         keys = sorted({key for entry in state.optimizer_state.values() for key in entry})
         get_logger("hasten.deepspeed").info(
             f"ZeRO-{state.stage} checkpoint {state.folder} was saved by {state.world_size} process(es) and is resumed "
-            f"on {engine.dp_world_size}: its fp32 weights and optimizer state ({', '.join(keys)}) of "
-            f"{len(state.weights)} parameters were partitioned again in memory."
+            f"on {engine.dp_world_size} under ZeRO-{engine.zero_optimization_stage()}: its fp32 weights and optimizer "
+            f"state ({', '.join(keys)}) of {len(state.weights)} parameters were partitioned again in memory."
         )
 
 
@@ -303,7 +303,7 @@ def apply_zero_full_state(engine, state: StateByName) -> None:
         state: what :func:`read_zero_checkpoint` returned (or a state built the same way).
 
     Raises:
-        CheckpointError: another ZeRO stage, parameter names, shapes or groups that differ from the engine's (naming
+        CheckpointError: parameter names, shapes or groups that differ from the engine's (naming
             the parameter), or an optimizer state kept on NVMe; nothing was changed.
     """
     optimizer = engine.optimizer
@@ -355,12 +355,6 @@ def _check_matches(engine, state: StateByName, names: dict[int, str]) -> None:
         raise CheckpointError(
             f"{where} cannot be partitioned again into an optimizer state kept on NVMe (offload_optimizer: nvme); "
             "resume on the number of processes that saved it, or offload to the CPU. Nothing was loaded."
-        )
-    if engine.zero_optimization_stage() != state.stage:
-        raise CheckpointError(
-            f"{where} was saved under ZeRO stage {state.stage}; this run uses stage "
-            f"{engine.zero_optimization_stage()}. Resume under stage {state.stage} (zero_stage in the DeepSpeed "
-            "config), or merge the weights with `hasten merge-weights` and start from them. Nothing was loaded."
         )
     live = dict(engine.module.named_parameters())
     for name in sorted(live.keys() - state.weights.keys()):

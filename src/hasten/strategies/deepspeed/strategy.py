@@ -27,7 +27,7 @@ from ...state import warn_once
 from ..base import EngineSettings, Strategy, _suffix
 from . import config as dsc
 from . import zero3
-from .checkpoint import check_world_size, verified_loader
+from .checkpoint import check_world_size, saved_under_zero3, verified_loader
 from .dummies import DummyOptim, DummyScheduler, map_pytorch_optim_to_deepspeed
 from .other_engines import CHECKPOINT_FOLDER as _CHECKPOINT_FOLDER
 from .other_engines import TAG as _TAG
@@ -464,9 +464,13 @@ class DeepSpeedStrategy(Strategy):
         # with DeepSpeed's sequence-parallel groups ZeRO partitions over the sequence-data-parallel ranks
         partitions = self.engine.dp_world_size or getattr(self.engine, "seq_dp_world_size", None)
         saved = check_world_size(found.files, found.path, partitions) if found else None
+        # DeepSpeed loads a stage 1 checkpoint under stage 2 and back, but not across stage 3
+        other_stage = found is not None and saved_under_zero3(found.files) != (
+            self.engine.zero_optimization_stage() == 3
+        )
         self._reader = None if found is None or found.accelerate else reader
-        try:  # another number of processes: every file is read and checked before anything is loaded
-            full = read_zero_checkpoint(found.path, self._load_file) if saved else None
+        try:  # another number of processes or stage: every file is read and checked before anything is loaded
+            full = read_zero_checkpoint(found.path, self._load_file) if saved or other_stage else None
             for i, model in enumerate(models):
                 if model is not self.engine:
                     self.unwrap_model(model).load_state_dict(reader.load_tensors(f"model{_suffix(i)}.safetensors"))
