@@ -4,7 +4,7 @@ Each benchmark is a script of its own (``python bench/bench_<name>.py``) that ru
 side by side; this script runs them in turn, shows their output as it comes, and repeats the lines
 that state a ratio or a target at the end. ``make bench`` calls it.
 
-Usage: python bench/run_all.py [--only import launch step checkpoint gpu] [--quick]
+Usage: python bench/run_all.py [--only import launch step checkpoint gpu engine-change] [--quick]
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ BENCHMARKS = {
     "step": ("bench_step.py", ["--rounds", "3", "--steps", "100"]),
     "checkpoint": ("bench_checkpoint.py", ["--rounds", "2"]),
     "gpu": ("bench_gpu_lm.py", ["--rounds", "2", "--steps", "10"]),
+    "engine-change": ("bench_engine_change.py", ["--rounds", "2", "--blocks", "1"]),
 }
 _SUMMARY = re.compile(
     r"^(ratio |save throughput|load throughput|.* adds over import torch|hasten --help wall time|optional "
