@@ -228,6 +228,17 @@ def canonical_names(module: torch.nn.Module) -> dict[str, str]:
     return names
 
 
+def _owned(value, seen: set):
+    """``value`` for the optimizer to keep: the state's own tensor the first time, a copy when another parameter's
+    entry holds the same tensor (ZeRO keeps one ``step`` per group), which the optimizer would advance twice."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    if id(value) in seen:
+        return value.clone()
+    seen.add(id(value))
+    return value
+
+
 def _check_group_names(saved: list[str], live: list[str], position: int, where: str) -> None:
     for name in sorted(set(live) - set(saved)):
         raise CheckpointError(
@@ -361,7 +372,7 @@ def torch_optimizer_state(full: StateByName, module: torch.nn.Module, optimizer,
             f"{where} holds {len(full.param_groups)} parameter groups; the optimizer has {len(live_groups)}. Create "
             "the optimizer with the same groups as the run that saved it. Nothing was loaded."
         )
-    state, groups, position = {}, [], 0
+    state, groups, position, seen = {}, [], 0, set()
     for live, saved in zip(live_groups, full.param_groups):
         members = set(saved["params"])
         indices = []
@@ -373,10 +384,7 @@ def torch_optimizer_state(full: StateByName, module: torch.nn.Module, optimizer,
                     f"{len(groups)}: create the optimizer with the same groups as the run that saved it. Nothing "
                     "was loaded."
                 )
-            state[position] = {
-                key: value.clone() if isinstance(value, torch.Tensor) else value
-                for key, value in full.optimizer_state[name].items()
-            }
+            state[position] = {key: _owned(value, seen) for key, value in full.optimizer_state[name].items()}
             indices.append(position)
             position += 1
         hyper = {key: value for key, value in live.items() if key != "params"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import enum
 import io
 import math
+import mmap
 import os
 import pickle
 import re
@@ -60,7 +61,7 @@ def deepspeed_classes() -> list:
     return classes
 
 
-def safe_torch_load(source, name, map_location=None, classes=None):
+def safe_torch_load(source, name, map_location=None, classes=None, mapped: bool = False):
     """``torch.load(weights_only=True)`` that allows DeepSpeed's checkpoint classes and nothing else.
 
     Args:
@@ -68,11 +69,13 @@ def safe_torch_load(source, name, map_location=None, classes=None):
         name: the file's name, for messages.
         map_location: as for ``torch.load``.
         classes: the classes to allow (default: stand-ins that need no DeepSpeed).
+        mapped: map the file's tensors from the page cache (``source`` a path) instead of copying them into memory:
+            for a reader that copies them elsewhere at once.
     """
     allowed = _stand_ins() if classes is None else list(classes)
     try:
         with torch.serialization.safe_globals(allowed):
-            return torch.load(source, map_location=map_location, weights_only=True)
+            return torch.load(source, map_location=map_location, weights_only=True, mmap=mapped)
     except pickle.UnpicklingError as error:
         raise CheckpointError(
             f"{name} holds a Python object hasten does not load, because loading it could run code from the file:\n"
@@ -84,24 +87,39 @@ def safe_torch_load(source, name, map_location=None, classes=None):
 # ------------------------------------------------------------------------------------ finding
 
 
-def verified_loader(reader):
+def verified_loader(reader, mapped: bool = False):
     """A ``load(path, map_location=None)`` for engine checkpoint files: each file's checksum is checked against the
     manifest of ``reader`` (an open hasten checkpoint; None: Accelerate's, which has none) and no code is executed.
-    A file the manifest does not list is refused: the checkpoint was changed after it was saved."""
+    A file the manifest does not list is refused: the checkpoint was changed after it was saved.
+
+    ``mapped``: the tensors are mapped from the page cache after the check rather than copied out of the bytes read
+    (one pass over the file instead of two), for a reader that copies them elsewhere at once
+    (:func:`~hasten.strategies.deepspeed.resharding.read_zero_checkpoint`); DeepSpeed's own load keeps what it is
+    given, so it gets copies.
+    """
 
     def load(path, map_location=None):
+        if mapped:
+            if reader is not None:
+                with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
+                    _check(reader, path, view)
+            return safe_torch_load(str(path), path, map_location, classes=deepspeed_classes(), mapped=True)
         data = Path(path).read_bytes()
         if reader is not None:
-            name = Path(path).resolve().relative_to(reader.directory.resolve()).as_posix()
-            if reader.files.get(name) is None:
-                raise CheckpointError(
-                    f"{path} is not listed in the manifest of {reader.directory}: the checkpoint was changed after it "
-                    "was saved."
-                )
-            reader.check_bytes(name, data)
+            _check(reader, path, data)
         return safe_torch_load(io.BytesIO(data), path, map_location, classes=deepspeed_classes())
 
     return load
+
+
+def _check(reader, path, data) -> None:
+    name = Path(path).resolve().relative_to(reader.directory.resolve()).as_posix()
+    if reader.files.get(name) is None:
+        raise CheckpointError(
+            f"{path} is not listed in the manifest of {reader.directory}: the checkpoint was changed after it was "
+            "saved."
+        )
+    reader.check_bytes(name, data)
 
 
 def find_deepspeed_checkpoint(path: str | os.PathLike) -> Path | None:

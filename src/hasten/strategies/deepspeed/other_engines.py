@@ -38,7 +38,7 @@ def read_engine_state(reader, index: int, module=None) -> StateByName:
     """Model ``index``'s ZeRO checkpoint by parameter name (:func:`read_zero_checkpoint`), every file checked against
     the checkpoint's manifest (``module`` is not needed: the engine's files name parameters and buffers)."""
     found = engine_checkpoint(reader, index, CHECKPOINT_FOLDER, TAG)
-    return read_zero_checkpoint(found.path, None if found.accelerate else verified_loader(reader))
+    return read_zero_checkpoint(found.path, verified_loader(None if found.accelerate else reader, mapped=True))
 
 
 def resume_other_engine_checkpoint(strategy, reader, models: list) -> bool:

@@ -470,7 +470,11 @@ class DeepSpeedStrategy(Strategy):
         )
         self._reader = None if found is None or found.accelerate else reader
         try:  # another number of processes or stage: every file is read and checked before anything is loaded
-            full = read_zero_checkpoint(found.path, self._load_file) if saved or other_stage else None
+            full = (
+                read_zero_checkpoint(found.path, verified_loader(self._reader, mapped=True))
+                if saved or other_stage
+                else None
+            )
             for i, model in enumerate(models):
                 if model is not self.engine:
                     self.unwrap_model(model).load_state_dict(reader.load_tensors(f"model{_suffix(i)}.safetensors"))

@@ -133,24 +133,40 @@ def resume_by_name(strategy, reader, models: list, optimizers: list) -> bool:
 
 
 def _by_name(positional: dict, optimizer, module: torch.nn.Module) -> dict:
-    """A torch optimizer state dict (indexed by position) keyed by parameter name instead, as FSDP2's full optimizer
-    state dict is."""
-    names = {id(param): name for name, param in module.named_parameters()}
-    order = [names[id(param)] for group in optimizer.param_groups for param in group["params"]]
-    return {
-        "state": {order[position]: entry for position, entry in positional["state"].items()},
-        "param_groups": [
-            {**group, "params": [order[i] for i in group["params"]]} for group in positional["param_groups"]
-        ],
-    }
+    """A torch optimizer state dict (indexed by position) keyed by parameter name instead, each tensor of a
+    parameter's shape cut into this process's shard of it (as the parameter is)."""
+    params = dict(module.named_parameters())
+    order = [name for group in optimizer.param_groups for name in _names(group, params)]
+    state = {}
+    for position, entry in positional["state"].items():
+        param = params[order[position]]
+        state[order[position]] = {key: _shard_like(value, param) for key, value in entry.items()}
+    groups = [{**group, "params": [order[i] for i in group["params"]]} for group in positional["param_groups"]]
+    return {"state": state, "param_groups": groups}
+
+
+def _names(group: dict, params: dict) -> list[str]:
+    names = {id(param): name for name, param in params.items()}
+    return [names[id(param)] for param in group["params"]]
+
+
+def _shard_like(value, param: torch.Tensor):
+    """``value`` (a whole tensor) as this process's shard of it, laid out as ``param`` is; other values as they are.
+    Every process holds the whole tensor, so each takes its shard itself: nothing is sent between processes."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if not isinstance(param, DTensor) or not isinstance(value, torch.Tensor) or value.shape != param.shape:
+        return value
+    return distribute_tensor(value.detach().to(param.dtype), param.device_mesh, param.placements, src_data_rank=None)
 
 
 def _set_state(root: torch.nn.Module, state: StateByName, optimizers: list, named: list) -> None:
-    """Every process gives its FSDP2 model and optimizers the whole state; each keeps its shard."""
+    """Every process gives its FSDP2 model and optimizers its shard of the whole state it holds."""
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
-    weights = {name: state.weights[first] for name, first in canonical_names(root).items()}
+    params = dict(root.named_parameters())
+    weights = {name: _shard_like(state.weights[name], param) for name, param in params.items()}
     weights.update(state.buffers)
-    set_model_state_dict(root, weights, options=_options(full_state_dict=True, strict=False))
+    set_model_state_dict(root, weights, options=_options(strict=False))
     for optimizer, optimizer_state in zip(optimizers, named):
-        set_optimizer_state_dict(root, optimizer, optimizer_state, options=_options(full_state_dict=True))
+        set_optimizer_state_dict(root, optimizer, optimizer_state)
