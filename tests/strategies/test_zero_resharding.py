@@ -140,8 +140,6 @@ def test_a_model_that_does_not_match_is_refused_naming_the_parameter(checkpoints
         apply_zero_full_state(_engine(model), state)
     with pytest.raises(CheckpointError, match="holds 1 parameter groups; the optimizer has 2"):
         apply_zero_full_state(_engine(TinyTransformer(), groups=2), state)
-    with pytest.raises(CheckpointError, match="saved under ZeRO stage 2; this run uses stage 3"):
-        apply_zero_full_state(_engine(TinyTransformer(), stage=3), state)
 
 
 def test_the_bf16_optimizer_of_zero_stage_0_is_refused_naming_the_file(checkpoints, tmp_path):

@@ -10,7 +10,6 @@ DeepSpeed nor a process group.
 from __future__ import annotations
 
 import enum
-import io
 import math
 import mmap
 import os
@@ -92,34 +91,34 @@ def verified_loader(reader, mapped: bool = False):
     manifest of ``reader`` (an open hasten checkpoint; None: Accelerate's, which has none) and no code is executed.
     A file the manifest does not list is refused: the checkpoint was changed after it was saved.
 
-    ``mapped``: the tensors are mapped from the page cache after the check rather than copied out of the bytes read
-    (one pass over the file instead of two), for a reader that copies them elsewhere at once
-    (:func:`~hasten.strategies.deepspeed.resharding.read_zero_checkpoint`); DeepSpeed's own load keeps what it is
-    given, so it gets copies.
+    The check reads the file through a read-only mapping (no copy), then the tensors are read from the file once:
+    copied into memory (DeepSpeed's own load keeps what it is given), or with ``mapped`` mapped from the page cache,
+    for a reader that copies them elsewhere at once
+    (:func:`~hasten.strategies.deepspeed.resharding.read_zero_checkpoint`).
     """
 
     def load(path, map_location=None):
-        if mapped:
-            if reader is not None:
-                with open(path, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
-                    _check(reader, path, view)
-            return safe_torch_load(str(path), path, map_location, classes=deepspeed_classes(), mapped=True)
-        data = Path(path).read_bytes()
         if reader is not None:
-            _check(reader, path, data)
-        return safe_torch_load(io.BytesIO(data), path, map_location, classes=deepspeed_classes())
+            _check(reader, path)
+        return safe_torch_load(str(path), path, map_location, classes=deepspeed_classes(), mapped=mapped)
 
     return load
 
 
-def _check(reader, path, data) -> None:
+def _check(reader, path) -> None:
+    """Check ``path`` against the manifest, reading it through a read-only mapping (an empty file as no bytes)."""
     name = Path(path).resolve().relative_to(reader.directory.resolve()).as_posix()
     if reader.files.get(name) is None:
         raise CheckpointError(
             f"{path} is not listed in the manifest of {reader.directory}: the checkpoint was changed after it was "
             "saved."
         )
-    reader.check_bytes(name, data)
+    with open(path, "rb") as handle:
+        if os.fstat(handle.fileno()).st_size == 0:
+            reader.check_bytes(name, b"")
+            return
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            reader.check_bytes(name, view)
 
 
 def find_deepspeed_checkpoint(path: str | os.PathLike) -> Path | None:
