@@ -18,7 +18,8 @@ Steps:
 * ``resume``: the engine, built afresh, ``load_state``s the source's checkpoint; right after it the weights and Adam's
   state are the saved ones bit for bit. It trains to the end of the epoch: the samples before and after the resume
   make the epoch once each and are the run's; the losses, the weights and Adam's state at the end match the target
-  layout's run within ``RELATIVE``, and the learning rate is the run's. A resume under another engine family is said
+  layout's run within ``RELATIVE`` (bit for bit where the source did the same arithmetic: as many processes, one or
+  two), and the learning rate is the run's. A resume under another engine family is said
   in one line (a warning of what did not carry over, or an info line) by the main process alone.
 
 Prints ``rank R: run <layout> passed`` and ``rank R: resume <layout> from <source> passed`` with the time each took
@@ -271,7 +272,15 @@ def resume(root: Path, engine: str, source: str) -> str:
         what, state_of(run, root / "probes" / f"{name}_from_{source}_final"), _read(root, name, "final")
     )
     losses_off = max(abs(loss - expected) / abs(expected) for loss, expected in zip(losses, expected_losses))
+    if same_arithmetic(source):
+        assert losses_off == worst == 0, f"{what}: losses {losses_off:.3g}, state {worst:.3g} off, not bit for bit"
     return f"losses {losses_off:.1e}, state {worst:.1e}"
+
+
+def same_arithmetic(source: str) -> bool:
+    """Whether ``source``'s layout computes what this one does, bit for bit: as many processes, one or two (two
+    processes' gradients add up alike in either order; four are summed in an order each engine chooses)."""
+    return int(source.rsplit("_w", 1)[1]) == WORLD <= 2
 
 
 def main():

@@ -12,11 +12,12 @@ tests/scripts/resume_matrix.py runs the plan. From the fewest processes up, one 
 every layout there without a break, saving its checkpoint on the way (the source of the pairs it is the source of; the
 run its targets are compared with), then resumes under its layouts the sources saved so far; a last launch per number
 of processes resumes the sources of more processes (in the sample: on one process). After each resume the weights
-and Adam's state are the saved ones bit for bit, the samples before and after make the epoch once each, the next steps'
-losses, the weights and Adam's state at the end match the target layout's run within 1e-6 relative, and the learning
-rate is the run's. Without a launch, on the launches' checkpoints: a corrupt or missing shard of a sharded checkpoint
-(ZeRO, FSDP2) resumed under another engine is refused naming the file before anything changes, and so is a checkpoint
-of another model, naming the parameter.
+and Adam's state are the saved ones bit for bit, the samples before and after make the epoch once each, the next
+steps' losses, the weights and Adam's state at the end match the target layout's run within 1e-6 relative (bit for
+bit where the source has as many processes, one or two: the same arithmetic), and the learning rate is the run's.
+Without a launch, on the launches' checkpoints: a corrupt or missing shard of a sharded checkpoint (ZeRO, FSDP2)
+resumed under another engine is refused naming the file before anything changes, and so is a checkpoint of another
+model, naming the parameter.
 """
 
 import json
