@@ -84,9 +84,13 @@ $(COMPILED_STAMP): $(PKG_STAMP) $(ALIAS_STAMP) $(ECO_STAMP)
 # activated or not, unless TORCH_EXTENSIONS_DIR names another: a .pth file in site-packages sets that default when
 # the interpreter starts. Without it a user's shell used torch's ~/.cache/torch_extensions, and the first DeepSpeed
 # run there compiled the ops that make had built, for minutes, saying nothing. The folder is also the venv's torch's
-# own: ~/.cache is shared by every venv of the machine, whatever torch each has.
+# own: ~/.cache is shared by every venv of the machine, whatever torch each has. The same file puts the venv's bin/
+# first on PATH, so that the venv's ninja builds those ops activated or not: Debian's ninja records a build under
+# another hash than the wheel's, and a process started without the venv on PATH compiled the ops again (25-45 s
+# each time, for whichever test or benchmark came next).
 $(EXT_DIR_STAMP): | $(PY)
 	printf '%s\n' 'import os, sys; os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))' \
+		'import os, sys; b = os.path.join(sys.prefix, "bin"); p = os.environ.get("PATH", ""); os.path.isfile(os.path.join(b, "ninja")) and not p.startswith(b + os.pathsep) and os.environ.__setitem__("PATH", b + os.pathsep + p)' \
 		> "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/hasten-torch-extensions.pth"
 	@touch $@
 
