@@ -141,7 +141,7 @@ PYTEST := PYTHONDONTWRITEBYTECODE= $(IN_VENV) $(PY) -m pytest -q
 # $(1): a marker expression ending in "and " (or nothing), $(2): more pytest options.
 define run_tests
 	$(PYTEST) -n $(TEST_WORKERS) --dist loadfile -m "$(1)not serial" --cpu-durations=25 $(2); parallel=$$?; \
-	$(PYTEST) -n 2 --dist loadfile -m "$(1)serial" $(2); serial=$$?; \
+	$(PYTEST) -m "$(1)serial" $(2); serial=$$?; \
 	[ $$parallel -eq 0 ] && [ $$serial -eq 0 ]
 endef
 

@@ -6,8 +6,7 @@ in their order, so a module-scoped fixture (a launch, a venv) is built once and 
 steps runs as written. (``--dist loadgroup``'s ``xdist_group`` marks have no effect with pytest 9: pytest-xdist 3.8
 renames ``item._nodeid``, which pytest 9 no longer reads.) The files with the most tests marked slow (the ones that
 launch processes) come first, so that the workers do not end on them one beside an idle one: collected in name order,
-tests/test_examples.py (about 3 minutes on one worker) came last. Tests marked ``serial`` run after, apart from the
-rest, two at a time."""
+tests/test_examples.py (about 3 minutes on one worker) came last. Tests marked ``serial`` run after, alone."""
 
 import os
 import resource
