@@ -92,6 +92,7 @@ def test_two_simulated_machines_form_one_job(env, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # a hang watchdog's timing: beside busy cores its first line once said otherwise
 def test_the_launcher_summarises_a_hang_report_in_every_mode(env, tmp_path):
     # Before, only `--debug` gave the processes a folder for hang reports, so outside debug mode no summary came.
     temporary = tmp_path / "tmp"
