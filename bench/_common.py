@@ -42,6 +42,18 @@ def round_order(names: Sequence[str], round_index: int) -> list[str]:
     return list(names) if round_index % 2 == 0 else list(reversed(names))
 
 
+def block_model(blocks: int):
+    """The checkpoint benchmarks' model: ``blocks`` blocks of Linear 1024->4096, GELU, Linear 4096->1024 (8.4M
+    parameters each), seeded."""
+    import torch
+
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(blocks):
+        layers += [torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)]
+    return torch.nn.Sequential(*layers)
+
+
 def free_port() -> int:
     """A TCP port nobody listens on right now (bind to port 0 and let the kernel choose)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:

@@ -34,21 +34,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import ROOT, describe, free_port, paired_ratio_range, reference_accelerate, round_order  # noqa: E402
+from _common import ROOT, block_model, describe, free_port, paired_ratio_range, reference_accelerate, round_order  # noqa: E402
 
 ENGINES = ("ddp", "fsdp2", "zero2")
 ACCELERATE_ENGINES = ("ddp", "zero2")  # Accelerate 1.15 runs FSDP only on accelerators
 PROCESSES = 2
-
-
-def _model(blocks: int):
-    import torch
-
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(blocks):
-        layers += [torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)]
-    return torch.nn.Sequential(*layers)
 
 
 def _accelerator(engine: str):
@@ -71,7 +61,7 @@ def _prepared(engine: str, blocks: int):
     from torch.utils.data import DataLoader, TensorDataset
 
     accelerator = _accelerator(engine)
-    raw = _model(blocks)
+    raw = block_model(blocks)
     optimizer = torch.optim.AdamW(raw.parameters(), lr=1e-4)
     loader = DataLoader(TensorDataset(torch.randn(8, 1024)), batch_size=2)
     model, optimizer, _ = accelerator.prepare(raw, optimizer, loader)

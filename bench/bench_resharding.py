@@ -31,17 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import ROOT, describe, free_port, paired_ratio_range, reference_accelerate, round_order  # noqa: E402
-
-
-def _model(blocks: int):
-    import torch
-
-    torch.manual_seed(0)
-    layers = []
-    for _ in range(blocks):
-        layers += [torch.nn.Linear(1024, 4096), torch.nn.GELU(), torch.nn.Linear(4096, 1024)]
-    return torch.nn.Sequential(*layers)
+from _common import ROOT, block_model, describe, free_port, paired_ratio_range, reference_accelerate, round_order  # noqa: E402
 
 
 def _prepared(blocks: int):
@@ -56,7 +46,7 @@ def _prepared(blocks: int):
     plugin.deepspeed_config["train_micro_batch_size_per_gpu"] = 2
     plugin.deepspeed_config["train_batch_size"] = 2 * processes
     accelerator = Accelerator(deepspeed_plugin=plugin)
-    raw = _model(blocks)
+    raw = block_model(blocks)
     optimizer = torch.optim.AdamW(raw.parameters(), lr=1e-4)
     loader = DataLoader(TensorDataset(torch.randn(8, 1024)), batch_size=2)
     model, optimizer, _ = accelerator.prepare(raw, optimizer, loader)
