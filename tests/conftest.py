@@ -91,6 +91,21 @@ def _fresh_state(monkeypatch):
     if os.environ != saved:
         os.environ.clear()
         os.environ.update(saved)
+    _no_process_group_left()
+
+
+def _no_process_group_left() -> None:
+    """A default process group the test started itself and left behind is ended, and the test fails: the next test
+    of the same worker would find it and take another path (a state that joins a group instead of making none)."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+        pytest.fail(
+            "the test left a default process group behind: end it (dist.destroy_process_group()) or reset "
+            "hasten's state with reset_state(destroy_process_group=True)",
+            pytrace=False,
+        )
 
 
 _HELPER_PROCESSES = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")

@@ -11,7 +11,7 @@ import torch
 
 from hasten import Accelerator
 from hasten.errors import CheckpointError
-from hasten.state import AcceleratorState, GradientState
+from hasten.state import reset_state
 from hasten.strategies.fsdp.plugin import FullyShardedDataParallelPlugin
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -40,8 +40,7 @@ TOKENS = torch.randint(0, 16, (6, 4, 5), generator=torch.Generator().manual_seed
 def _run(engine: str | None, steps: int, load: str | None = None, save: str | None = None):
     """Train ``steps`` steps under FSDP2 (``"sharded"``/``"full"`` state dicts) or one plain process (None), after
     loading ``load``, then save into ``save``; returns (accelerator, model, optimizer)."""
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_state(destroy_process_group=True)  # FSDP2 on one process starts a group of one; the next run makes its own
     plugin = None
     if engine is not None:
         kind = "SHARDED_STATE_DICT" if engine == "sharded" else "FULL_STATE_DICT"
@@ -120,8 +119,7 @@ def test_a_damaged_or_missing_shard_is_refused_by_name_before_anything_changes(t
 
 
 def _two_optimizers(engine: str | None):
-    AcceleratorState._reset_state(True)
-    GradientState._reset_state()
+    reset_state(destroy_process_group=True)
     plugin = None if engine is None else FullyShardedDataParallelPlugin(fsdp_version=2)
     accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
     model = Tied()
