@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 import socket
 import statistics
+import subprocess
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -96,3 +98,21 @@ def accelerate_available(path: str | None = None) -> bool:
     """Whether processes started with :func:`worker_environment` (``path``) import HuggingFace's Accelerate: a
     reference copy is there, or the installed ``accelerate`` is not hasten's alias of it."""
     return reference_accelerate(path) is not None or real_accelerate() is not None
+
+
+class BusyProcesses:
+    """``count`` busy processes (a CPU-bound loop each, started by this process, so in its scheduling group) while
+    the block runs: users' data workers keep every core busy."""
+
+    def __init__(self, count: int):
+        self.count = count
+        self.processes: list[subprocess.Popen] = []
+
+    def __enter__(self):
+        self.processes = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.count)]
+        return self
+
+    def __exit__(self, *exc):
+        for process in self.processes:
+            process.kill()
+            process.wait()

@@ -56,7 +56,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import describe, free_port, paired_ratio_range, ratio_of_medians, round_order  # noqa: E402
+from _common import BusyProcesses, describe, free_port, paired_ratio_range, ratio_of_medians, round_order  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent / "outputs" / "bench_checkpoint"
 WIDTH = 1024
@@ -398,7 +398,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return _worker(args.blocks)
-    with _Busy(args.busy):
+    with BusyProcesses(args.busy):
         if args.main_only_rounds:
             _main_only_launches(args.main_only_rounds, args.accelerate_path)
         if args.rounds or args.stall_repeats:
@@ -516,23 +516,6 @@ def _main_only_launches(rounds: int, accelerate_path: str) -> None:
         f"hasten/accelerate: {ratio_of_medians(times['hasten'], times['accelerate']):.3f} (per round {median:.3f}, "
         f"min-max {low:.3f}-{high:.3f}; target <= 1.05)"
     )
-
-
-class _Busy:
-    """``count`` busy processes (a CPU-bound loop each) while the block runs."""
-
-    def __init__(self, count: int):
-        self.count = count
-        self.processes: list[subprocess.Popen] = []
-
-    def __enter__(self):
-        self.processes = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(self.count)]
-        return self
-
-    def __exit__(self, *exc):
-        for process in self.processes:
-            process.kill()
-            process.wait()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ is printed against the source's ``floor``, per round (at most 1.0 meets it). Acc
 under another engine, so its figure (with the reference copy) is its same-layout resume on the target engine; it
 does not run FSDP on the CPU (its FSDP needs a GPU distributed type), so FSDP2 has no Accelerate figure.
 
-Usage: python bench/bench_engine_change.py [--rounds 5] [--blocks 3] [--no-accelerate]
+``--busy N`` runs N busy processes (a CPU-bound loop each) beside the whole run.
+
+Usage: python bench/bench_engine_change.py [--rounds 5] [--blocks 3] [--no-accelerate] [--busy 2]
 """
 
 from __future__ import annotations
@@ -34,7 +36,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import ROOT, block_model, describe, free_port, paired_ratio_range, reference_accelerate, round_order  # noqa: E402
+from _common import (
+    ROOT,
+    BusyProcesses,
+    block_model,
+    describe,
+    free_port,
+    paired_ratio_range,
+    reference_accelerate,
+    round_order,
+)  # noqa: E402
 
 ENGINES = ("ddp", "fsdp2", "zero2")
 ACCELERATE_ENGINES = ("ddp", "zero2")  # Accelerate 1.15 runs FSDP only on accelerators
@@ -140,6 +151,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--blocks", type=int, default=3)
     parser.add_argument("--no-accelerate", action="store_true")
+    parser.add_argument(
+        "--busy", type=int, default=0, help="busy processes (a CPU-bound loop each) running beside the whole run"
+    )
     parser.add_argument("--worker", nargs=3, metavar=("ACTION", "ROOT", "ENGINE"), help=argparse.SUPPRESS)
     parser.add_argument("--side", default="hasten", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -148,9 +162,12 @@ def main() -> None:
         worker(action, Path(root), engine, args.blocks, args.rounds, args.side)
         return
     sides = ["hasten"] + ([] if args.no_accelerate or reference_accelerate() is None else ["accelerate"])
-    print(f"{args.blocks * 8.4:.1f}M parameters, AdamW fp32, {PROCESSES} processes (gloo), {args.rounds} rounds")
+    print(
+        f"{args.blocks * 8.4:.1f}M parameters, AdamW fp32, {PROCESSES} processes (gloo), {args.rounds} rounds; "
+        f"{args.busy} busy process(es) beside the run"
+    )
     print("load average at start: " + " ".join(f"{value:.2f}" for value in os.getloadavg()))
-    with tempfile.TemporaryDirectory(prefix="bench-engine-change-") as tmp:
+    with BusyProcesses(args.busy), tempfile.TemporaryDirectory(prefix="bench-engine-change-") as tmp:
         root = Path(tmp)
         common = ["--blocks", str(args.blocks), "--rounds", str(args.rounds)]
         for engine in ENGINES:
