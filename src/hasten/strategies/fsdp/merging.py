@@ -2,15 +2,15 @@
 process (:func:`read_sharded_model`) and written as one model file (:func:`merge_fsdp_weights`, behind
 ``hasten merge-weights``).
 
-The shards' ``.metadata`` is read with :mod:`.checkpoint`'s safe reader, so merging never runs pickled
-code. Accelerate's ``accelerate.utils.merge_fsdp_weights`` and the FSDP engine's registration point here.
+The shards' ``.metadata`` is read with :mod:`.checkpoint`'s safe reader and their items by :mod:`.shard_files`
+(layouts only, or ``torch.load(weights_only=True)``), so merging never runs pickled code. Accelerate's
+``accelerate.utils.merge_fsdp_weights`` and the FSDP engine's registration point here.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-import warnings
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from ...errors import CheckpointError
 from .checkpoint import _METADATA, MODEL_SHARDS, _is_main, _reader
+from .shard_files import read_full_tensors
 
 
 def _model_shards_folder(checkpoint_dir: Path) -> Path:
@@ -53,25 +54,6 @@ def read_sharded_model(checkpoint_dir: str | os.PathLike) -> dict[str, torch.Ten
     prefix = "model."
     if state and all(key.startswith(prefix) for key in state):
         state = {key[len(prefix) :]: value for key, value in state.items()}
-    return state
-
-
-def read_full_tensors(folder: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a DCP folder, whole, under its flattened key (``model.embed.weight``,
-    ``optimizer.state.embed.weight.exp_avg``), read in this process alone: nothing is exchanged with other processes,
-    whatever number of them wrote the shards."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    entries = _reader(folder).read_metadata().state_dict_metadata
-    state = {
-        key: torch.empty(meta.size, dtype=meta.properties.dtype)
-        for key, meta in entries.items()
-        if isinstance(meta, TensorStorageMetadata)
-    }
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.load(state, storage_reader=_reader(folder), no_dist=True)
     return state
 
 

@@ -8,8 +8,9 @@ collective beyond the check), so the number of processes that wrote them does no
 
 In: :func:`resume_by_name` loads into FSDP2 a checkpoint that a torch optimizer saved (one process, DDP: its state
 indexed by position, named here through the live optimizer's order) or that DeepSpeed kept in its own files
-(:func:`~hasten.strategies.engine_change.find_state_by_name`), with ``torch.distributed.checkpoint.state_dict``'s
-full-state setters, every process holding the whole state and keeping its shard of it.
+(:func:`~hasten.strategies.engine_change.find_state_by_name`): every process holds the whole state, cuts its own
+shard of each tensor (nothing is sent between processes) and gives it to ``torch.distributed.checkpoint.state_dict``'s
+setters.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ..engine_change import (
     torch_optimizer_state,
 )
 from .checkpoint import MODEL_SHARDS, OPTIMIZER_SHARDS, _has_shards, _options, _unwrap_optimizer, _verify_shards
-from .merging import read_full_tensors
+from .shard_files import read_full_tensors
 
 _STATE = "optimizer.state."
 
