@@ -19,8 +19,8 @@ import yaml
 from helpers import FIXTURES_ROOT, ROOT, SCRIPTS, requires
 
 from hasten import config as cfg
+from hasten.commands import job_agent, launch_args, runners
 from hasten.commands import launch as launch_cmd
-from hasten.commands import launch_args, runners
 from hasten.commands.main import build_parser, main
 from hasten.config import Hardware
 from hasten.errors import ConfigError, NotSupportedError
@@ -344,6 +344,8 @@ def test_hand_written_mixed_precision_no_launches(tmp_path, script):
 
 def test_errors_exit_before_anything_starts(script, monkeypatch, capsys):
     monkeypatch.setattr(runners, "run_plan", lambda plan: pytest.fail("no process may start"))
+    # Machine 0 waits for the other machines to hear of its error (test_faults_launch.py): there are none here.
+    monkeypatch.setattr(job_agent, "REPORT_CONNECT_SECONDS", 0.5)
     assert (
         main(["launch", "--num_processes", "3", "--num_machines", "2", "--main_process_ip", "127.0.0.1", script]) == 1
     )
