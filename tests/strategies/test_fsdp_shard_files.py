@@ -8,6 +8,7 @@ test_resume_matrix.py, test_fsdp_engine_change.py and test_parallelism.py (merge
 """
 
 import io
+import pickle
 import warnings
 from types import SimpleNamespace
 
@@ -107,3 +108,22 @@ def test_a_chunk_no_file_holds_is_refused_before_anything_is_read(tmp_path):
     meta = shard_files._reader(tmp_path / "shards").read_metadata().state_dict_metadata
     with pytest.raises(CheckpointError, match="model.weight at offsets"):
         shard_files._check_complete(tmp_path / "shards", meta, per_file={})
+
+
+def test_a_missing_file_is_refused_naming_it(tmp_path):
+    _save(tmp_path / "shards", {"model.weight": torch.randn(4, 4)})
+    (victim,) = (tmp_path / "shards").glob("*.distcp")
+    victim.unlink()
+    with pytest.raises(CheckpointError, match=f"{victim.name} is missing"):
+        read_full_tensors(tmp_path / "shards")
+
+
+def test_an_item_the_metadata_does_not_describe_is_refused(tmp_path):
+    _save(tmp_path / "shards", {"model.weight": torch.randn(4, 4)})
+    path = tmp_path / "shards" / ".metadata"
+    metadata = pickle.loads(path.read_bytes())  # the test's own file
+    (index,) = metadata.storage_data
+    metadata.storage_data[type(index)(index.fqn, torch.Size([2, 0]), 1)] = metadata.storage_data[index]
+    path.write_bytes(pickle.dumps(metadata))
+    with pytest.raises(CheckpointError, match=r"model.weight at offsets \(2, 0\) that its metadata does not list"):
+        read_full_tensors(tmp_path / "shards")

@@ -48,7 +48,8 @@ def read_full_tensors(folder: Path) -> dict[str, torch.Tensor]:
     whatever number of them wrote the shards.
 
     Raises:
-        CheckpointError: the metadata names a chunk that no file holds, or a file ends before an item it lists.
+        CheckpointError: a chunk that no file holds, a file that is missing or ends before an item it holds, an item
+            the metadata does not describe, or one that cannot be decoded; naming it.
     """
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -65,21 +66,33 @@ def read_full_tensors(folder: Path) -> dict[str, torch.Tensor]:
     for relative_path, items in per_file.items():
         with open(folder / relative_path, "rb", buffering=0) as handle:
             for index, info in sorted(items, key=lambda item: item[1].offset):
-                chunk = entries[index.fqn].chunks[_chunk_position(entries[index.fqn], index)]
+                chunk = entries[index.fqn].chunks[_chunk_position(entries[index.fqn], index, folder)]
                 region = _region(state[index.fqn], chunk.offsets, chunk.sizes)
                 _read_item(handle, info, region, f"{folder / relative_path} (item {index.fqn})")
     return state
 
 
-def _chunk_position(meta, index) -> int:
+def _chunk_position(meta, index, folder: Path) -> int:
+    """Which of the tensor's chunks a file's item holds (the metadata's own index when it agrees)."""
     if index.index is not None and index.index < len(meta.chunks):
         if tuple(meta.chunks[index.index].offsets) == tuple(index.offset):
             return index.index
-    return next(i for i, chunk in enumerate(meta.chunks) if tuple(chunk.offsets) == tuple(index.offset))
+    for position, chunk in enumerate(meta.chunks):
+        if tuple(chunk.offsets) == tuple(index.offset):
+            return position
+    raise CheckpointError(
+        f"The sharded checkpoint {folder} is inconsistent: a file holds a chunk of {index.fqn} at offsets "
+        f"{tuple(index.offset)} that its metadata does not list. Use another checkpoint."
+    )
 
 
 def _check_complete(folder: Path, entries: dict, per_file: dict) -> None:
-    """Every chunk of every tensor is held by a file (otherwise part of a tensor would be left unread)."""
+    """Every chunk of every tensor is held by a file that exists (otherwise part of a tensor would be left unread)."""
+    for relative_path in per_file:
+        if not (folder / relative_path).is_file():
+            raise CheckpointError(
+                f"The sharded checkpoint {folder} is incomplete: {relative_path} is missing. Use another checkpoint."
+            )
     held = {(index.fqn, tuple(index.offset)) for items in per_file.values() for index, _ in items}
     for key, meta in entries.items():
         for chunk in meta.chunks:
