@@ -1,5 +1,6 @@
-"""The suite's fixtures and hooks: a fresh state for every test, skips through ``helpers.requires``, generated cases
-sampled unless ``--all-cases``, CPU time per test (``--cpu-durations``), and no process left behind.
+"""The suite's fixtures and hooks: a fresh state for every test (and no process group left behind by one), skips
+through ``helpers.requires``, generated cases sampled unless ``--all-cases``, CPU time per test (``--cpu-durations``),
+and no process left behind.
 
 ``make test`` runs the tests on pytest-xdist workers with ``--dist loadfile``: the tests of a file stay on one worker,
 in their order, so a module-scoped fixture (a launch, a venv) is built once and a module written as one scenario in

@@ -62,10 +62,10 @@ def test_every_tensor_reads_as_torch_distributed_checkpoint_loads_it(tmp_path):
         assert torch.equal(read[key], tensors[key]), key
 
 
-def _item(tmp_path, tensor: torch.Tensor, padding: int = 13):
-    """A file holding ``tensor`` saved by ``torch.save`` after ``padding`` bytes, as a DCP item is, and its place."""
+def _item(tmp_path, value, padding: int = 13):
+    """A file holding ``value`` saved by ``torch.save`` after ``padding`` bytes, as a DCP item is, and its place."""
     blob = io.BytesIO()
-    torch.save(tensor, blob)
+    torch.save(value, blob)
     path = tmp_path / "item.distcp"
     path.write_bytes(b"x" * padding + blob.getvalue())
     return path, SimpleNamespace(offset=padding, length=len(blob.getvalue()), transform_descriptors=None)
@@ -127,3 +127,13 @@ def test_an_item_the_metadata_does_not_describe_is_refused(tmp_path):
     path.write_bytes(pickle.dumps(metadata))
     with pytest.raises(CheckpointError, match=r"model.weight at offsets \(2, 0\) that its metadata does not list"):
         read_full_tensors(tmp_path / "shards")
+
+
+def test_an_item_that_is_not_one_tensor_is_refused_naming_it(tmp_path):
+    path, info = _item(tmp_path, {"weight": torch.ones(2, 2)})
+    region = torch.zeros(2, 2)
+    with open(path, "rb", buffering=0) as handle:
+        assert shard_files._storage_start(shard_files._Window(handle, info.offset, info.length), region) is None
+        with pytest.raises(CheckpointError, match="the item holds dict, not a tensor of shape"):
+            shard_files._read_item(handle, info, region, "the item")
+    assert region.eq(0).all()

@@ -129,8 +129,11 @@ def _read_item(handle, info, region: torch.Tensor, where: str) -> None:
         tensor = torch.load(io.BytesIO(item.read()), map_location="cpu", weights_only=True)
     except Exception as error:
         raise CheckpointError(f"{where} cannot be read ({error}). Use another checkpoint.") from error
-    if tuple(tensor.shape) != tuple(region.shape):
-        raise CheckpointError(f"{where} holds a tensor of shape {tuple(tensor.shape)}, not {tuple(region.shape)}.")
+    if not isinstance(tensor, torch.Tensor) or tuple(tensor.shape) != tuple(region.shape):
+        held = f"a tensor of shape {tuple(tensor.shape)}" if isinstance(tensor, torch.Tensor) else type(tensor).__name__
+        raise CheckpointError(
+            f"{where} holds {held}, not a tensor of shape {tuple(region.shape)}. Use another checkpoint."
+        )
     region.copy_(tensor)
 
 
@@ -159,15 +162,15 @@ def _storage_start(item: _Window, region: torch.Tensor) -> int | None:
         if archive.read(f"{prefix}byteorder").strip() != b"little":
             return None
         stored = _LayoutUnpickler(io.BytesIO(archive.read(pickles[0]))).load()
+        if not isinstance(stored, _Stored) or not stored.holds(region):
+            return None
         record = archive.getinfo(f"{prefix}data/{stored.storage_key}")
+        if record.compress_type != zipfile.ZIP_STORED or record.file_size != region.numel() * region.element_size():
+            return None
+        item.seek(record.header_offset)
+        signature, name_length, extra_length = _LOCAL_HEADER.unpack(item.read(_LOCAL_HEADER.size))
     except (zipfile.BadZipFile, KeyError, pickle.UnpicklingError, ValueError, TypeError, EOFError, struct.error):
         return None
-    if not isinstance(stored, _Stored) or not stored.holds(region):
-        return None
-    if record.compress_type != zipfile.ZIP_STORED or record.file_size != region.numel() * region.element_size():
-        return None
-    item.seek(record.header_offset)
-    signature, name_length, extra_length = _LOCAL_HEADER.unpack(item.read(_LOCAL_HEADER.size))
     if signature != b"PK\x03\x04":
         return None
     return record.header_offset + _LOCAL_HEADER.size + name_length + extra_length
