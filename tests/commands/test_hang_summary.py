@@ -117,3 +117,29 @@ def test_the_failure_lines_name_the_command_the_user_typed(monkeypatch):
     failure = SimpleNamespace(exitcode=1, local_rank=0, pid=123)
     text = runners.describe_failures({0: failure}, 2)
     assert text.splitlines()[0] == "accelerate launch: 1 of 2 process(es) failed (their output is above):", text
+
+
+class _GoneStore:
+    """A rendezvous store whose host is gone: every call fails as a TCPStore's does."""
+
+    def compare_set(self, *args):
+        raise RuntimeError("Connection reset by peer")
+
+    add = check = get = compare_set
+
+
+def test_a_failure_that_cannot_be_published_for_a_lost_store_names_the_store_host_as_the_cause(tmp_path, monkeypatch):
+    # Machine 0's launcher killed: its workers die, machine 1's workers fail when their peers vanish, and machine 1's
+    # launcher, publishing its workers' failure, finds the store gone. It reported only its own workers' exit codes
+    # (the lost store was logged at debug level) when they failed before its next look at the store.
+    monkeypatch.setenv("HASTEN_HANG_REPORT_DIR", str(tmp_path))
+    agent = object.__new__(job_agent.JobAgent)
+    agent.machine_rank, agent.remote_failure, agent._describe_exit = 1, None, runners.describe_exit
+    agent._store = _GoneStore()
+    failures = {0: SimpleNamespace(exitcode=1, local_rank=0, pid=100, signal_name=lambda: "", timestamp=0)}
+    agent._publish(SimpleNamespace(failures=failures))
+    described = agent.remote_failure.describe()
+    assert (
+        described.startswith("the job failed on machine 0")
+        and "lost the connection to the rendezvous store" in described
+    )

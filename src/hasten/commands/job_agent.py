@@ -208,21 +208,30 @@ class JobAgent(LocalElasticAgent):
     def _publish(self, result: RunResult) -> None:
         """Write this machine's failure for the others (the first one written wins) and give them a moment to read it.
 
-        When another machine's record was written first, this launcher reports that one (``remote_failure``).
+        When another machine's record was written first, this launcher reports that one (``remote_failure``); when
+        the store is gone, its host's launcher ended, which is reported as the cause (this machine's workers failed
+        because their peers there vanished with it).
         """
         try:
-            store = _raw_store(self._store)
             hang = hang_summary.load(_hang_folder())
-            record = failure_record(self.machine_rank, result.failures, self._describe_exit, hang)
-            stored = store.compare_set(_FAILURE, "", json.dumps(record)).decode()
+            record = json.dumps(failure_record(self.machine_rank, result.failures, self._describe_exit, hang))
+        except Exception as exc:
+            logger.debug("could not describe the failure: %s", exc)
+            return
+        try:
+            store = _raw_store(self._store)
+            stored = store.compare_set(_FAILURE, "", record).decode()
             if json.loads(stored).get("machine") != self.machine_rank:
                 # another machine failed first (often the cause: this machine's workers saw its peers vanish)
                 store.add(_FAILURE_SEEN, 1)
                 self.remote_failure = JobFailure(json.loads(stored))
                 return
-            _wait_for_count(store, _FAILURE_SEEN, self._worker_group.group_world_size - 1, add=0)
-        except Exception as exc:  # the others will notice the lost store instead
-            logger.debug("could not publish the failure: %s", exc)
+        except SignalException:
+            raise
+        except Exception as exc:
+            self.remote_failure = _lost_store(exc)
+            return
+        _wait_for_count(store, _FAILURE_SEEN, self._worker_group.group_world_size - 1, add=0)
 
     def _remote_failure(self) -> JobFailure | None:
         try:
