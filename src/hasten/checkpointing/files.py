@@ -447,7 +447,7 @@ class CheckpointReader:
                         reads.append((entry.begin, out))
                     elif entry.nbytes:
                         view = memoryview(out.detach().reshape(-1).view(torch.uint8).numpy())
-                        _read_into(handle, view, path)
+                        read_into(handle, view, path)
                         queue.update(digest, view)
                         position += entry.nbytes
                     tensors[entry_name] = out
@@ -503,7 +503,12 @@ def _fits(target, entry) -> bool:
     )
 
 
-def _read_into(handle, view: memoryview, path: Path) -> None:
+def read_into(handle, view: memoryview, path: Path | str) -> None:
+    """Fill ``view`` from ``handle``'s current position (an unbuffered file: one copy, in pieces of at most 1 GiB).
+
+    Raises:
+        CheckpointError: the file ends first (truncated), naming ``path``.
+    """
     done = 0
     while done < len(view):
         count = handle.readinto(view[done : done + (1 << 30)])

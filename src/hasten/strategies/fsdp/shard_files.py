@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ...checkpointing.files import read_into
 from ...errors import CheckpointError
 from .checkpoint import _reader
 
@@ -122,7 +123,7 @@ def _read_item(handle, info, region: torch.Tensor, where: str) -> None:
     start = None if info.transform_descriptors else _storage_start(item, region)
     if start is not None:
         handle.seek(info.offset + start)
-        _fill(handle, region, where)
+        read_into(handle, memoryview(region.view(-1).view(torch.uint8).numpy()), where)
         return
     item.seek(0)
     try:
@@ -135,16 +136,6 @@ def _read_item(handle, info, region: torch.Tensor, where: str) -> None:
             f"{where} holds {held}, not a tensor of shape {tuple(region.shape)}. Use another checkpoint."
         )
     region.copy_(tensor)
-
-
-def _fill(handle, region: torch.Tensor, where: str) -> None:
-    buffer = memoryview(region.view(-1).view(torch.uint8).numpy())
-    done = 0
-    while done < len(buffer):
-        count = handle.readinto(buffer[done:])
-        if not count:
-            raise CheckpointError(f"{where} is truncated: the file ends inside it. Use another checkpoint.")
-        done += count
 
 
 def _storage_start(item: _Window, region: torch.Tensor) -> int | None:
