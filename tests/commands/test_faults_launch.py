@@ -6,6 +6,7 @@ Two machines are simulated by two ``hasten launch`` processes on 127.0.0.1 (one 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -146,6 +147,62 @@ def test_a_machine_that_cannot_start_stops_the_others_from_waiting(tmp_path, fai
         "failed before it joined the job: hasten launch: error: Training script" in other
         and "no_such_script.py" in other
     )
+
+
+def _machine_1_met_by_a_bare_store(tmp_path: Path):
+    """Machine 1's launcher (static rendezvous) and, in its machine 0's place, a store it has connected to."""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    port = free_port()
+    machine_1 = _start_machines(port, [[], ["--rdzv_backend", "static", WORKER, str(tmp_path / "out")]], tmp_path)[1]
+    store = TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=30), wait_for_workers=False, multi_tenant=True)
+    deadline = time.monotonic() + 60
+    while store.num_keys() == 0 and time.monotonic() < deadline:  # machine 1's client counted itself in
+        time.sleep(0.05)
+    return machine_1, store
+
+
+@pytest.mark.serial
+@pytest.mark.slow
+def test_machine_1_reads_why_machine_0_cannot_start_even_when_it_met_the_store_before_the_record(tmp_path):
+    # Machine 0's launcher starts the store, then writes why it cannot start. A machine 1 that met the store in
+    # between found no record, went on to exchange ranks with a machine 0 that never would, and failed with a bare
+    # DistNetworkError when machine 0 gave up waiting for it (CI's fresh clone met this once).
+    from hasten.commands import job_agent
+
+    machine_1, store = _machine_1_met_by_a_bare_store(tmp_path)
+    try:
+        time.sleep(1)
+        record = {"machine": 0, "host": "m0", "before_join": True, "cause": "no such script", "exitcode": 1}
+        store.set(job_agent._FAILURE, json.dumps(record))
+        deadline = time.monotonic() + 15
+        while not store.check([job_agent._FAILURE_SEEN]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        del store
+        code, err, _ = _finish([machine_1], timeout=60)[0]
+        assert (
+            code == 1 and "machine 1 stopped: machine 0 (m0) failed before it joined the job: no such script" in err
+        ), err
+    finally:
+        machine_1.kill()
+        machine_1.communicate()
+
+
+@pytest.mark.serial
+@pytest.mark.slow
+def test_machine_1_names_the_lost_store_when_machine_0_vanishes_while_they_meet(tmp_path):
+    # It ended with a bare DistNetworkError traceback from deep inside torch's agent.
+    machine_1, store = _machine_1_met_by_a_bare_store(tmp_path)
+    try:
+        del store
+        code, err, _ = _finish([machine_1], timeout=60)[0]
+        assert code == 1 and "machine 1 stopped: the job failed on machine 0" in err, err
+        assert "lost the connection to the rendezvous store" in err and "Traceback" not in err, err
+    finally:
+        machine_1.kill()
+        machine_1.communicate()
 
 
 @pytest.mark.serial

@@ -7,7 +7,9 @@ rank, exit cause) into the rendezvous store that every launcher shares; the othe
 half second, while their workers run and while they wait at the exit barrier, stop their workers and
 report that record. A machine whose launcher fails before it joins (a bad setting, a missing
 script) writes the same record through :func:`report_failure_before_join`, so machine 0 does not
-wait out the join timeout. Losing the store (it lives in machine 0's launcher) also ends the job.
+wait out the join timeout; under the static rendezvous machine 0 marks that it joined, and the others
+wait for that mark or the record before exchanging ranks. Losing the store (it lives in machine 0's
+launcher) also ends the job.
 Each restart (``--max_restarts``) gives the new workers a fresh store for their process group.
 """
 
@@ -23,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from torch.distributed import PrefixStore, TCPStore
+from torch.distributed import DistError, PrefixStore, TCPStore
 from torch.distributed.elastic.agent.server.api import RunResult, WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -44,9 +46,11 @@ logger = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
 ACK_SECONDS = 5.0
 REPORT_CONNECT_SECONDS = 30.0
+JOIN_MARK_SECONDS = 60.0
 _WORKER_STORE_TIMEOUT = 300
 _FAILURE = "hasten/failure"
 _FAILURE_SEEN = "hasten/failure_seen"
+_JOINED = "hasten/machine_0_joined"
 _DONE = "hasten/done"
 _DONE_SEEN = "hasten/done_seen"
 
@@ -103,11 +107,31 @@ class _CheckedRendezvous(RendezvousHandler):
             self._announce = None
         info = self._handler.next_rendezvous()
         store = _raw_store(info.store)
-        record = _read(store, _FAILURE)
+        record = self._failure_record(store, info.rank)
         if record is not None and record.get("machine") != self._machine_rank:
             store.add(_FAILURE_SEEN, 1)
             raise JobFailure(record)
         return info
+
+    def _failure_record(self, store, rank: int) -> dict | None:
+        """The failure record, read once machine 0's side of the meeting is known.
+
+        The static rendezvous's store is up as soon as machine 0's launcher starts it, and one that cannot start
+        writes its record a moment later: machine 0 marks that it joined when it has no record, and the other
+        machines wait for the mark or the record (up to :data:`JOIN_MARK_SECONDS`), lest they exchange ranks with
+        a machine that never will. The dynamic rendezvous needs no mark: a machine that cannot start closes it.
+        """
+        if self._handler.get_backend() != "static":
+            return _read(store, _FAILURE)
+        if rank == 0:
+            record = _read(store, _FAILURE)
+            if record is None:
+                store.set(_JOINED, "1")
+            return record
+        deadline = time.monotonic() + JOIN_MARK_SECONDS
+        while not store.check([_FAILURE]) and not store.check([_JOINED]) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return _read(store, _FAILURE)
 
     def get_backend(self) -> str:
         return self._handler.get_backend()
@@ -351,6 +375,10 @@ def launch(config, entrypoint, args: list, machine_rank: int, describe_exit, ann
         if found is not None:
             raise found from None
         raise
+    except DistError as exc:  # another machine's store vanished mid-operation: its launcher ended
+        if machine_rank == 0:
+            raise
+        raise _lost_store(exc) from None
     except SignalException:
         close_rendezvous = False  # as torch does: a signalled agent leaves the rendezvous open
         raise
