@@ -23,8 +23,9 @@ LAUNCH = [sys.executable, "-m", "hasten.commands.main", "launch"]
 
 
 def _start_machines(
-    port: int, scripts: list[list[str]], tmp_path: Path, env: dict | None = None
+    port: int, scripts: list[list[str]], tmp_path: Path, env: dict | None = None, ranks: list[int] | None = None
 ) -> list[subprocess.Popen]:
+    """The launchers of a job on ``len(scripts)`` machines, each running its script; only ``ranks`` (all: None)."""
     common = [
         "--num_machines",
         "2",
@@ -45,6 +46,7 @@ def _start_machines(
             text=True,
         )
         for rank, script in enumerate(scripts)
+        if ranks is None or rank in ranks
     ]
 
 
@@ -203,6 +205,17 @@ def test_machine_1_names_the_lost_store_when_machine_0_vanishes_while_they_meet(
     finally:
         machine_1.kill()
         machine_1.communicate()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rank, cause", [(0, "1/2 clients joined"), (1, "while trying to connect to (127.0.0.1")])
+def test_a_machine_left_alone_in_the_static_rendezvous_says_so_at_the_join_timeout(tmp_path, rank, cause):
+    # Both ended with a bare traceback from deep inside torch's agent (DistStoreError, DistNetworkError).
+    script = ["--rdzv_backend", "static", "--rdzv_conf", "timeout=2", WORKER, str(tmp_path / "out")]
+    machines = _start_machines(free_port(), [script, script], tmp_path, ranks=[rank])
+    code, err, _ = _finish(machines, timeout=60)[0]
+    assert code == 1 and "launch: the rendezvous at 127.0.0.1:" in err and cause in err, err
+    assert "Traceback" not in err and "that machine rank 0 is reachable at --main_process_ip" in err, err
 
 
 @pytest.mark.serial

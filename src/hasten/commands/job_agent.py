@@ -89,6 +89,11 @@ def _read(store, key: str) -> dict | None:
     return json.loads(store.get(key)) if store.check([key]) else None
 
 
+class StoreNotMet(RendezvousError):
+    """The machines did not meet in the static rendezvous's store (machine 0's store not reached, or not every
+    machine joined it within the join timeout); nothing is to be read from it."""
+
+
 class _CheckedRendezvous(RendezvousHandler):
     """Torch's rendezvous handler, plus a look for a failure record as soon as the machines have met.
 
@@ -105,7 +110,10 @@ class _CheckedRendezvous(RendezvousHandler):
         if self._announce:
             print(self._announce, file=sys.stderr, flush=True)
             self._announce = None
-        info = self._handler.next_rendezvous()
+        try:
+            info = self._handler.next_rendezvous()
+        except DistError as exc:  # the static rendezvous's store not reached, or not every machine in it in time
+            raise StoreNotMet(f"{type(exc).__name__}: {exc}") from None
         store = _raw_store(info.store)
         record = self._failure_record(store, info.rank)
         if record is not None and record.get("machine") != self._machine_rank:
@@ -369,6 +377,8 @@ def launch(config, entrypoint, args: list, machine_rank: int, describe_exit, ann
         if result.is_failed():
             raise ChildFailedError(name=str(entrypoint), failures=result.failures)
         return result.return_values
+    except StoreNotMet:
+        raise
     except RendezvousError:
         host, port = parse_rendezvous_endpoint(config.rdzv_endpoint, default_port=29400)
         found = read_failure(host, port) if config.max_nodes > 1 else None
