@@ -158,7 +158,8 @@ def _machine_1_met_by_a_bare_store(tmp_path: Path):
     from torch.distributed import TCPStore
 
     port = free_port()
-    machine_1 = _start_machines(port, [[], ["--rdzv_backend", "static", WORKER, str(tmp_path / "out")]], tmp_path)[1]
+    script = ["--rdzv_backend", "static", WORKER, str(tmp_path / "out")]
+    (machine_1,) = _start_machines(port, [script, script], tmp_path, ranks=[1])
     store = TCPStore("127.0.0.1", port, 2, True, timedelta(seconds=30), wait_for_workers=False, multi_tenant=True)
     deadline = time.monotonic() + 60
     while store.num_keys() == 0 and time.monotonic() < deadline:  # machine 1's client counted itself in

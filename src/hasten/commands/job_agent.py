@@ -89,7 +89,7 @@ def _read(store, key: str) -> dict | None:
     return json.loads(store.get(key)) if store.check([key]) else None
 
 
-class StoreNotMet(RendezvousError):
+class _StoreNotMet(RendezvousError):
     """The machines did not meet in the static rendezvous's store (machine 0's store not reached, or not every
     machine joined it within the join timeout); nothing is to be read from it."""
 
@@ -113,7 +113,7 @@ class _CheckedRendezvous(RendezvousHandler):
         try:
             info = self._handler.next_rendezvous()
         except DistError as exc:  # the static rendezvous's store not reached, or not every machine in it in time
-            raise StoreNotMet(f"{type(exc).__name__}: {exc}") from None
+            raise _StoreNotMet(f"{type(exc).__name__}: {exc}") from None
         store = _raw_store(info.store)
         record = self._failure_record(store, info.rank)
         if record is not None and record.get("machine") != self._machine_rank:
@@ -377,7 +377,7 @@ def launch(config, entrypoint, args: list, machine_rank: int, describe_exit, ann
         if result.is_failed():
             raise ChildFailedError(name=str(entrypoint), failures=result.failures)
         return result.return_values
-    except StoreNotMet:
+    except _StoreNotMet:
         raise
     except RendezvousError:
         host, port = parse_rendezvous_endpoint(config.rdzv_endpoint, default_port=29400)
